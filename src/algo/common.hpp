@@ -1,0 +1,42 @@
+// SPDX-License-Identifier: MIT
+// Pieces shared by the algorithms: typed <-> fp32 workspace helpers and the
+// Muon-family orthogonalizers (Polar Express, quintic Newton-Schulz).
+#pragma once
+#include "../core/error.hpp"
+#include "../core/optimizer.hpp"
+
+namespace dion {
+
+// Loads n typed elements into a fresh workspace buffer.
+inline float* load_ws(Optimizer& opt, const void* src, dion_dtype_t dt, int64_t n) {
+  float* p = opt.ws.take(n);
+  opt.backend->load(p, src, dt, n);
+  return p;
+}
+
+inline StateBuf& state_of(Optimizer& opt, const Tensor& t, size_t k) { return opt.states[t.states.at(k)]; }
+
+// Orthogonalizes each (rows x cols) matrix of `x` in place with the group's
+// orthogonalizer (spec §1.2). Workspace: orthogonalize_ws_floats().
+void orthogonalize(Optimizer& opt, const dion_group_options_t& o, MatBatch x);
+size_t orthogonalize_ws_floats(int64_t rows, int64_t cols, int64_t batch);
+
+// Workspace for one typed tensor loaded to fp32 (rounded up like Workspace::take).
+inline size_t ws_floats(int64_t n) { return (static_cast<size_t>(n) + 15) & ~static_cast<size_t>(15); }
+
+// Matrix algorithms: the storage axis holding the logical rows.
+inline Axis logical_rows_axis(const Tensor& t) { return t.geom.storage_transposed ? kCols : kRows; }
+
+}  // namespace dion
+
+namespace dion {
+// Muon and NorMuon share their step (muon.cpp); NorMuon adds the neuron-wise
+// normalisation with the "variance_neuron" state (state slot 1).
+void muon_family_step(Optimizer& opt, Group& g, Tensor& t, bool normalize);
+size_t muon_family_workspace(const Group& g, const Tensor& t);
+// Dion2 and NorDion2 share theirs (dion2.cpp).
+void dion2_family_step(Optimizer& opt, Group& g, Tensor& t, bool normalize);
+size_t dion2_family_workspace(const Group& g, const Tensor& t);
+// The "variance_neuron" state of NorMuon / NorDion2: one value per logical row.
+void add_variance_neuron(Optimizer& opt, const Group& g, Tensor& t);
+}  // namespace dion

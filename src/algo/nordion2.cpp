@@ -1,0 +1,20 @@
+// SPDX-License-Identifier: MIT
+// NorDion2 / Dion3 (spec §6.2): Dion2 selecting rows (neurons) always, with
+// mu as the error-feedback decay and NorMuon's neuron-wise normalisation of
+// the selected rows (only their variances are updated). See dion2.cpp.
+#include "common.hpp"
+
+namespace dion {
+
+namespace {
+void init_state(Optimizer& opt, Group& g, Tensor& t) {
+  dion_dtype_t mdt = g.opt.momentum_dtype == DION_DTYPE_UNSET ? t.param_dtype : g.opt.momentum_dtype;
+  opt.add_state(t, "momentum", mdt, t.ndim, t.shape, t.local_shape, t.local_offset, t.layout);
+  add_variance_neuron(opt, g, t);
+}
+void step(Optimizer& opt, Group& g, Tensor& t) { dion2_family_step(opt, g, t, true); }
+}  // namespace
+
+extern const Algorithm kNorDion2 = {"nordion2", init_state, dion2_family_workspace, step};
+
+}  // namespace dion

@@ -1,0 +1,385 @@
+// SPDX-License-Identifier: MIT
+// The host (CPU) backend: BLAS/LAPACK (Fortran symbols of any implementation:
+// OpenBLAS, reference BLAS/LAPACK) for the dense linear algebra, plain loops
+// for the element-wise work. fp32 throughout; the element-wise reductions
+// accumulate in double.
+#include <algorithm>
+#include <cfloat>
+#include <cmath>
+#include <cstdlib>
+#include <cstring>
+#include <numeric>
+#include <vector>
+
+#include "../../core/backend.hpp"
+#include "../../core/error.hpp"
+
+extern "C" {
+void sgemm_(const char* ta, const char* tb, const int* m, const int* n, const int* k, const float* alpha,
+            const float* a, const int* lda, const float* b, const int* ldb, const float* beta, float* c,
+            const int* ldc);
+void sgeqrf_(const int* m, const int* n, float* a, const int* lda, float* tau, float* work, const int* lwork,
+             int* info);
+void sorgqr_(const int* m, const int* n, const int* k, float* a, const int* lda, const float* tau, float* work,
+             const int* lwork, int* info);
+void spotrf_(const char* uplo, const int* n, float* a, const int* lda, int* info);
+void strsm_(const char* side, const char* uplo, const char* ta, const char* diag, const int* m, const int* n,
+            const float* alpha, const float* a, const int* lda, float* b, const int* ldb);
+}
+
+namespace dion {
+
+namespace {
+
+int to_int(int64_t v, const char* what) {
+  DION_REQUIRE(v >= 0 && v <= 0x7fffffff, DION_ERROR_NOT_SUPPORTED,
+               "host backend: %s = %lld exceeds the 32-bit BLAS/LAPACK interface", what, static_cast<long long>(v));
+  return static_cast<int>(v);
+}
+
+// Scratch that grows and is reused, so steady-state steps do not allocate.
+struct Scratch {
+  std::vector<float> a, tau, work;
+};
+thread_local Scratch g_scratch;
+
+float* grow(std::vector<float>& v, size_t n) {
+  if (v.size() < n) v.resize(n);
+  return v.data();
+}
+
+inline float* at(const MatBatch& m, int64_t b) { return m.p + b * m.stride; }
+inline const float* at(const ConstMatBatch& m, int64_t b) { return m.p + b * m.stride; }
+
+class HostBackend final : public Backend {
+ public:
+  void* alloc(size_t bytes) override {
+    if (bytes == 0) bytes = 1;
+    void* p = std::aligned_alloc(64, (bytes + 63) & ~size_t(63));
+    if (!p) fail(DION_ERROR_OUT_OF_MEMORY, "host backend: cannot allocate %zu bytes", bytes);
+    return p;
+  }
+  void release(void* p) override { std::free(p); }
+  void zero(void* p, size_t bytes) override { std::memset(p, 0, bytes); }
+  void copy(void* dst, const void* src, size_t bytes) override {
+    if (dst != src && bytes) std::memmove(dst, src, bytes);
+  }
+  void synchronize() override {}
+
+  void load(float* dst, const void* src, dion_dtype_t dt, int64_t n) override {
+    if (dt == DION_DTYPE_FP32) {
+      copy(dst, src, sizeof(float) * static_cast<size_t>(n));
+      return;
+    }
+    for (int64_t i = 0; i < n; ++i) dst[i] = load_elem(src, dt, i);
+  }
+  void store(void* dst, dion_dtype_t dt, const float* src, int64_t n) override {
+    if (dt == DION_DTYPE_FP32) {
+      copy(dst, src, sizeof(float) * static_cast<size_t>(n));
+      return;
+    }
+    for (int64_t i = 0; i < n; ++i) store_elem(dst, dt, i, src[i]);
+  }
+  bool has_nonfinite(const void* src, dion_dtype_t dt, int64_t n) override {
+    for (int64_t i = 0; i < n; ++i)
+      if (!std::isfinite(load_elem(src, dt, i))) return true;
+    return false;
+  }
+
+  void randn(float* out, int64_t rows, int64_t cols, int64_t row0, int64_t col0, int64_t global_cols,
+             const PhiloxKey& key, float scale) override {
+    for (int64_t i = 0; i < rows; ++i)
+      for (int64_t j = 0; j < cols; ++j) {
+        uint64_t idx = static_cast<uint64_t>((row0 + i) * global_cols + col0 + j);
+        out[i * cols + j] = scale * philox_normal(key, idx);
+      }
+  }
+
+  void gemm(bool ta, bool tb, float alpha, ConstMatBatch a, ConstMatBatch b, float beta, MatBatch c,
+            dion_matmul_precision_t) override {
+    // Row-major C = op(A) op(B) is column-major C^T = op(B)^T op(A)^T.
+    const int64_t m = c.rows, n = c.cols, k = ta ? a.rows : a.cols;
+    DION_REQUIRE((ta ? a.cols : a.rows) == m && (tb ? b.cols : b.rows) == k && (tb ? b.rows : b.cols) == n,
+                 DION_ERROR_INTERNAL, "host gemm: shape mismatch");
+    if (m == 0 || n == 0) return;
+    const int M = to_int(m, "gemm m"), N = to_int(n, "gemm n"), K = to_int(k, "gemm k");
+    const int lda = to_int(std::max<int64_t>(a.ld, 1), "lda"), ldb = to_int(std::max<int64_t>(b.ld, 1), "ldb"),
+              ldc = to_int(std::max<int64_t>(c.ld, 1), "ldc");
+    const char opa = ta ? 'T' : 'N', opb = tb ? 'T' : 'N';
+    for (int64_t i = 0; i < c.batch; ++i) {
+      if (K == 0) {
+        float* cp = at(c, i);
+        for (int64_t r = 0; r < m; ++r)
+          for (int64_t s = 0; s < n; ++s) cp[r * c.ld + s] = beta == 0.0f ? 0.0f : beta * cp[r * c.ld + s];
+        continue;
+      }
+      sgemm_(&opb, &opa, &N, &M, &K, &alpha, at(b, i), &ldb, at(a, i), &lda, &beta, at(c, i), &ldc);
+    }
+  }
+
+  // Copies row-major (p x r, ld) into a column-major p x r buffer.
+  static float* to_colmajor(const float* src, int64_t p, int64_t r, int64_t ld, std::vector<float>& buf) {
+    float* a = grow(buf, static_cast<size_t>(p * r));
+    for (int64_t i = 0; i < p; ++i)
+      for (int64_t j = 0; j < r; ++j) a[i + j * p] = src[i * ld + j];
+    return a;
+  }
+
+  void geqrf(float* a, int p, int r) {
+    int info = 0, lwork = -1;
+    float* tau = grow(g_scratch.tau, static_cast<size_t>(std::max(1, r)));
+    float wq = 0;
+    sgeqrf_(&p, &r, a, &p, tau, &wq, &lwork, &info);
+    lwork = std::max(1, static_cast<int>(wq));
+    float* work = grow(g_scratch.work, static_cast<size_t>(lwork));
+    sgeqrf_(&p, &r, a, &p, tau, work, &lwork, &info);
+    DION_REQUIRE(info == 0, DION_ERROR_INTERNAL, "host backend: sgeqrf failed (info %d)", info);
+  }
+
+  void qr_q(MatBatch m) override {
+    const int p = to_int(m.rows, "qr rows"), r = to_int(m.cols, "qr cols");
+    if (p == 0 || r == 0) return;
+    DION_REQUIRE(p >= r, DION_ERROR_INTERNAL, "host qr_q: needs rows >= cols");
+    for (int64_t b = 0; b < m.batch; ++b) {
+      float* a = to_colmajor(at(m, b), p, r, m.ld, g_scratch.a);
+      geqrf(a, p, r);
+      int info = 0, lwork = -1;
+      float wq = 0;
+      sorgqr_(&p, &r, &r, a, &p, g_scratch.tau.data(), &wq, &lwork, &info);
+      lwork = std::max(1, static_cast<int>(wq));
+      float* work = grow(g_scratch.work, static_cast<size_t>(lwork));
+      sorgqr_(&p, &r, &r, a, &p, g_scratch.tau.data(), work, &lwork, &info);
+      DION_REQUIRE(info == 0, DION_ERROR_INTERNAL, "host backend: sorgqr failed (info %d)", info);
+      float* out = at(m, b);
+      for (int64_t i = 0; i < p; ++i)
+        for (int64_t j = 0; j < r; ++j) out[i * m.ld + j] = a[i + j * p];
+    }
+  }
+
+  void qr_r(MatBatch m, MatBatch r_out) override {
+    const int p = to_int(m.rows, "qr rows"), r = to_int(m.cols, "qr cols");
+    DION_REQUIRE(p >= r && r_out.rows == r && r_out.cols == r, DION_ERROR_INTERNAL, "host qr_r: bad shapes");
+    for (int64_t b = 0; b < m.batch; ++b) {
+      float* a = to_colmajor(at(m, b), p, r, m.ld, g_scratch.a);
+      geqrf(a, p, r);
+      float* out = at(r_out, b);
+      for (int64_t i = 0; i < r; ++i)
+        for (int64_t j = 0; j < r; ++j) out[i * r_out.ld + j] = j >= i ? a[i + j * p] : 0.0f;
+    }
+  }
+
+  void cholesky_upper(MatBatch m, int32_t* info_host) override {
+    const int n = to_int(m.rows, "cholesky n");
+    const int ld = to_int(m.ld, "cholesky ld");
+    for (int64_t b = 0; b < m.batch; ++b) {
+      float* a = at(m, b);
+      int info = 0;
+      // Row-major upper U with A = U^T U is column-major lower L = U^T with A = L L^T.
+      const char lo = 'L';
+      if (n > 0) spotrf_(&lo, &n, a, &ld, &info);
+      for (int64_t i = 0; i < n; ++i)
+        for (int64_t j = 0; j < i; ++j) a[i * m.ld + j] = 0.0f;
+      // A factor with a non-finite or tiny pivot is a failure too.
+      if (info == 0)
+        for (int64_t i = 0; i < n; ++i)
+          if (!std::isfinite(a[i * m.ld + i]) || !(a[i * m.ld + i] > 0.0f)) info = static_cast<int>(i) + 1;
+      info_host[b] = info;
+    }
+  }
+
+  void trsm_right_upper(ConstMatBatch u, MatBatch bm) override {
+    // B U^{-1} (row-major) is, column-major, solving U^T X^T = B^T; U's buffer
+    // read column-major is U^T (lower).
+    const int n = to_int(u.rows, "trsm n"), rows = to_int(bm.rows, "trsm rows");
+    const int ldu = to_int(u.ld, "trsm ldu"), ldb = to_int(bm.ld, "trsm ldb");
+    if (n == 0 || rows == 0) return;
+    const float one = 1.0f;
+    const char side = 'L', uplo = 'L', tr = 'N', diag = 'N';
+    for (int64_t b = 0; b < bm.batch; ++b)
+      strsm_(&side, &uplo, &tr, &diag, &n, &rows, &one, at(u, u.stride ? b : 0), &ldu, at(bm, b), &ldb);
+  }
+
+  void axpby(float a, const float* x, float b, float* y, int64_t n) override {
+    for (int64_t i = 0; i < n; ++i) y[i] = a * y[i] + b * x[i];
+  }
+  void lincomb(float a, const float* x, float b, const float* y, float* z, int64_t n) override {
+    for (int64_t i = 0; i < n; ++i) z[i] = a * x[i] + b * y[i];
+  }
+  void scale(float* x, float s, int64_t n) override {
+    for (int64_t i = 0; i < n; ++i) x[i] *= s;
+  }
+  void nan_to_num(float* x, int64_t n) override {
+    for (int64_t i = 0; i < n; ++i) {
+      if (std::isnan(x[i])) x[i] = 0.0f;
+      else if (std::isinf(x[i])) x[i] = x[i] > 0 ? FLT_MAX : -FLT_MAX;
+    }
+  }
+  bool all_zero(const float* x, int64_t n) override {
+    for (int64_t i = 0; i < n; ++i)
+      if (x[i] != 0.0f) return false;
+    return true;
+  }
+  void frob_normalize(MatBatch m, float factor, float eps) override {
+    for (int64_t b = 0; b < m.batch; ++b) {
+      float* p = at(m, b);
+      double s = 0;
+      for (int64_t i = 0; i < m.rows; ++i)
+        for (int64_t j = 0; j < m.cols; ++j) s += static_cast<double>(p[i * m.ld + j]) * p[i * m.ld + j];
+      const float inv = static_cast<float>(1.0 / (factor * std::sqrt(s) + eps));
+      for (int64_t i = 0; i < m.rows; ++i)
+        for (int64_t j = 0; j < m.cols; ++j) p[i * m.ld + j] *= inv;
+    }
+  }
+  void col_normalize(MatBatch m, float eps) override {
+    std::vector<double>& s = col_acc_;
+    for (int64_t b = 0; b < m.batch; ++b) {
+      float* p = at(m, b);
+      s.assign(static_cast<size_t>(m.cols), 0.0);
+      for (int64_t i = 0; i < m.rows; ++i)
+        for (int64_t j = 0; j < m.cols; ++j) s[j] += static_cast<double>(p[i * m.ld + j]) * p[i * m.ld + j];
+      for (int64_t j = 0; j < m.cols; ++j) s[j] = 1.0 / (std::sqrt(s[j]) + eps);
+      for (int64_t i = 0; i < m.rows; ++i)
+        for (int64_t j = 0; j < m.cols; ++j) p[i * m.ld + j] = static_cast<float>(p[i * m.ld + j] * s[j]);
+    }
+  }
+  void slice_l1(ConstMatBatch m, Axis axis, float* out) override {
+    const int64_t N = axis == kRows ? m.rows : m.cols;
+    for (int64_t b = 0; b < m.batch; ++b) {
+      const float* p = at(m, b);
+      float* o = out + b * N;
+      for (int64_t s = 0; s < N; ++s) o[s] = 0;
+      for (int64_t i = 0; i < m.rows; ++i)
+        for (int64_t j = 0; j < m.cols; ++j) o[axis == kRows ? i : j] += std::fabs(p[i * m.ld + j]);
+    }
+  }
+
+  void apply_update(float* x, const float* u, int64_t n, float lr, float wd, float lr_adj, bool cautious) override {
+    const float decay = 1.0f - lr * wd, lwd = lr * wd;
+    for (int64_t i = 0; i < n; ++i) {
+      float xi = x[i];
+      if (cautious)
+        xi = (xi * u[i] >= 0.0f) ? xi - lwd * xi : xi;
+      else
+        xi *= decay;
+      x[i] = xi - lr_adj * u[i];
+    }
+  }
+  void adamw(float* x, const float* g, float* m, float* v, int64_t n, float lr, float b1, float b2, float eps,
+             float wd, float bc1, float bc2, bool cautious) override {
+    const float step = lr / bc1, sbc2 = std::sqrt(bc2), lwd = lr * wd;
+    for (int64_t i = 0; i < n; ++i) {
+      const float xo = x[i];
+      const float mi = m[i] + (1.0f - b1) * (g[i] - m[i]);
+      const float vi = b2 * v[i] + (1.0f - b2) * g[i] * g[i];
+      m[i] = mi;
+      v[i] = vi;
+      float xi = xo;
+      if (cautious)
+        xi = (mi * xo >= 0.0f) ? xo - lwd * xo : xo;
+      else
+        xi = xo * (1.0f - lwd);
+      x[i] = xi - step * mi / (std::sqrt(vi) / sbc2 + eps);
+    }
+  }
+  void lion(float* x, const float* g, float* m, int64_t n, float lr, float b1, float b2, float wd,
+            bool cautious) override {
+    const float lwd = lr * wd;
+    for (int64_t i = 0; i < n; ++i) {
+      const float c = b1 * m[i] + (1.0f - b1) * g[i];
+      const float u = static_cast<float>((c > 0.0f) - (c < 0.0f));
+      m[i] = b2 * m[i] + (1.0f - b2) * g[i];
+      float xi = x[i];
+      if (cautious)
+        xi = (xi * u >= 0.0f) ? xi - lwd * xi : xi;
+      else
+        xi *= 1.0f - lwd;
+      x[i] = xi - lr * u;
+    }
+  }
+  void neuron_normalize(MatBatch u, Axis axis, float* v, int64_t v_per_matrix, float beta2,
+                        const int32_t* selected) override {
+    const int64_t N = axis == kRows ? u.rows : u.cols;    // neurons in u
+    const int64_t len = axis == kRows ? u.cols : u.rows;  // elements per neuron
+    std::vector<double>& scale = col_acc_;
+    scale.resize(static_cast<size_t>(N));
+    for (int64_t b = 0; b < u.batch; ++b) {
+      float* p = at(u, b);
+      auto el = [&](int64_t s, int64_t e) -> float& { return axis == kRows ? p[s * u.ld + e] : p[e * u.ld + s]; };
+      double f2 = 0, g2 = 0;
+      for (int64_t s = 0; s < N; ++s) {
+        double ss = 0;
+        for (int64_t e = 0; e < len; ++e) ss += static_cast<double>(el(s, e)) * el(s, e);
+        f2 += ss;
+        const int64_t vi = b * v_per_matrix + (selected ? selected[b * N + s] : s);
+        const float mean = static_cast<float>(ss / static_cast<double>(len));
+        v[vi] = v[vi] + (1.0f - beta2) * (mean - v[vi]);
+        scale[s] = 1.0 / (std::sqrt(static_cast<double>(v[vi])) + 1e-8);
+        g2 += ss * scale[s] * scale[s];
+      }
+      const double rescale = std::sqrt(f2) / std::max(std::sqrt(g2), 1e-8);
+      for (int64_t s = 0; s < N; ++s)
+        for (int64_t e = 0; e < len; ++e) el(s, e) = static_cast<float>(el(s, e) * scale[s] * rescale);
+    }
+  }
+
+  void topk(const float* scores, int64_t batch, int64_t n, int64_t k, int32_t* idx) override {
+    std::vector<int32_t>& order = order_;
+    order.resize(static_cast<size_t>(n));
+    for (int64_t b = 0; b < batch; ++b) {
+      const float* s = scores + b * n;
+      std::iota(order.begin(), order.end(), 0);
+      std::partial_sort(order.begin(), order.begin() + k, order.end(),
+                        [s](int32_t x, int32_t y) { return s[x] > s[y] || (s[x] == s[y] && x < y); });
+      std::sort(order.begin(), order.begin() + k);  // ascending indices: deterministic layout
+      std::copy(order.begin(), order.begin() + k, idx + b * k);
+    }
+  }
+  void gather_slices(ConstMatBatch m, Axis axis, const int32_t* idx, int64_t k, MatBatch out) override {
+    for (int64_t b = 0; b < m.batch; ++b) {
+      const float* p = at(m, b);
+      float* o = at(out, b);
+      const int32_t* ix = idx + b * k;
+      if (axis == kRows)
+        for (int64_t s = 0; s < k; ++s)
+          for (int64_t j = 0; j < m.cols; ++j) o[s * out.ld + j] = p[ix[s] * m.ld + j];
+      else
+        for (int64_t i = 0; i < m.rows; ++i)
+          for (int64_t s = 0; s < k; ++s) o[i * out.ld + s] = p[i * m.ld + ix[s]];
+    }
+  }
+  void scale_slices(MatBatch m, Axis axis, const int32_t* idx, int64_t k, float sc) override {
+    for (int64_t b = 0; b < m.batch; ++b) {
+      float* p = at(m, b);
+      const int32_t* ix = idx + b * k;
+      if (axis == kRows)
+        for (int64_t s = 0; s < k; ++s)
+          for (int64_t j = 0; j < m.cols; ++j) p[ix[s] * m.ld + j] *= sc;
+      else
+        for (int64_t i = 0; i < m.rows; ++i)
+          for (int64_t s = 0; s < k; ++s) p[i * m.ld + ix[s]] *= sc;
+    }
+  }
+  void add_slices(MatBatch m, Axis axis, const int32_t* idx, int64_t k, ConstMatBatch u, float alpha) override {
+    for (int64_t b = 0; b < m.batch; ++b) {
+      float* p = at(m, b);
+      const float* q = at(u, b);
+      const int32_t* ix = idx + b * k;
+      if (axis == kRows)
+        for (int64_t s = 0; s < k; ++s)
+          for (int64_t j = 0; j < m.cols; ++j) p[ix[s] * m.ld + j] += alpha * q[s * u.ld + j];
+      else
+        for (int64_t i = 0; i < m.rows; ++i)
+          for (int64_t s = 0; s < k; ++s) p[i * m.ld + ix[s]] += alpha * q[i * u.ld + s];
+    }
+  }
+
+ private:
+  std::vector<double> col_acc_;
+  std::vector<int32_t> order_;
+};
+
+}  // namespace
+
+Backend* make_host_backend() { return new HostBackend(); }
+
+}  // namespace dion

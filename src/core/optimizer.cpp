@@ -1,0 +1,355 @@
+// SPDX-License-Identifier: MIT
+#include "optimizer.hpp"
+
+#include <cmath>
+#include <cstring>
+
+#include "error.hpp"
+#include "log.hpp"
+
+namespace dion {
+
+float* Workspace::take(int64_t floats) {
+  // 16-float alignment keeps every carved buffer 64-byte aligned.
+  size_t need = (static_cast<size_t>(floats) + 15) & ~static_cast<size_t>(15);
+  DION_REQUIRE(used_ + need <= cap_, DION_ERROR_INTERNAL,
+               "workspace overflow (%zu + %zu > %zu floats): a workspace bound is wrong", used_, need, cap_);
+  float* p = base_ + used_;
+  used_ += need;
+  return p;
+}
+
+void Workspace::reserve(Backend& be, size_t floats) {
+  if (floats <= cap_) return;
+  float* p = static_cast<float*>(be.alloc(floats * sizeof(float)));
+  if (base_) be.release(base_);
+  base_ = p;
+  cap_ = floats;
+  used_ = 0;
+}
+
+void Workspace::free(Backend& be) {
+  if (base_) be.release(base_);
+  base_ = nullptr;
+  cap_ = used_ = 0;
+}
+
+Optimizer::~Optimizer() {
+  if (backend) {
+    backend->synchronize();
+    for (auto& s : states)
+      if (s.data) backend->release(s.data);
+    ws.free(*backend);
+  }
+  magic_head = magic_tail = 0;
+}
+
+int32_t Optimizer::add_state(Tensor& t, const char* name, dion_dtype_t dtype, int32_t ndim,
+                             const int64_t* global_shape, const int64_t* local_shape, const int64_t* local_offset,
+                             dion_layout_t layout) {
+  StateBuf s;
+  s.name = name;
+  s.tensor = t.index;
+  s.group = t.group;
+  s.dtype = dtype;
+  s.layout = layout;
+  s.ndim = ndim;
+  s.numel = 1;
+  for (int d = 0; d < ndim; ++d) {
+    s.global_shape[d] = global_shape[d];
+    s.local_shape[d] = local_shape[d];
+    s.local_offset[d] = local_offset ? local_offset[d] : 0;
+    s.numel *= local_shape[d];
+  }
+  if (s.numel > 0) {
+    s.data = backend->alloc(s.bytes());
+    backend->zero(s.data, s.bytes());
+  }
+  states.push_back(std::move(s));
+  int32_t idx = static_cast<int32_t>(states.size() - 1);
+  t.states.push_back(idx);
+  return idx;
+}
+
+double adjusted_lr(const dion_group_options_t& o, double lr, int64_t fan_out, int64_t fan_in) {
+  switch (o.adjust_lr) {
+    case DION_ADJUST_LR_SPECTRAL_NORM:
+      return lr * std::sqrt(static_cast<double>(fan_out) / static_cast<double>(fan_in));
+    case DION_ADJUST_LR_RMS_NORM:
+      return lr * 0.2 * std::sqrt(static_cast<double>(fan_out > fan_in ? fan_out : fan_in));
+    default:
+      return lr;
+  }
+}
+
+namespace {
+
+bool is_matrix_algo(dion_algorithm_t a) {
+  return a == DION_ALGO_DION || a == DION_ALGO_DION2 || a == DION_ALGO_MUON || a == DION_ALGO_NORMUON ||
+         a == DION_ALGO_NORDION2;
+}
+
+const char* algo_name(dion_algorithm_t a) {
+  switch (a) {
+    case DION_ALGO_DION: return "dion";
+    case DION_ALGO_DION2: return "dion2";
+    case DION_ALGO_MUON: return "muon";
+    case DION_ALGO_NORMUON: return "normuon";
+    case DION_ALGO_NORDION2: return "nordion2";
+    case DION_ALGO_ADAMW: return "adamw";
+    case DION_ALGO_LION: return "lion";
+    default: return "unknown";
+  }
+}
+
+void check_finite_range(const char* field, double v, double lo, double hi, bool lo_open, bool hi_open) {
+  bool ok = std::isfinite(v) && (lo_open ? v > lo : v >= lo) && (hi_open ? v < hi : v <= hi);
+  if (!ok) {
+    fail(DION_ERROR_INVALID_ARGUMENT, "dion_add_group: options->%s = %g is out of range %c%g, %g%c", field, v,
+         lo_open ? '(' : '[', lo, hi, hi_open ? ')' : ']');
+  }
+}
+
+void check_enum(const char* field, int32_t v, int32_t lo, int32_t hi) {
+  if (v < lo || v > hi) fail(DION_ERROR_INVALID_ARGUMENT, "dion_add_group: options->%s = %d is not a valid value", field, v);
+}
+
+void check_dtype_opt(const char* field, dion_dtype_t v) {
+  if (v != DION_DTYPE_UNSET && !dtype_valid(v))
+    fail(DION_ERROR_INVALID_ARGUMENT, "dion_add_group: options->%s = %d is not a valid dtype", field, v);
+}
+
+void validate_group_options(const dion_group_options_t& o) {
+  if (o.algorithm < DION_ALGO_DION || o.algorithm > DION_ALGO_LION)
+    fail(DION_ERROR_INVALID_ARGUMENT, "dion_add_group: options->algorithm = %d is not a known algorithm", o.algorithm);
+  const double inf = HUGE_VAL;
+  check_finite_range("lr", o.lr, 0, inf, false, true);
+  check_finite_range("weight_decay", o.weight_decay, 0, inf, false, true);
+  check_finite_range("mu", o.mu, 0, inf, false, true);
+  check_finite_range("beta1", o.beta1, 0, 1, false, false);
+  check_finite_range("beta2", o.beta2, 0, 1, false, false);
+  check_finite_range("epsilon", o.epsilon, 0, inf, false, true);
+  check_finite_range("rank_fraction", o.rank_fraction, 0, 1, true, false);
+  if (o.rank_multiple_of < 1)
+    fail(DION_ERROR_INVALID_ARGUMENT, "dion_add_group: options->rank_multiple_of = %d must be >= 1", o.rank_multiple_of);
+  if (o.power_iters < 1)
+    fail(DION_ERROR_INVALID_ARGUMENT, "dion_add_group: options->power_iters = %d must be >= 1", o.power_iters);
+  check_enum("qr_method", o.qr_method, DION_QR_RCQR, DION_QR_CQR);
+  if (o.cqr_warmup_steps < 0)
+    fail(DION_ERROR_INVALID_ARGUMENT, "dion_add_group: options->cqr_warmup_steps = %d must be >= 0", o.cqr_warmup_steps);
+  check_finite_range("oversample", o.oversample, 1, 64, false, false);
+  check_enum("orthogonalizer", o.orthogonalizer, DION_ORTHO_POLAR_EXPRESS, DION_ORTHO_NEWTON_SCHULZ);
+  if (o.ortho_steps < 1 || o.ortho_steps > 100)
+    fail(DION_ERROR_INVALID_ARGUMENT, "dion_add_group: options->ortho_steps = %d is out of range [1, 100]", o.ortho_steps);
+  check_enum("nesterov", o.nesterov, 0, 1);
+  check_enum("adjust_lr", o.adjust_lr, DION_ADJUST_LR_SPECTRAL_NORM, DION_ADJUST_LR_NONE);
+  check_enum("cautious_wd", o.cautious_wd, 0, 1);
+  check_finite_range("fraction", o.fraction, 0, 1, true, false);
+  check_finite_range("ef_decay", o.ef_decay, 0, inf, false, true);
+  check_enum("selection_scope", o.selection_scope, DION_SELECTION_LOCAL, DION_SELECTION_GLOBAL);
+  check_finite_range("muon_beta2", o.muon_beta2, 0, 1, false, false);
+  check_enum("flatten", o.flatten, 0, 1);
+  check_dtype_opt("momentum_dtype", o.momentum_dtype);
+  check_dtype_opt("q_dtype", o.q_dtype);
+  check_dtype_opt("variance_dtype", o.variance_dtype);
+  check_enum("matmul_precision", o.matmul_precision, DION_MATMUL_FP32, DION_MATMUL_BF16);
+}
+
+// Multiplication with overflow detection for sizes.
+int64_t mul_checked(int64_t a, int64_t b, const std::string& what) {
+  int64_t r;
+  if (__builtin_mul_overflow(a, b, &r))
+    fail(DION_ERROR_INVALID_ARGUMENT, "dion_add_group: %s: the number of elements overflows int64", what.c_str());
+  return r;
+}
+
+// Validates one descriptor and fills `t`. `label` names the tensor in messages.
+void build_tensor(const Optimizer& opt, const dion_group_options_t& go, const dion_tensor_t& d, size_t i, Tensor& t) {
+  t.name = d.name ? std::string(d.name) : format("tensors[%zu]", i);
+  std::string L = d.name ? format("tensor '%s' (tensors[%zu])", d.name, i) : format("tensors[%zu]", i);
+  const char* fn = "dion_add_group";
+  if (d.ndim < 0 || d.ndim > DION_MAX_DIMS)
+    fail(DION_ERROR_INVALID_ARGUMENT, "%s: %s: ndim = %d is out of range [0, %d]", fn, L.c_str(), d.ndim, DION_MAX_DIMS);
+  if (!dtype_valid(d.param_dtype))
+    fail(DION_ERROR_INVALID_ARGUMENT, "%s: %s: param_dtype = %d is not a valid dtype", fn, L.c_str(), d.param_dtype);
+  dion_dtype_t gdt = d.grad_dtype == DION_DTYPE_UNSET ? d.param_dtype : d.grad_dtype;
+  if (!dtype_valid(gdt))
+    fail(DION_ERROR_INVALID_ARGUMENT, "%s: %s: grad_dtype = %d is not a valid dtype", fn, L.c_str(), d.grad_dtype);
+  if (d.layout != DION_LAYOUT_ROW_MAJOR && d.layout != DION_LAYOUT_COL_MAJOR)
+    fail(DION_ERROR_INVALID_ARGUMENT, "%s: %s: layout = %d is not a valid layout", fn, L.c_str(), d.layout);
+  if (d.layout == DION_LAYOUT_COL_MAJOR && d.ndim != 2)
+    fail(DION_ERROR_INVALID_ARGUMENT, "%s: %s: DION_LAYOUT_COL_MAJOR needs a 2-D tensor, got ndim = %d", fn, L.c_str(),
+         d.ndim);
+  for (int k = 0; k < d.ndim; ++k)
+    if (d.shape[k] < 1)
+      fail(DION_ERROR_INVALID_ARGUMENT, "%s: %s: shape[%d] = %lld must be >= 1", fn, L.c_str(), k,
+           static_cast<long long>(d.shape[k]));
+  if (is_matrix_algo(go.algorithm)) {
+    if (go.algorithm == DION_ALGO_DION && d.ndim != 2)
+      fail(DION_ERROR_INVALID_ARGUMENT,
+           "%s: %s: Dion needs a 2-D tensor, got ndim = %d (put vectors, embeddings and the LM head in an 'adamw' or "
+           "'lion' group)",
+           fn, L.c_str(), d.ndim);
+    if (d.ndim < 2)
+      fail(DION_ERROR_INVALID_ARGUMENT,
+           "%s: %s: %s needs a tensor of ndim >= 2, got ndim = %d (put vectors in an 'adamw' or 'lion' group)", fn,
+           L.c_str(), algo_name(go.algorithm), d.ndim);
+  }
+  // Sharding.
+  const int32_t dims[2] = {d.outer_shard_dim, d.inner_shard_dim};
+  const int64_t offs[2] = {d.outer_offset, d.inner_offset};
+  const int64_t exts[2] = {d.outer_extent, d.inner_extent};
+  const char* mesh[2] = {"outer", "inner"};
+  dion_comm_t comms[2] = {opt.options.outer_comm, opt.options.inner_comm};
+  for (int k = 0; k < d.ndim; ++k) {
+    t.shape[k] = d.shape[k];
+    t.local_shape[k] = d.shape[k];
+    t.local_offset[k] = 0;
+  }
+  for (int s = 0; s < 2; ++s) {
+    if (dims[s] == -1) continue;
+    if (dims[s] < 0 || dims[s] >= d.ndim)
+      fail(DION_ERROR_INVALID_ARGUMENT, "%s: %s: %s_shard_dim = %d is out of range [-1, %d)", fn, L.c_str(), mesh[s],
+           dims[s], d.ndim);
+    if (!comms[s])
+      fail(DION_ERROR_INVALID_ARGUMENT, "%s: %s: %s_shard_dim = %d but the optimizer has no %s communicator", fn,
+           L.c_str(), mesh[s], dims[s], mesh[s]);
+    int64_t full = d.shape[dims[s]];
+    if (offs[s] < 0 || exts[s] < 0 || offs[s] > full || exts[s] > full - offs[s])
+      fail(DION_ERROR_INVALID_ARGUMENT, "%s: %s: %s shard [%lld, %lld + %lld) lies outside dim %d of size %lld", fn,
+           L.c_str(), mesh[s], static_cast<long long>(offs[s]), static_cast<long long>(offs[s]),
+           static_cast<long long>(exts[s]), dims[s], static_cast<long long>(full));
+    t.local_shape[dims[s]] = exts[s];
+    t.local_offset[dims[s]] = offs[s];
+  }
+  if (dims[0] >= 0 && dims[0] == dims[1])
+    fail(DION_ERROR_INVALID_ARGUMENT, "%s: %s: dim %d is sharded over both the outer and the inner mesh", fn, L.c_str(),
+         dims[0]);
+  t.numel_local = 1;
+  for (int k = 0; k < d.ndim; ++k) t.numel_local = mul_checked(t.numel_local, t.local_shape[k], L);
+  int64_t global_numel = 1;
+  for (int k = 0; k < d.ndim; ++k) global_numel = mul_checked(global_numel, d.shape[k], L);
+  if (global_numel > (int64_t(1) << 40))
+    fail(DION_ERROR_INVALID_ARGUMENT, "%s: %s: %lld elements is beyond the supported size", fn, L.c_str(),
+         static_cast<long long>(global_numel));
+  if (!d.param && t.numel_local > 0)
+    fail(DION_ERROR_INVALID_ARGUMENT, "%s: %s: param is NULL", fn, L.c_str());
+  t.param = d.param;
+  t.grad = d.grad;
+  t.param_dtype = d.param_dtype;
+  t.grad_dtype = gdt;
+  t.layout = d.layout;
+  t.ndim = d.ndim;
+  t.outer_shard_dim = d.outer_shard_dim;
+  t.inner_shard_dim = d.inner_shard_dim;
+
+  // Matrix view (storage orientation).
+  MatrixGeom& g = t.geom;
+  if (d.ndim >= 2) {
+    if (go.flatten && d.ndim >= 3) {
+      g.batch = 1;
+      g.m = d.shape[0];
+      g.n = global_numel / d.shape[0];
+      g.srows = t.local_shape[0];
+      g.scols = t.numel_local / (t.local_shape[0] ? t.local_shape[0] : 1);
+    } else {
+      g.m = d.shape[d.ndim - 2];
+      g.n = d.shape[d.ndim - 1];
+      g.batch = 1;
+      for (int k = 0; k < d.ndim - 2; ++k) g.batch *= t.local_shape[k];
+      g.srows = t.local_shape[d.ndim - 2];
+      g.scols = t.local_shape[d.ndim - 1];
+    }
+    if (d.layout == DION_LAYOUT_COL_MAJOR) {
+      std::swap(g.srows, g.scols);
+      g.storage_transposed = true;
+    }
+  }
+}
+
+}  // namespace
+
+void Optimizer::add_group(const dion_group_options_t& go, const dion_tensor_t* descs, size_t count,
+                          int32_t* group_index) {
+  validate_group_options(go);
+  DION_REQUIRE(count == 0 || descs, DION_ERROR_INVALID_ARGUMENT, "dion_add_group: tensors is NULL but count = %zu",
+               count);
+  DION_REQUIRE(count <= (1u << 24), DION_ERROR_INVALID_ARGUMENT, "dion_add_group: count = %zu is too large", count);
+  // The array stride is the caller's sizeof(dion_tensor_t), read from the first element.
+  size_t stride = count ? descs[0].struct_size : 0;
+  if (count) {
+    DION_REQUIRE(stride >= offsetof(dion_tensor_t, inner_extent) + sizeof(int64_t) && stride <= 4096,
+                 DION_ERROR_INVALID_ARGUMENT,
+                 "dion_add_group: tensors[0].struct_size = %zu is not a valid dion_tensor_t size (expected %zu)",
+                 stride, sizeof(dion_tensor_t));
+  }
+  const Algorithm& algo = algorithm_for(go.algorithm);
+  const int32_t gi = static_cast<int32_t>(groups.size());
+  std::vector<Tensor> built(count);
+  for (size_t i = 0; i < count; ++i) {
+    const dion_tensor_t* dp =
+        reinterpret_cast<const dion_tensor_t*>(reinterpret_cast<const char*>(descs) + i * stride);
+    DION_REQUIRE(dp->struct_size == stride, DION_ERROR_INVALID_ARGUMENT,
+                 "dion_add_group: tensors[%zu].struct_size = %zu differs from tensors[0].struct_size = %zu", i,
+                 dp->struct_size, stride);
+    dion_tensor_t d;
+    dion_tensor_init(&d);
+    std::memcpy(&d, dp, stride < sizeof(d) ? stride : sizeof(d));
+    build_tensor(*this, go, d, i, built[i]);
+    built[i].index = static_cast<int32_t>(tensors.size() + i);
+    built[i].group = gi;
+  }
+  // Everything is validated: commit. State allocation may still fail (out of
+  // memory); roll back in that case so a failed call adds nothing.
+  const size_t tensors_before = tensors.size(), states_before = states.size();
+  Group g;
+  g.opt = go;
+  try {
+    size_t ws_need = 0;
+    for (auto& t : built) {
+      tensors.push_back(std::move(t));
+      Tensor& tt = tensors.back();
+      algo.init_state(*this, g, tt);
+      g.tensors.push_back(tt.index);
+      size_t w = algo.workspace_floats(g, tt);
+      if (w > ws_need) ws_need = w;
+    }
+    ws.reserve(*backend, ws_need);
+  } catch (...) {
+    for (size_t s = states_before; s < states.size(); ++s)
+      if (states[s].data) backend->release(states[s].data);
+    states.resize(states_before);
+    tensors.resize(tensors_before);
+    throw;
+  }
+  groups.push_back(std::move(g));
+  if (group_index) *group_index = gi;
+  DION_LOG_INFO("INIT", "added group %d: %s, %zu tensors", gi, algo.name, count);
+}
+
+void Optimizer::step() {
+  last_skipped = 0;
+  if (options.skip_nonfinite) {
+    for (const Tensor& t : tensors) {
+      if (!t.grad || t.numel_local == 0) continue;
+      if (backend->has_nonfinite(t.grad, t.grad_dtype, t.numel_local)) {
+        ++skipped_steps;
+        last_skipped = 1;
+        DION_LOG_WARN("step skipped: the gradient of tensor '%s' holds NaN or Inf", t.name.c_str());
+        return;
+      }
+    }
+  }
+  for (Group& g : groups) {
+    g.step += 1;
+    const Algorithm& algo = algorithm_for(g.opt.algorithm);
+    for (int32_t ti : g.tensors) {
+      Tensor& t = tensors[ti];
+      if (!t.grad || t.numel_local == 0) continue;
+      ws.reset();
+      algo.step(*this, g, t);
+    }
+  }
+}
+
+}  // namespace dion
