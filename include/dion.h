@@ -282,10 +282,12 @@ DION_API dion_status_t dion_create(dion_optimizer_t* optimizer, const dion_optio
  * NULL is accepted and ignored. Not collective. */
 DION_API dion_status_t dion_destroy(dion_optimizer_t optimizer);
 
-/* The last error message of this handle (the empty string if none), or with
- * NULL, the last error of the calling thread (errors of dion_create and of
- * calls given an invalid handle land there). The pointer stays valid until
- * the next call on the same handle / thread. */
+/* The message of the last failed call on this handle (the empty string if
+ * none failed yet), or with NULL, the calling thread's last error message
+ * (every failure is also recorded there, including those of dion_create and
+ * of calls given an invalid handle). Successful calls do not clear it. The
+ * pointer stays valid until the next failing call on the same handle or
+ * thread. */
 DION_API const char* dion_last_error(dion_optimizer_t optimizer);
 
 /* ------------------------------------------------------------------------ */
@@ -394,9 +396,11 @@ DION_API dion_status_t dion_group_set_hparam(dion_optimizer_t optimizer, int32_t
 DION_API dion_status_t dion_group_get_hparam(dion_optimizer_t optimizer, int32_t group, dion_hparam_t hparam,
                                              double* value);
 
-/* Number of dion_step calls that updated this group (the AdamW bias
- * correction uses step + 1 at the next step). set_step restores it from a
- * checkpoint. */
+/* The group's step counter: the number of dion_step calls that were not
+ * skipped since creation (or since set_step). Every such call advances every
+ * group by one before updating it; AdamW's bias correction uses the advanced
+ * value, and Dion's sketches and CQR warm-up are keyed by it. set_step
+ * restores it from a checkpoint. */
 DION_API dion_status_t dion_group_get_step(dion_optimizer_t optimizer, int32_t group, int64_t* step);
 DION_API dion_status_t dion_group_set_step(dion_optimizer_t optimizer, int32_t group, int64_t step);
 

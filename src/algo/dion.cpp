@@ -92,7 +92,9 @@ void orth(Optimizer& opt, const Group& g, const Tensor& t, const Shape& s, MatBa
   const dion_matmul_precision_t prec = o.matmul_precision;
   int method = o.qr_method;
   if (method == DION_QR_CQR && g.step <= o.cqr_warmup_steps) method = DION_QR_RCQR;
-  if (method == DION_QR_RCQR && s.a <= s.r) method = DION_QR_QR;  // square or wide: plain QR
+  // A square P gains nothing from a Cholesky-based QR and squares its
+  // condition number: use Householder QR for it whatever the method.
+  if (s.a <= s.r) method = DION_QR_QR;
   if (method == DION_QR_QR) {
     be.qr_q(P);
     return;

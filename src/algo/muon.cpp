@@ -10,7 +10,7 @@ namespace dion {
 
 size_t muon_family_workspace(const Group& g, const Tensor& t) {
   const int64_t n = t.numel_local;
-  size_t w = 3 * ws_floats(n) + orthogonalize_ws_floats(t.geom.srows, t.geom.scols, t.geom.batch);
+  size_t w = 4 * ws_floats(n) + orthogonalize_ws_floats(t.geom.srows, t.geom.scols, t.geom.batch);
   if (g.opt.algorithm == DION_ALGO_NORMUON) w += ws_floats(t.geom.batch * (t.geom.storage_transposed ? t.geom.scols : t.geom.srows));
   return w;
 }
