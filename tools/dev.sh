@@ -35,6 +35,8 @@ run_tests() {
   local failed=()
   echo "== C/C++ unit suites (ctest -L unit)"
   ctest --test-dir "$BUILD_DIR" -L unit --output-on-failure -j2 || failed+=("ctest")
+  echo "== MPI suites (ctest -L mpi)"
+  ctest --test-dir "$BUILD_DIR" -L mpi --output-on-failure || failed+=("mpi")
   echo "== install / find_package / pkg-config"
   bash tests/install/check_install.sh "$BUILD_DIR" || failed+=("install")
   for lang in python rust fortran julia; do

@@ -1,0 +1,79 @@
+// SPDX-License-Identifier: MIT
+// MPI communicators on the host backend (run under mpiexec with 2 ranks):
+// wrapping MPI_COMM_WORLD and MPI_COMM_SELF, size/rank, the caller's
+// communicator left untouched, and multi-rank meshes rejected with
+// NOT_SUPPORTED on every rank (not a hang) until the distributed issue lands.
+#include <gtest/gtest.h>
+#include <mpi.h>
+
+#include <string>
+
+#include "dion_mpi.h"
+
+TEST(MpiComm, WrapsWorldAndSelf) {
+  int wsize = 0, wrank = 0;
+  MPI_Comm_size(MPI_COMM_WORLD, &wsize);
+  MPI_Comm_rank(MPI_COMM_WORLD, &wrank);
+  dion_comm_t world = nullptr, self = nullptr;
+  ASSERT_EQ(dion_comm_from_mpi(&world, MPI_COMM_WORLD), DION_SUCCESS) << dion_last_error(nullptr);
+  ASSERT_EQ(dion_comm_from_mpi_fint(&self, static_cast<int32_t>(MPI_Comm_c2f(MPI_COMM_SELF))), DION_SUCCESS)
+      << dion_last_error(nullptr);
+  int32_t s = -1, r = -1;
+  EXPECT_EQ(dion_comm_size(world, &s), DION_SUCCESS);
+  EXPECT_EQ(dion_comm_rank(world, &r), DION_SUCCESS);
+  EXPECT_EQ(s, wsize);
+  EXPECT_EQ(r, wrank);
+  EXPECT_EQ(dion_comm_size(self, &s), DION_SUCCESS);
+  EXPECT_EQ(s, 1);
+
+  // A one-rank replicate mesh is accepted.
+  dion_options_t o;
+  dion_options_init(&o);
+  o.replicate_comm = self;
+  dion_optimizer_t opt = nullptr;
+  EXPECT_EQ(dion_create(&opt, &o), DION_SUCCESS) << dion_last_error(nullptr);
+  dion_destroy(opt);
+
+  // A multi-rank mesh is refused on every rank with a message naming it.
+  if (wsize > 1) {
+    o.replicate_comm = world;
+    opt = nullptr;
+    EXPECT_EQ(dion_create(&opt, &o), DION_ERROR_NOT_SUPPORTED);
+    EXPECT_EQ(opt, nullptr);
+    EXPECT_NE(std::string(dion_last_error(nullptr)).find("replicate_comm"), std::string::npos);
+  }
+  // The same communicator for two meshes is an argument error.
+  o.replicate_comm = self;
+  o.outer_comm = self;
+  EXPECT_EQ(dion_create(&opt, &o), DION_ERROR_INVALID_ARGUMENT);
+  EXPECT_NE(std::string(dion_last_error(nullptr)).find("same communicator"), std::string::npos);
+
+  EXPECT_EQ(dion_comm_destroy(world), DION_SUCCESS);
+  EXPECT_EQ(dion_comm_destroy(self), DION_SUCCESS);
+  // The caller's communicator still works.
+  int sum = 0, one = 1;
+  EXPECT_EQ(MPI_Allreduce(&one, &sum, 1, MPI_INT, MPI_SUM, MPI_COMM_WORLD), MPI_SUCCESS);
+  EXPECT_EQ(sum, wsize);
+}
+
+TEST(MpiComm, NullCommIsAnError) {
+  dion_comm_t c = nullptr;
+  EXPECT_EQ(dion_comm_from_mpi(&c, MPI_COMM_NULL), DION_ERROR_INVALID_ARGUMENT);
+  EXPECT_EQ(dion_comm_from_mpi(nullptr, MPI_COMM_WORLD), DION_ERROR_INVALID_ARGUMENT);
+}
+
+int main(int argc, char** argv) {
+  MPI_Init(&argc, &argv);
+  ::testing::InitGoogleTest(&argc, argv);
+  int rank = 0;
+  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+  if (rank != 0) {
+    auto& listeners = ::testing::UnitTest::GetInstance()->listeners();
+    delete listeners.Release(listeners.default_result_printer());
+  }
+  int rc = RUN_ALL_TESTS();
+  int any = 0;
+  MPI_Allreduce(&rc, &any, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD);
+  MPI_Finalize();
+  return any;
+}
