@@ -181,7 +181,8 @@ enum {
   DION_HPARAM_MUON_BETA2 = 7  /* NorMuon / NorDion2 */
 };
 
-/* Sentinel of integer option fields meaning "use the default". */
+/* Sentinel for the int32_t fields of dion_options_t and dion_group_options_t
+ * (algorithm excepted) meaning "use the documented default". */
 #define DION_UNSET_INT (-2147483647 - 1)
 
 /* ------------------------------------------------------------------------ */

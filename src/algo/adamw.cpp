@@ -11,9 +11,8 @@ namespace dion {
 
 namespace {
 void init_state(Optimizer& opt, Group& g, Tensor& t) {
-  dion_dtype_t mdt = g.opt.momentum_dtype == DION_DTYPE_UNSET ? t.param_dtype : g.opt.momentum_dtype;
   dion_dtype_t vdt = g.opt.variance_dtype == DION_DTYPE_UNSET ? t.param_dtype : g.opt.variance_dtype;
-  opt.add_state(t, "momentum", mdt, t.ndim, t.shape, t.local_shape, t.local_offset, t.layout);
+  add_momentum(opt, g, t);
   opt.add_state(t, "variance", vdt, t.ndim, t.shape, t.local_shape, t.local_offset, t.layout);
 }
 size_t workspace(const Group&, const Tensor& t) { return 4 * ws_floats(t.numel_local); }

@@ -24,6 +24,13 @@ size_t orthogonalize_ws_floats(int64_t rows, int64_t cols, int64_t batch);
 // Workspace for one typed tensor loaded to fp32 (rounded up like Workspace::take).
 inline size_t ws_floats(int64_t n) { return (static_cast<size_t>(n) + 15) & ~static_cast<size_t>(15); }
 
+// The "momentum" state every algorithm has: the parameter's shape, sharding
+// and layout, in the group's momentum_dtype (default: the parameter dtype).
+inline void add_momentum(Optimizer& opt, const Group& g, Tensor& t) {
+  dion_dtype_t mdt = g.opt.momentum_dtype == DION_DTYPE_UNSET ? t.param_dtype : g.opt.momentum_dtype;
+  opt.add_state(t, "momentum", mdt, t.ndim, t.shape, t.local_shape, t.local_offset, t.layout);
+}
+
 // Matrix algorithms: the storage axis holding the logical rows.
 inline Axis logical_rows_axis(const Tensor& t) { return t.geom.storage_transposed ? kCols : kRows; }
 

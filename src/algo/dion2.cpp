@@ -86,8 +86,7 @@ void dion2_family_step(Optimizer& opt, Group& g, Tensor& t, bool nor) {
 
 namespace {
 void init_state(Optimizer& opt, Group& g, Tensor& t) {
-  dion_dtype_t mdt = g.opt.momentum_dtype == DION_DTYPE_UNSET ? t.param_dtype : g.opt.momentum_dtype;
-  opt.add_state(t, "momentum", mdt, t.ndim, t.shape, t.local_shape, t.local_offset, t.layout);
+  add_momentum(opt, g, t);
 }
 void step(Optimizer& opt, Group& g, Tensor& t) { dion2_family_step(opt, g, t, false); }
 }  // namespace

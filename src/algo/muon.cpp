@@ -49,8 +49,7 @@ void muon_family_step(Optimizer& opt, Group& g, Tensor& t, bool normalize) {
 
 namespace {
 void init_state(Optimizer& opt, Group& g, Tensor& t) {
-  dion_dtype_t mdt = g.opt.momentum_dtype == DION_DTYPE_UNSET ? t.param_dtype : g.opt.momentum_dtype;
-  opt.add_state(t, "momentum", mdt, t.ndim, t.shape, t.local_shape, t.local_offset, t.layout);
+  add_momentum(opt, g, t);
 }
 void step(Optimizer& opt, Group& g, Tensor& t) { muon_family_step(opt, g, t, false); }
 }  // namespace

@@ -35,8 +35,7 @@ void add_variance_neuron(Optimizer& opt, const Group& g, Tensor& t) {
 
 namespace {
 void init_state(Optimizer& opt, Group& g, Tensor& t) {
-  dion_dtype_t mdt = g.opt.momentum_dtype == DION_DTYPE_UNSET ? t.param_dtype : g.opt.momentum_dtype;
-  opt.add_state(t, "momentum", mdt, t.ndim, t.shape, t.local_shape, t.local_offset, t.layout);
+  add_momentum(opt, g, t);
   add_variance_neuron(opt, g, t);
 }
 void step(Optimizer& opt, Group& g, Tensor& t) { muon_family_step(opt, g, t, true); }

@@ -58,6 +58,39 @@ void copy_versioned(T& dst, const T* src, const char* fn, const char* arg) {
   dst.struct_size = sizeof(T);
 }
 
+// Integer fields holding DION_UNSET_INT take their documented default.
+#define DION_DEFAULT_IF_UNSET(dst, def, field) \
+  if ((dst).field == DION_UNSET_INT) (dst).field = (def).field
+
+void apply_unset_defaults(dion_options_t& o) {
+  dion_options_t d;
+  dion_options_init(&d);
+  DION_DEFAULT_IF_UNSET(o, d, backend);
+  DION_DEFAULT_IF_UNSET(o, d, device);
+  DION_DEFAULT_IF_UNSET(o, d, replicate_grad_sync);
+  DION_DEFAULT_IF_UNSET(o, d, skip_nonfinite);
+}
+
+void apply_unset_defaults(dion_group_options_t& o) {
+  dion_group_options_t d;
+  dion_group_options_init(&d, DION_ALGO_DION);
+  DION_DEFAULT_IF_UNSET(o, d, rank_multiple_of);
+  DION_DEFAULT_IF_UNSET(o, d, power_iters);
+  DION_DEFAULT_IF_UNSET(o, d, qr_method);
+  DION_DEFAULT_IF_UNSET(o, d, cqr_warmup_steps);
+  DION_DEFAULT_IF_UNSET(o, d, orthogonalizer);
+  DION_DEFAULT_IF_UNSET(o, d, ortho_steps);
+  DION_DEFAULT_IF_UNSET(o, d, nesterov);
+  DION_DEFAULT_IF_UNSET(o, d, adjust_lr);
+  DION_DEFAULT_IF_UNSET(o, d, cautious_wd);
+  DION_DEFAULT_IF_UNSET(o, d, selection_scope);
+  DION_DEFAULT_IF_UNSET(o, d, flatten);
+  DION_DEFAULT_IF_UNSET(o, d, matmul_precision);
+  if (o.momentum_dtype == DION_UNSET_INT) o.momentum_dtype = DION_DTYPE_UNSET;
+  if (o.q_dtype == DION_UNSET_INT) o.q_dtype = DION_DTYPE_UNSET;
+  if (o.variance_dtype == DION_UNSET_INT) o.variance_dtype = DION_DTYPE_UNSET;
+}
+
 void validate_hparam(dion_hparam_t hp, double v, const char* fn) {
   const char* names[] = {"lr", "weight_decay", "mu", "beta1", "beta2", "epsilon", "ef_decay", "muon_beta2"};
   if (hp < DION_HPARAM_LR || hp > DION_HPARAM_MUON_BETA2)
@@ -197,6 +230,7 @@ DION_API dion_status_t dion_create(dion_optimizer_t* out, const dion_options_t* 
     dion_options_t o;
     dion_options_init(&o);
     if (options) copy_versioned(o, options, "dion_create", "options");
+    apply_unset_defaults(o);
     if (o.backend != DION_BACKEND_HOST && o.backend != DION_BACKEND_CUDA)
       fail(DION_ERROR_INVALID_ARGUMENT, "dion_create: options->backend = %d is not a known backend", o.backend);
     if (o.replicate_grad_sync != 0 && o.replicate_grad_sync != 1)
@@ -255,6 +289,7 @@ DION_API dion_status_t dion_add_group(dion_optimizer_t h, const dion_group_optio
     dion_group_options_t go;
     dion_group_options_init(&go, DION_ALGO_DION);
     copy_versioned(go, options, "dion_add_group", "options");
+    apply_unset_defaults(go);
     o.add_group(go, tensors, count, group_index);
   });
 }

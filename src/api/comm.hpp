@@ -1,6 +1,7 @@
 // SPDX-License-Identifier: MIT
 // The communicator object behind dion_comm_t.
 #pragma once
+#include <atomic>
 #include <cstdint>
 
 namespace dion {
@@ -17,5 +18,5 @@ struct dion_comm_s {
   int32_t size = 1;
   int32_t rank = 0;
   void* handle = nullptr;  // ncclComm_t, or a heap MPI_Comm
-  bool aborted = false;
+  std::atomic<bool> aborted{false};  // may be set from a watchdog thread
 };

@@ -127,6 +127,9 @@ DION_API dion_status_t dion_comm_from_mpi_fint(dion_comm_t* comm, int32_t fortra
     if (!comm) fail(DION_ERROR_INVALID_ARGUMENT, "dion_comm_from_mpi_fint: comm is NULL");
     *comm = nullptr;
 #if DION_WITH_MPI
+    int init = 0;
+    MPI_Initialized(&init);
+    if (!init) fail(DION_ERROR_INVALID_USAGE, "dion_comm_from_mpi_fint: MPI is not initialized (call MPI_Init first)");
     MPI_Comm mc = MPI_Comm_f2c(static_cast<MPI_Fint>(fortran_comm));
     if (mc == MPI_COMM_NULL) fail(DION_ERROR_INVALID_ARGUMENT, "dion_comm_from_mpi_fint: the communicator is MPI_COMM_NULL");
     *comm = wrap_mpi(mc, "dion_comm_from_mpi_fint");

@@ -56,29 +56,31 @@ void log_message(LogLevel level, const char* subsys, const char* fmt, ...) {
   std::fflush(g_file);
 }
 
-std::string format(const char* fmt, ...) {
-  va_list ap;
-  va_start(ap, fmt);
+namespace {
+std::string vformat(const char* fmt, va_list ap) {
   va_list ap2;
   va_copy(ap2, ap);
   int n = std::vsnprintf(nullptr, 0, fmt, ap);
-  va_end(ap);
   std::string s(n > 0 ? static_cast<size_t>(n) : 0, '\0');
   if (n > 0) std::vsnprintf(&s[0], static_cast<size_t>(n) + 1, fmt, ap2);
   va_end(ap2);
+  return s;
+}
+}  // namespace
+
+std::string format(const char* fmt, ...) {
+  va_list ap;
+  va_start(ap, fmt);
+  std::string s = vformat(fmt, ap);
+  va_end(ap);
   return s;
 }
 
 void fail(dion_status_t status, const char* fmt, ...) {
   va_list ap;
   va_start(ap, fmt);
-  va_list ap2;
-  va_copy(ap2, ap);
-  int n = std::vsnprintf(nullptr, 0, fmt, ap);
+  std::string s = vformat(fmt, ap);
   va_end(ap);
-  std::string s(n > 0 ? static_cast<size_t>(n) : 0, '\0');
-  if (n > 0) std::vsnprintf(&s[0], static_cast<size_t>(n) + 1, fmt, ap2);
-  va_end(ap2);
   throw Error(status, std::move(s));
 }
 

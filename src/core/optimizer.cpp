@@ -6,6 +6,7 @@
 
 #include "error.hpp"
 #include "log.hpp"
+#include "../api/comm.hpp"
 
 namespace dion {
 
@@ -219,6 +220,13 @@ void build_tensor(const Optimizer& opt, const dion_group_options_t& go, const di
       fail(DION_ERROR_INVALID_ARGUMENT, "%s: %s: %s shard [%lld, %lld + %lld) lies outside dim %d of size %lld", fn,
            L.c_str(), mesh[s], static_cast<long long>(offs[s]), static_cast<long long>(offs[s]),
            static_cast<long long>(exts[s]), dims[s], static_cast<long long>(full));
+    // The shards of all ranks must tile the dim. Multi-rank meshes are refused
+    // at dion_create for now, so this rank's shard must be the whole dim.
+    if (comms[s]->size == 1 && (offs[s] != 0 || exts[s] != full))
+      fail(DION_ERROR_INVALID_ARGUMENT,
+           "%s: %s: %s shard [%lld, %lld + %lld) does not tile dim %d of size %lld over a 1-rank %s mesh", fn,
+           L.c_str(), mesh[s], static_cast<long long>(offs[s]), static_cast<long long>(offs[s]),
+           static_cast<long long>(exts[s]), dims[s], static_cast<long long>(full), mesh[s]);
     t.local_shape[dims[s]] = exts[s];
     t.local_offset[dims[s]] = offs[s];
   }
@@ -309,7 +317,11 @@ void Optimizer::add_group(const dion_group_options_t& go, const dion_tensor_t* d
     for (auto& t : built) {
       tensors.push_back(std::move(t));
       Tensor& tt = tensors.back();
-      algo.init_state(*this, g, tt);
+      try {
+        algo.init_state(*this, g, tt);
+      } catch (const Error& e) {
+        throw Error(e.status(), format("dion_add_group: tensor '%s' (tensor %d): %s", tt.name.c_str(), tt.index, e.what()));
+      }
       g.tensors.push_back(tt.index);
       size_t w = algo.workspace_floats(g, tt);
       if (w > ws_need) ws_need = w;
