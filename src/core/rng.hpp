@@ -1,6 +1,8 @@
 // SPDX-License-Identifier: MIT
 // Counter-based random numbers (Philox4x32-10, Salmon et al., SC'11), shared by
-// the host and CUDA backends so both draw bit-identical numbers.
+// the host and CUDA backends so both draw the same numbers (tests/gpu/
+// test_rng_device.cu: bit-identical on an H100 over 1.2M draws; the device's
+// log/cos may in principle differ from the host libm's in the last bit).
 //
 // A random matrix is a pure function of (seed, stream, tensor, step, global
 // element index): every rank holding a slice of a global random matrix draws
