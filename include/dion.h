@@ -16,8 +16,7 @@
  *    the function and the offending argument or tensor. A failed call changes
  *    no parameter and no optimizer state.
  *  - Option structs begin with `struct_size` and `abi_version`. Fill them with
- *    the matching *_init() function (bindings) or the *_INIT macros' values and
- *    then change the fields you need. The library reads only the first
+ *    the matching *_init() function and then change the fields you need. The library reads only the first
  *    struct_size bytes, so a caller compiled against an older header keeps
  *    working after fields are appended.
  *  - Ownership: the caller owns every buffer (parameters, gradients, state
