@@ -24,6 +24,7 @@
 #include <vector>
 
 #include "dion.h"
+#include "reference/ref_linalg.h"
 
 namespace dion_test {
 
@@ -31,54 +32,13 @@ namespace dion_test {
 
 inline size_t elem_size(dion_dtype_t dt) { return dt == DION_DTYPE_FP32 ? 4 : 2; }
 
-inline uint32_t f2u(float f) {
-  uint32_t u;
-  std::memcpy(&u, &f, 4);
-  return u;
-}
-inline float u2f(uint32_t u) {
-  float f;
-  std::memcpy(&f, &u, 4);
-  return f;
-}
-inline uint16_t to_bf16(float f) {
-  uint32_t u = f2u(f);
-  if ((u & 0x7fffffffu) > 0x7f800000u) return static_cast<uint16_t>((u >> 16) | 0x40u);
-  u += 0x7fffu + ((u >> 16) & 1u);
-  return static_cast<uint16_t>(u >> 16);
-}
-inline float from_bf16(uint16_t h) { return u2f(static_cast<uint32_t>(h) << 16); }
-
-// IEEE binary16 <-> fp32, round to nearest even (via double, exact for the
-// conversions used here).
-inline uint16_t to_fp16(float f) {
-  const uint32_t x = f2u(f);
-  const uint16_t sign = static_cast<uint16_t>((x >> 16) & 0x8000u);
-  if (std::isnan(f)) return static_cast<uint16_t>(sign | 0x7e00u);
-  const double a = std::fabs(static_cast<double>(f));
-  if (a >= 65520.0) return static_cast<uint16_t>(sign | 0x7c00u);
-  if (a < std::ldexp(1.0, -14)) {  // subnormal: units of 2^-24
-    const double q = std::nearbyint(a * std::ldexp(1.0, 24));
-    return static_cast<uint16_t>(sign | static_cast<uint16_t>(q));
-  }
-  int e = 0;
-  const double m = std::frexp(a, &e);  // a = m * 2^e, m in [0.5, 1)
-  double q = std::nearbyint(m * 2048.0);  // 11 significant bits
-  if (q >= 2048.0) {
-    q /= 2.0;
-    ++e;
-  }
-  const uint32_t exp = static_cast<uint32_t>(e - 1 + 15);
-  if (exp >= 31) return static_cast<uint16_t>(sign | 0x7c00u);
-  return static_cast<uint16_t>(sign | (exp << 10) | (static_cast<uint32_t>(q) & 0x3ffu));
-}
-inline float from_fp16(uint16_t h) {
-  const int exp = (h >> 10) & 0x1f, mant = h & 0x3ff;
-  const double sign = (h & 0x8000) ? -1.0 : 1.0;
-  if (exp == 0) return static_cast<float>(sign * std::ldexp(mant, -24));
-  if (exp == 31) return mant ? std::numeric_limits<float>::quiet_NaN() : static_cast<float>(sign * HUGE_VAL);
-  return static_cast<float>(sign * std::ldexp(1024 + mant, exp - 25));
-}
+// The dtype conversions are the references' (tests/reference/ref_linalg.h).
+inline uint32_t f2u(float f) { return dionref::float_bits(f); }
+inline float u2f(uint32_t u) { return dionref::bits_float(u); }
+inline uint16_t to_bf16(float f) { return dionref::float_to_bf16_bits(f); }
+inline float from_bf16(uint16_t h) { return dionref::bf16_bits_to_float(h); }
+inline uint16_t to_fp16(float f) { return dionref::float_to_f16_bits(f); }
+inline float from_fp16(uint16_t h) { return dionref::f16_bits_to_float(h); }
 
 inline float load(const std::vector<unsigned char>& buf, dion_dtype_t dt, int64_t i) {
   if (dt == DION_DTYPE_FP32) {
