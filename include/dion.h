@@ -388,7 +388,11 @@ DION_API dion_status_t dion_group_count(dion_optimizer_t optimizer, int32_t* cou
 DION_API dion_status_t dion_tensor_count(dion_optimizer_t optimizer, int32_t* count);
 
 /* Sets / gets one hyperparameter of a group; a new value takes effect at the
- * next dion_step (learning-rate schedules). Errors: INVALID_USAGE for a bad
+ * next dion_step (learning-rate schedules). On the CUDA backend lr,
+ * weight_decay, beta1 and beta2 are kept in device memory, so a captured CUDA
+ * graph of dion_step replays with the values set last; the others are read
+ * when dion_step is called (capture again after changing them). set_hparam
+ * waits for the optimizer's last step first. Errors: INVALID_USAGE for a bad
  * group index, INVALID_ARGUMENT for an unknown hparam or a value out of range
  * (negative lr, non-finite values, ...). */
 DION_API dion_status_t dion_group_set_hparam(dion_optimizer_t optimizer, int32_t group, dion_hparam_t hparam,
@@ -400,7 +404,11 @@ DION_API dion_status_t dion_group_get_hparam(dion_optimizer_t optimizer, int32_t
  * skipped since creation (or since set_step). Every such call advances every
  * group by one before updating it; AdamW's bias correction uses the advanced
  * value, and Dion's sketches and CQR warm-up are keyed by it. set_step
- * restores it from a checkpoint. */
+ * restores it from a checkpoint. On the CUDA backend the counter lives in
+ * device memory (these calls wait for the optimizer's last step); Dion's CQR
+ * warm-up (cqr_warmup_steps) is decided on the host by the number of
+ * dion_step calls, so a CUDA graph captured during the warm-up keeps RCQR:
+ * capture after it. */
 DION_API dion_status_t dion_group_get_step(dion_optimizer_t optimizer, int32_t group, int64_t* step);
 DION_API dion_status_t dion_group_set_step(dion_optimizer_t optimizer, int32_t group, int64_t step);
 
@@ -431,7 +439,8 @@ DION_API dion_status_t dion_sync_for_checkpoint(dion_optimizer_t optimizer, dion
 
 /* Number of steps skipped for non-finite gradients since creation, and
  * whether the last step was skipped (0/1). On the CUDA backend this reads a
- * counter kept on the device and waits for `stream`. */
+ * counter kept on the device and waits for the optimizer's last step and for
+ * `stream` (which may be NULL). */
 DION_API dion_status_t dion_get_skipped_steps(dion_optimizer_t optimizer, int64_t* skipped, int32_t* last_skipped,
                                               dion_stream_t stream);
 
@@ -486,7 +495,8 @@ DION_API dion_status_t dion_state_find(dion_optimizer_t optimizer, int32_t tenso
 
 /* Copies the local shard of state `index` into / from a caller buffer of
  * `bytes` bytes (at least local_bytes). On the CUDA backend the buffer may be
- * host or device memory and the copy is enqueued on `stream`. */
+ * host or device memory; the copy first waits for the optimizer's last step
+ * and for `stream` (which may be NULL), and is complete on return. */
 DION_API dion_status_t dion_state_read(dion_optimizer_t optimizer, int32_t index, void* dst, uint64_t bytes,
                                        dion_stream_t stream);
 DION_API dion_status_t dion_state_write(dion_optimizer_t optimizer, int32_t index, const void* src, uint64_t bytes,

@@ -7,11 +7,16 @@
 
 namespace dion {
 
-// Loads n typed elements into a fresh workspace buffer.
-inline float* load_ws(Optimizer& opt, const void* src, dion_dtype_t dt, int64_t n) {
-  float* p = opt.ws.take(n);
-  opt.backend->load(p, src, dt, n);
+// Loads field f (n elements per tensor) of the batch's tensors into a fresh
+// workspace buffer: tensor i at offset i * n.
+inline float* load_ws(Optimizer& opt, const Batch& b, Field f, int64_t n) {
+  float* p = opt.ws.take(n * b.count);
+  opt.backend->load_multi(p, b.list, b.count, f, n);
   return p;
+}
+// Stores it back (nothing is written in a skipped step).
+inline void store_ws(Optimizer& opt, const Batch& b, Field f, const float* src, int64_t n) {
+  opt.backend->store_multi(b.list, b.count, f, src, n, opt.skip_flag());
 }
 
 inline StateBuf& state_of(Optimizer& opt, const Tensor& t, size_t k) { return opt.states[t.states.at(k)]; }
@@ -39,11 +44,11 @@ inline Axis logical_rows_axis(const Tensor& t) { return t.geom.storage_transpose
 namespace dion {
 // Muon and NorMuon share their step (muon.cpp); NorMuon adds the neuron-wise
 // normalisation with the "variance_neuron" state (state slot 1).
-void muon_family_step(Optimizer& opt, Group& g, Tensor& t, bool normalize);
-size_t muon_family_workspace(const Group& g, const Tensor& t);
+void muon_family_step(Optimizer& opt, Group& g, const Batch& b, bool normalize);
+size_t muon_family_workspace(const Group& g, const Tensor& t, int64_t count);
 // Dion2 and NorDion2 share theirs (dion2.cpp).
-void dion2_family_step(Optimizer& opt, Group& g, Tensor& t, bool normalize);
-size_t dion2_family_workspace(const Group& g, const Tensor& t);
+void dion2_family_step(Optimizer& opt, Group& g, const Batch& b, bool normalize);
+size_t dion2_family_workspace(const Group& g, const Tensor& t, int64_t count);
 // The "variance_neuron" state of NorMuon / NorDion2: one value per logical row.
 void add_variance_neuron(Optimizer& opt, const Group& g, Tensor& t);
 }  // namespace dion

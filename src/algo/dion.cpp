@@ -70,28 +70,37 @@ void init_state(Optimizer& opt, Group& g, Tensor& t) {
   // every rank holding rows of Q draws its slice of one global matrix.
   float* tmp = static_cast<float*>(opt.backend->alloc(sizeof(float) * static_cast<size_t>(q.numel)));
   PhiloxKey key{opt.options.seed, kRngInitQ, static_cast<uint32_t>(t.index), 0};
-  opt.backend->randn(tmp, lshape[0], lshape[1], loff[0], 0, gshape[1], key, 1.0f);
+  opt.backend->randn(tmp, 1, lshape[0], lshape[1], loff[0], 0, gshape[1], key, nullptr, nullptr, 1.0f);
   opt.backend->store(q.data, q.dtype, tmp, q.numel);
+  opt.backend->synchronize();  // tmp is released below
   opt.backend->release(tmp);
 }
 
-size_t workspace_floats(const Group& g, const Tensor& t) {
-  Shape s = shape_of(g.opt, t);
-  const int64_t mn = t.geom.srows * t.geom.scols;
-  size_t w = 2 * ws_floats(mn) + ws_floats(s.a * s.r) + 2 * ws_floats(s.b * s.r);
-  // per power iteration: the orthogonalisation (sketch k x a, S P k x r, two
-  // r x r factors) and a copy of R
-  const size_t per_iter = ws_floats(s.k * s.a) + ws_floats(s.k * s.r) + 2 * ws_floats(s.r * s.r) + ws_floats(s.b * s.r);
+size_t workspace_floats(const Group& g, const Tensor& t, int64_t count) {
+  const Shape s = shape_of(g.opt, t);
+  const int64_t T = count, mn = t.geom.srows * t.geom.scols;
+  // M, W (G, later X), P, R, Q
+  size_t w = 2 * ws_floats(T * mn) + ws_floats(T * s.a * s.r) + 2 * ws_floats(T * s.b * s.r);
+  // per power iteration: the orthogonalisation (a copy of P for the
+  // fallback, sketch k x a, S P k x r, two r x r factors, Cholesky info) and
+  // a copy of R
+  const size_t per_iter = ws_floats(T * s.a * s.r) + ws_floats(T * s.k * s.a) + ws_floats(T * s.k * s.r) +
+                          2 * ws_floats(T * s.r * s.r) + ws_floats(T) + ws_floats(T * s.b * s.r);
   return w + per_iter * static_cast<size_t>(g.opt.power_iters);
 }
 
-// P (a x r, a >= r) <- an orthonormal basis of its columns (spec §1.3).
-void orth(Optimizer& opt, const Group& g, const Tensor& t, const Shape& s, MatBatch P, int iter) {
+// P (a x r per matrix, a >= r) <- an orthonormal basis of its columns (spec §1.3).
+// A failed Cholesky never lets garbage through: the matrices whose factor
+// failed are re-orthonormalised from a copy taken before the solve
+// (orth_fallback: Householder QR on the host, Gram-Schmidt twice on the GPU),
+// decided per matrix on the device, so no step waits for the host.
+void orth(Optimizer& opt, const Group& g, const Batch& bt, const Shape& s, MatBatch P, int iter) {
   Backend& be = *opt.backend;
   const dion_group_options_t& o = g.opt;
   const dion_matmul_precision_t prec = o.matmul_precision;
+  const int64_t T = P.batch;
   int method = o.qr_method;
-  if (method == DION_QR_CQR && g.step <= o.cqr_warmup_steps) method = DION_QR_RCQR;
+  if (method == DION_QR_CQR && g.host_step <= o.cqr_warmup_steps) method = DION_QR_RCQR;
   // A square P gains nothing from a Cholesky-based QR and squares its
   // condition number: use Householder QR for it whatever the method.
   if (s.a <= s.r) method = DION_QR_QR;
@@ -99,101 +108,91 @@ void orth(Optimizer& opt, const Group& g, const Tensor& t, const Shape& s, MatBa
     be.qr_q(P);
     return;
   }
-  MatBatch G{opt.ws.take(s.r * s.r), s.r, s.r, s.r, s.r * s.r, 1};
-  int32_t info = 0;
-  if (method == DION_QR_CQR) {
-    be.gemm(true, false, 1.0f, P, P, 0.0f, G, DION_MATMUL_FP32);
-    be.cholesky_upper(G, &info);
-    if (info == 0) {
-      be.trsm_right_upper(G, P);
-      return;
-    }
-    // Cholesky failed (P^T P not positive definite in fp32): fall back to RCQR.
+  MatBatch P0{opt.ws.take(T * s.a * s.r), s.a, s.r, s.r, s.a * s.r, T};
+  MatBatch G{opt.ws.take(T * s.r * s.r), s.r, s.r, s.r, s.r * s.r, T};
+  int32_t* info = reinterpret_cast<int32_t*>(opt.ws.take(T));
+  if (method == DION_QR_RCQR) {
+    // Randomized Cholesky QR: R1 = qr_r(S P); P1 = P R1^-1; P2 = P1 chol(P1^T P1)^-1.
+    MatBatch S{opt.ws.take(T * s.k * s.a), s.k, s.a, s.a, s.k * s.a, T};
+    MatBatch SP{opt.ws.take(T * s.k * s.r), s.k, s.r, s.r, s.k * s.r, T};
+    MatBatch R1{opt.ws.take(T * s.r * s.r), s.r, s.r, s.r, s.r * s.r, T};
+    // The sketch is keyed by (tensor, step) read on the device, so a replayed
+    // CUDA graph draws a new sketch every step.
+    PhiloxKey key{opt.options.seed, static_cast<uint32_t>(kRngSketch | (iter << 8)), 0, 0};
+    be.randn(S.p, T, s.k, s.a, 0, 0, s.a, key, bt.list, &g.scalars->step,
+             static_cast<float>(std::sqrt(1.0 / static_cast<double>(s.k))));
+    be.gemm(false, false, 1.0f, S, P, 0.0f, SP, prec);
+    be.qr_r(SP, R1);
+    be.trsm_right_upper(R1, P);
   }
-  // Randomized Cholesky QR: R1 = qr_r(S P); P1 = P R1^-1; P2 = P1 chol(P1^T P1)^-1.
-  MatBatch S{opt.ws.take(s.k * s.a), s.k, s.a, s.a, s.k * s.a, 1};
-  MatBatch SP{opt.ws.take(s.k * s.r), s.k, s.r, s.r, s.k * s.r, 1};
-  MatBatch R1{opt.ws.take(s.r * s.r), s.r, s.r, s.r, s.r * s.r, 1};
-  PhiloxKey key{opt.options.seed, static_cast<uint32_t>(kRngSketch | (iter << 8)), static_cast<uint32_t>(t.index),
-                static_cast<uint64_t>(g.step)};
-  be.randn(S.p, s.k, s.a, 0, 0, s.a, key, static_cast<float>(std::sqrt(1.0 / static_cast<double>(s.k))));
-  be.gemm(false, false, 1.0f, S, P, 0.0f, SP, prec);
-  be.qr_r(SP, R1);
-  be.trsm_right_upper(R1, P);
+  // (R)CQR's Cholesky step on P (or P1).
+  be.copy(P0.p, P.p, sizeof(float) * static_cast<size_t>(T * s.a * s.r));
   be.gemm(true, false, 1.0f, P, P, 0.0f, G, DION_MATMUL_FP32);
-  be.cholesky_upper(G, &info);
-  if (info == 0) {
-    be.trsm_right_upper(G, P);
-  } else {
-    // The reference ignores this failure and lets garbage through to its
-    // NaN clean-up; P1 spans the right space, so finish with Householder QR.
-    be.qr_q(P);
-  }
+  be.cholesky_upper(G, info);
+  be.trsm_right_upper(G, P);
+  be.orth_fallback(P, P0, info);
 }
 
-void step(Optimizer& opt, Group& g, Tensor& t) {
+void step(Optimizer& opt, Group& g, const Batch& bt) {
   Backend& be = *opt.backend;
   const dion_group_options_t& o = g.opt;
+  const Tensor& t = bt.t;
   const Shape s = shape_of(o, t);
-  StateBuf& Ms = state_of(opt, t, 0);
-  StateBuf& Qs = state_of(opt, t, 1);
+  const int64_t T = bt.count;
   const int64_t n_el = t.numel_local;
   const dion_matmul_precision_t prec = o.matmul_precision;
 
-  float* M = load_ws(opt, Ms.data, Ms.dtype, n_el);
-  float* W = load_ws(opt, t.grad, t.grad_dtype, n_el);  // G now, X later
-  be.axpby(1.0f, W, 1.0f, M, n_el);                      // M += G
-  float* Q = load_ws(opt, Qs.data, Qs.dtype, s.b * s.r);
+  float* M = load_ws(opt, bt, kState0, n_el);
+  float* W = load_ws(opt, bt, kGrad, n_el);  // G now, X later
+  be.axpby(1.0f, W, 1.0f, M, T * n_el);      // M += G
+  float* Q = load_ws(opt, bt, kState1, s.b * s.r);
 
-  MatBatch Mm{M, t.geom.srows, t.geom.scols, t.geom.scols, n_el, 1};
-  MatBatch P{opt.ws.take(s.a * s.r), s.a, s.r, s.r, s.a * s.r, 1};
-  MatBatch R{opt.ws.take(s.b * s.r), s.b, s.r, s.r, s.b * s.r, 1};
-  MatBatch Qm{Q, s.b, s.r, s.r, s.b * s.r, 1};
+  MatBatch Mm{M, t.geom.srows, t.geom.scols, t.geom.scols, n_el, T};
+  MatBatch P{opt.ws.take(T * s.a * s.r), s.a, s.r, s.r, s.a * s.r, T};
+  MatBatch R{opt.ws.take(T * s.b * s.r), s.b, s.r, s.r, s.b * s.r, T};
+  MatBatch Qm{Q, s.b, s.r, s.r, s.b * s.r, T};
   ConstMatBatch Qt = Qm;
   for (int it = 0; it < o.power_iters; ++it) {
     be.gemm(s.bT, false, 1.0f, Mm, Qt, 0.0f, P, prec);  // P = B Q~
-    orth(opt, g, t, s, P, it);
+    orth(opt, g, bt, s, P, it);
     be.gemm(!s.bT, false, 1.0f, Mm, P, 0.0f, R, prec);  // R = B^T P
     if (it + 1 < o.power_iters) {
       // the next iteration starts from the un-normalised R
-      float* Rn = opt.ws.take(s.b * s.r);
-      be.copy(Rn, R.p, sizeof(float) * static_cast<size_t>(s.b * s.r));
-      Qt = ConstMatBatch(Rn, s.b, s.r, s.r, s.b * s.r, 1);
+      float* Rn = opt.ws.take(T * s.b * s.r);
+      be.copy(Rn, R.p, sizeof(float) * static_cast<size_t>(T * s.b * s.r));
+      Qt = ConstMatBatch(Rn, s.b, s.r, s.r, s.b * s.r, T);
     }
   }
   // Zero / NaN handling (§2.8): an all-zero momentum leaves the update at zero
   // and carries Q over (normalised); NaN/Inf never reach the state.
-  be.nan_to_num(P.p, s.a * s.r);
-  be.nan_to_num(R.p, s.b * s.r);
-  if (be.all_zero(M, n_el)) {
-    be.zero(P.p, sizeof(float) * static_cast<size_t>(s.a * s.r));
-    be.copy(R.p, Q, sizeof(float) * static_cast<size_t>(s.b * s.r));
-  }
+  be.nan_to_num(P.p, T * s.a * s.r);
+  be.nan_to_num(R.p, T * s.b * s.r);
+  be.zero_fixup(Mm, P, R, Qm);
   // Error feedback: B -= (1 - mu) P R^T, i.e. S -= (1-mu) P R^T or R P^T.
   const float ef = static_cast<float>(-(1.0 - o.mu));
   if (!s.bT)
     be.gemm(false, true, ef, P, R, 1.0f, Mm, prec);
   else
     be.gemm(false, true, ef, R, P, 1.0f, Mm, prec);
-  be.store(Ms.data, Ms.dtype, M, n_el);
+  store_ws(opt, bt, kState0, M, n_el);
   // Q = colnorm(R)
   be.col_normalize(R, static_cast<float>(o.epsilon));
-  be.store(Qs.data, Qs.dtype, R.p, s.b * s.r);
-  // X = (1 - lr wd) X - lr sqrt(m/n) P Q^T (in storage orientation)
-  be.load(W, t.param, t.param_dtype, n_el);
-  MatBatch X{W, t.geom.srows, t.geom.scols, t.geom.scols, n_el, 1};
-  const double lr = o.lr;
-  const float alpha = static_cast<float>(-lr * std::sqrt(static_cast<double>(t.geom.m) / t.geom.n));
-  const float beta = static_cast<float>(1.0 - lr * o.weight_decay);
+  store_ws(opt, bt, kState1, R.p, s.b * s.r);
+  // X = (1 - lr wd) X - lr sqrt(m/n) P Q^T (in storage orientation); the
+  // momentum's buffer (stored above) receives U = P Q^T.
+  be.load_multi(W, bt.list, T, kParam, n_el);
+  MatBatch U = Mm;
   if (!s.bT)
-    be.gemm(false, true, alpha, P, R, beta, X, prec);
+    be.gemm(false, true, 1.0f, P, R, 0.0f, U, prec);
   else
-    be.gemm(false, true, alpha, R, P, beta, X, prec);
-  be.store(t.param, t.param_dtype, W, n_el);
+    be.gemm(false, true, 1.0f, R, P, 0.0f, U, prec);
+  const float lr_mult = static_cast<float>(std::sqrt(static_cast<double>(t.geom.m) / static_cast<double>(t.geom.n)));
+  be.apply_update(W, U.p, T * n_el, g.scalars, lr_mult, false);
+  store_ws(opt, bt, kParam, W, n_el);
 }
 
 }  // namespace
 
-extern const Algorithm kDion = {"dion", init_state, workspace_floats, step};
+extern const Algorithm kDion = {"dion", false, init_state, workspace_floats, step};
 
 }  // namespace dion

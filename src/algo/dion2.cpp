@@ -37,27 +37,28 @@ Sel selection(const Group& g, const Tensor& t, bool nor) {
 
 }  // namespace
 
-size_t dion2_family_workspace(const Group& g, const Tensor& t) {
+size_t dion2_family_workspace(const Group& g, const Tensor& t, int64_t count) {
   const bool nor = g.opt.algorithm == DION_ALGO_NORDION2;
   Sel s = selection(g, t, nor);
-  const int64_t B = t.geom.batch;
-  size_t w = 2 * ws_floats(t.numel_local) + ws_floats(B * s.N) + ws_floats(B * s.k) + ws_floats(B * s.k * s.len);
+  const int64_t B = t.geom.batch * count;
+  size_t w = 2 * ws_floats(t.numel_local * count) + ws_floats(B * s.N) + ws_floats(B * s.k) +
+             ws_floats(B * s.k * s.len);
   int64_t sr = s.axis == kRows ? s.k : s.len, sc = s.axis == kRows ? s.len : s.k;
   w += orthogonalize_ws_floats(sr, sc, B);
   if (nor) w += ws_floats(B * s.N);
   return w;
 }
 
-void dion2_family_step(Optimizer& opt, Group& g, Tensor& t, bool nor) {
+void dion2_family_step(Optimizer& opt, Group& g, const Batch& bt, bool nor) {
   Backend& be = *opt.backend;
   const dion_group_options_t& o = g.opt;
-  const int64_t n = t.numel_local;
+  const Tensor& t = bt.t;
+  const int64_t n = t.numel_local, T = bt.count;
   const Sel s = selection(g, t, nor);
-  const int64_t B = t.geom.batch;
-  StateBuf& Ms = state_of(opt, t, 0);
-  float* M = load_ws(opt, Ms.data, Ms.dtype, n);
-  float* W = load_ws(opt, t.grad, t.grad_dtype, n);  // G, later X
-  be.axpby(1.0f, W, 1.0f, M, n);                      // M += G (no decay here)
+  const int64_t B = t.geom.batch * T;  // matrices in the batch
+  float* M = load_ws(opt, bt, kState0, n);
+  float* W = load_ws(opt, bt, kGrad, n);  // G, later X
+  be.axpby(1.0f, W, 1.0f, M, n * T);       // M += G (no decay here)
   MatBatch Mm{M, t.geom.srows, t.geom.scols, t.geom.scols, t.geom.srows * t.geom.scols, B};
   float* scores = opt.ws.take(B * s.N);
   int32_t* idx = reinterpret_cast<int32_t*>(opt.ws.take(B * s.k));
@@ -68,29 +69,29 @@ void dion2_family_step(Optimizer& opt, Group& g, Tensor& t, bool nor) {
   be.gather_slices(Mm, s.axis, idx, s.k, S);
   const float decay = static_cast<float>(nor ? o.mu : o.ef_decay);
   be.scale_slices(Mm, s.axis, idx, s.k, decay);  // error feedback on the selected slices only
-  be.store(Ms.data, Ms.dtype, M, n);
+  store_ws(opt, bt, kState0, M, n);
   orthogonalize(opt, o, S);
   if (nor) {
-    StateBuf& Vs = state_of(opt, t, 1);
-    float* V = load_ws(opt, Vs.data, Vs.dtype, Vs.numel);
+    const StateBuf& Vs = state_of(opt, t, 1);
+    float* V = load_ws(opt, bt, kState1, Vs.numel);
     be.neuron_normalize(S, s.axis, V, s.N, static_cast<float>(o.muon_beta2), idx);
-    be.store(Vs.data, Vs.dtype, V, Vs.numel);
+    store_ws(opt, bt, kState1, V, Vs.numel);
   }
-  be.load(W, t.param, t.param_dtype, n);
+  be.load_multi(W, bt.list, T, kParam, n);
   MatBatch X{W, t.geom.srows, t.geom.scols, t.geom.scols, t.geom.srows * t.geom.scols, B};
-  be.scale(W, static_cast<float>(1.0 - o.lr * o.weight_decay), n);
-  const double lr_adj = adjusted_lr(o, o.lr, t.geom.m, t.geom.n);  // from the FULL matrix shape
-  be.add_slices(X, s.axis, idx, s.k, S, static_cast<float>(-lr_adj));
-  be.store(t.param, t.param_dtype, W, n);
+  be.decay(W, n * T, g.scalars);
+  const double lr_mult = adjusted_lr(o, 1.0, t.geom.m, t.geom.n);  // from the FULL matrix shape
+  be.add_slices(X, s.axis, idx, s.k, S, g.scalars, static_cast<float>(-lr_mult));
+  store_ws(opt, bt, kParam, W, n);
 }
 
 namespace {
 void init_state(Optimizer& opt, Group& g, Tensor& t) {
   add_momentum(opt, g, t);
 }
-void step(Optimizer& opt, Group& g, Tensor& t) { dion2_family_step(opt, g, t, false); }
+void step(Optimizer& opt, Group& g, const Batch& b) { dion2_family_step(opt, g, b, false); }
 }  // namespace
 
-extern const Algorithm kDion2 = {"dion2", init_state, dion2_family_workspace, step};
+extern const Algorithm kDion2 = {"dion2", false, init_state, dion2_family_workspace, step};
 
 }  // namespace dion

@@ -11,9 +11,9 @@ void init_state(Optimizer& opt, Group& g, Tensor& t) {
   add_momentum(opt, g, t);
   add_variance_neuron(opt, g, t);
 }
-void step(Optimizer& opt, Group& g, Tensor& t) { dion2_family_step(opt, g, t, true); }
+void step(Optimizer& opt, Group& g, const Batch& b) { dion2_family_step(opt, g, b, true); }
 }  // namespace
 
-extern const Algorithm kNorDion2 = {"nordion2", init_state, dion2_family_workspace, step};
+extern const Algorithm kNorDion2 = {"nordion2", false, init_state, dion2_family_workspace, step};
 
 }  // namespace dion

@@ -38,9 +38,9 @@ void init_state(Optimizer& opt, Group& g, Tensor& t) {
   add_momentum(opt, g, t);
   add_variance_neuron(opt, g, t);
 }
-void step(Optimizer& opt, Group& g, Tensor& t) { muon_family_step(opt, g, t, true); }
+void step(Optimizer& opt, Group& g, const Batch& b) { muon_family_step(opt, g, b, true); }
 }  // namespace
 
-extern const Algorithm kNorMuon = {"normuon", init_state, muon_family_workspace, step};
+extern const Algorithm kNorMuon = {"normuon", false, init_state, muon_family_workspace, step};
 
 }  // namespace dion

@@ -129,6 +129,26 @@ StateBuf& state_at(Optimizer& o, int32_t i, const char* fn) {
 
 }  // namespace
 
+namespace {
+// The caller's stream for the duration of one API call only: the backend
+// never keeps a stream the caller might destroy afterwards.
+class StreamScope {
+ public:
+  StreamScope(Optimizer& o, dion_stream_t s) : o_(o) { o_.backend->set_stream(s); }
+  ~StreamScope() {
+    try {
+      o_.backend->set_stream(nullptr);
+    } catch (...) {
+    }
+  }
+  StreamScope(const StreamScope&) = delete;
+  StreamScope& operator=(const StreamScope&) = delete;
+
+ private:
+  Optimizer& o_;
+};
+}  // namespace
+
 extern "C" {
 
 DION_API int32_t dion_version(void) { return DION_VERSION_CODE; }
@@ -253,13 +273,25 @@ DION_API dion_status_t dion_create(dion_optimizer_t* out, const dion_options_t* 
              "dion_create: options->%s has %d ranks; multi-rank meshes are not implemented in this version of libdion",
              names[i], comms[i]->size);
     }
-    if (o.backend == DION_BACKEND_CUDA)
-      fail(DION_ERROR_NOT_SUPPORTED,
-           "dion_create: the CUDA backend is not implemented in this version of libdion (use DION_BACKEND_HOST)");
     auto opt = std::make_unique<Optimizer>();
     opt->options = o;
-    opt->backend.reset(make_host_backend());
-    DION_LOG_INFO("INIT", "created optimizer (host backend, seed %llu)", static_cast<unsigned long long>(o.seed));
+    if (o.backend == DION_BACKEND_CUDA) {
+#if DION_WITH_CUDA
+      if (o.device < 0) fail(DION_ERROR_INVALID_ARGUMENT, "dion_create: options->device = %d is negative", o.device);
+      try {
+        opt->backend.reset(make_cuda_backend(o.device));
+      } catch (const Error& e) {
+        throw Error(e.status(), format("dion_create: %s", e.what()));
+      }
+#else
+      fail(DION_ERROR_NOT_SUPPORTED, "dion_create: this libdion was built without CUDA (use DION_BACKEND_HOST)");
+#endif
+    } else {
+      opt->backend.reset(make_host_backend());
+    }
+    opt->init();
+    DION_LOG_INFO("INIT", "created optimizer (%s backend, seed %llu)", o.backend == DION_BACKEND_CUDA ? "CUDA" : "host",
+                  static_cast<unsigned long long>(o.seed));
     *out = reinterpret_cast<dion_optimizer_t>(opt.release());
   });
 }
@@ -313,6 +345,9 @@ DION_API dion_status_t dion_group_set_hparam(dion_optimizer_t h, int32_t group, 
     Group& g = group_at(o, group, "dion_group_set_hparam");
     validate_hparam(hp, value, "dion_group_set_hparam");
     *hparam_field(g.opt, hp) = value;
+    // lr, weight_decay and the betas live in backend memory too, where a
+    // replayed CUDA graph reads them.
+    o.upload_scalars(g);
   });
 }
 
@@ -330,7 +365,7 @@ DION_API dion_status_t dion_group_get_step(dion_optimizer_t h, int32_t group, in
   return handle_call(h, "dion_group_get_step", [&](Optimizer& o) {
     Group& g = group_at(o, group, "dion_group_get_step");
     if (!step) fail(DION_ERROR_INVALID_ARGUMENT, "dion_group_get_step: step is NULL");
-    *step = g.step;
+    *step = o.read_step(g);
   });
 }
 
@@ -338,7 +373,7 @@ DION_API dion_status_t dion_group_set_step(dion_optimizer_t h, int32_t group, in
   return handle_call(h, "dion_group_set_step", [&](Optimizer& o) {
     Group& g = group_at(o, group, "dion_group_set_step");
     if (step < 0) fail(DION_ERROR_INVALID_ARGUMENT, "dion_group_set_step: step = %lld is negative", static_cast<long long>(step));
-    g.step = step;
+    o.write_step(g, step);
   });
 }
 
@@ -350,14 +385,27 @@ DION_API dion_status_t dion_tensor_rebind(dion_optimizer_t h, int32_t tensor, vo
     Tensor& t = o.tensors[static_cast<size_t>(tensor)];
     if (!param && t.numel_local > 0)
       fail(DION_ERROR_INVALID_ARGUMENT, "dion_tensor_rebind: tensor '%s': param is NULL", t.name.c_str());
+    if (t.numel_local > 0) {
+      const size_t n = static_cast<size_t>(t.numel_local);
+      o.check_buffer(param, n * dtype_size(t.param_dtype), dtype_size(t.param_dtype),
+                     format("dion_tensor_rebind: tensor '%s' (tensor %d): param", t.name.c_str(), tensor));
+      if (grad)
+        o.check_buffer(grad, n * dtype_size(t.grad_dtype), dtype_size(t.grad_dtype),
+                       format("dion_tensor_rebind: tensor '%s' (tensor %d): grad", t.name.c_str(), tensor));
+    }
     t.param = param;
     t.grad = grad;
   });
 }
 
 DION_API dion_status_t dion_step(dion_optimizer_t h, dion_stream_t stream) {
-  (void)stream;  // host backend: the step completes before returning
-  return handle_call(h, "dion_step", [&](Optimizer& o) { o.step(); });
+  // Host backend: the step completes before returning. CUDA: it is enqueued
+  // on `stream` and this returns without waiting.
+  return handle_call(h, "dion_step", [&](Optimizer& o) {
+    StreamScope ss(o, stream);
+    o.step();
+    o.backend->end_step();
+  });
 }
 
 DION_API dion_status_t dion_sync_for_checkpoint(dion_optimizer_t h, dion_stream_t stream) {
@@ -369,12 +417,13 @@ DION_API dion_status_t dion_sync_for_checkpoint(dion_optimizer_t h, dion_stream_
 
 DION_API dion_status_t dion_get_skipped_steps(dion_optimizer_t h, int64_t* skipped, int32_t* last_skipped,
                                               dion_stream_t stream) {
-  (void)stream;
   return handle_call(h, "dion_get_skipped_steps", [&](Optimizer& o) {
     if (!skipped && !last_skipped)
       fail(DION_ERROR_INVALID_ARGUMENT, "dion_get_skipped_steps: skipped and last_skipped are both NULL");
-    if (skipped) *skipped = o.skipped_steps;
-    if (last_skipped) *last_skipped = o.last_skipped;
+    StreamScope ss(o, stream);
+    const StepStatus st = o.read_status();
+    if (skipped) *skipped = st.skipped_steps;
+    if (last_skipped) *last_skipped = st.skip;
   });
 }
 
@@ -404,7 +453,7 @@ DION_API dion_status_t dion_get_memory_usage(dion_optimizer_t h, uint64_t* state
     uint64_t s = 0;
     for (const StateBuf& b : o.states) s += b.bytes();
     if (state_bytes) *state_bytes = s;
-    if (workspace_bytes) *workspace_bytes = o.ws.capacity_bytes();
+    if (workspace_bytes) *workspace_bytes = o.ws.capacity_bytes() + o.table_bytes;
   });
 }
 
@@ -462,20 +511,19 @@ DION_API dion_status_t dion_state_find(dion_optimizer_t h, int32_t tensor, const
 
 DION_API dion_status_t dion_state_read(dion_optimizer_t h, int32_t index, void* dst, uint64_t bytes,
                                        dion_stream_t stream) {
-  (void)stream;
   return handle_call(h, "dion_state_read", [&](Optimizer& o) {
     StateBuf& s = state_at(o, index, "dion_state_read");
     if (!dst && s.bytes() > 0) fail(DION_ERROR_INVALID_ARGUMENT, "dion_state_read: dst is NULL");
     if (bytes < s.bytes())
       fail(DION_ERROR_INVALID_ARGUMENT, "dion_state_read: bytes = %llu is smaller than state '%s' of tensor %d (%zu bytes)",
            static_cast<unsigned long long>(bytes), s.name.c_str(), s.tensor, s.bytes());
-    if (s.bytes()) o.backend->copy(dst, s.data, s.bytes());
+    StreamScope ss(o, stream);
+    if (s.bytes()) o.backend->copy_sync(dst, s.data, s.bytes());
   });
 }
 
 DION_API dion_status_t dion_state_write(dion_optimizer_t h, int32_t index, const void* src, uint64_t bytes,
                                         dion_stream_t stream) {
-  (void)stream;
   return handle_call(h, "dion_state_write", [&](Optimizer& o) {
     StateBuf& s = state_at(o, index, "dion_state_write");
     if (!src && s.bytes() > 0) fail(DION_ERROR_INVALID_ARGUMENT, "dion_state_write: src is NULL");
@@ -483,7 +531,8 @@ DION_API dion_status_t dion_state_write(dion_optimizer_t h, int32_t index, const
       fail(DION_ERROR_INVALID_ARGUMENT,
            "dion_state_write: bytes = %llu is smaller than state '%s' of tensor %d (%zu bytes)",
            static_cast<unsigned long long>(bytes), s.name.c_str(), s.tensor, s.bytes());
-    if (s.bytes()) o.backend->copy(s.data, src, s.bytes());
+    StreamScope ss(o, stream);
+    if (s.bytes()) o.backend->copy_sync(s.data, src, s.bytes());
   });
 }
 

@@ -3,10 +3,24 @@
 // implementation per backend: src/backend/host (BLAS/LAPACK and loops) and
 // src/backend/cuda (cuBLAS, cuSOLVER, kernels/).
 //
-// Conventions: matrices are fp32, row-major, batched with a fixed element
-// stride between consecutive matrices (stride 0 broadcasts one matrix).
-// Typed buffers (parameters, gradients, states) are converted at load/store.
-// All calls are enqueued in order on the backend's current stream.
+// Conventions:
+//  - Every pointer argument is backend memory (host memory for the host
+//    backend, device memory of the optimizer's device for CUDA) unless its
+//    name ends in _host.
+//  - Work matrices are fp32, row-major, batched with a fixed element stride
+//    between consecutive matrices (stride 0 broadcasts one matrix).
+//  - Typed buffers (parameters, gradients, states) are reached through a
+//    TensorEntry table and converted at load/store.
+//  - All calls are enqueued in order on the backend's current stream
+//    (set_stream) and never wait for the device, except synchronize() and
+//    the *_sync memory calls. After a first call with given shapes, no call
+//    allocates (internal scratch grows on first use only).
+//  - Hyperparameters that a captured CUDA graph must see change (lr,
+//    weight_decay, beta1, beta2) and the step counter are read from a
+//    GroupScalars block in backend memory; the others are passed by value.
+//  - `skip` (nullable) points to the step's non-finite flag: calls that take
+//    it write nothing when *skip != 0. Only those calls write parameters or
+//    states, so a skipped step changes neither.
 #pragma once
 #include <cstddef>
 #include <cstdint>
@@ -37,29 +51,80 @@ struct ConstMatBatch {
 // operation reduces over or selects.
 enum Axis : int { kRows = 0, kCols = 1 };
 
+// One tensor of a batch, as the kernels see it (an array of these lives in
+// backend memory; the optimizer rebuilds it when pointers change).
+enum Field : int { kParam = 0, kGrad = 1, kState0 = 2, kState1 = 3 };
+struct TensorEntry {
+  void* ptr[4];       // indexed by Field: param, grad, state 0, state 1 (nullptr if absent)
+  int32_t dtype[4];   // dion_dtype_t of each
+  int64_t n;          // local elements
+  uint32_t tensor_id; // the tensor's index in the optimizer (random-number key)
+  uint32_t pad;
+};
+
+// Per-group values kept in backend memory (one block per group).
+struct GroupScalars {
+  double lr, weight_decay, beta1, beta2;
+  int64_t step;  // steps taken (not skipped) by this group
+  int64_t pad;
+};
+
+// Per-optimizer step status in backend memory.
+struct StepStatus {
+  int32_t skip;           // this (last) step was skipped: a gradient held NaN/Inf
+  int32_t pad;
+  int64_t skipped_steps;  // total skipped
+};
+
 class Backend {
  public:
   virtual ~Backend() = default;
+
+  // True if backend memory is host memory the caller may read directly.
+  virtual bool host_memory() const = 0;
+  // The stream the following calls are enqueued on (a cudaStream_t for CUDA; ignored by the host).
+  virtual void set_stream(void* stream) = 0;
 
   // ---- memory (backend-owned buffers) ----
   virtual void* alloc(size_t bytes) = 0;
   virtual void release(void* p) = 0;
   virtual void zero(void* p, size_t bytes) = 0;
-  virtual void copy(void* dst, const void* src, size_t bytes) = 0;  // any direction the backend can reach
+  // Enqueued copy between backend buffers.
+  virtual void copy(void* dst, const void* src, size_t bytes) = 0;
+  // Copies that complete before returning; either side may be host or
+  // backend memory. They first wait as synchronize() does.
+  virtual void copy_sync(void* dst, const void* src, size_t bytes) = 0;
+  // Waits for the last step (see end_step), for the current stream if one
+  // was set, and for the backend's own work.
   virtual void synchronize() = 0;
+  // Marks the end of a step's work on the current stream: the blocking calls
+  // (copy_sync, synchronize) wait for it, so they never need the step's stream.
+  virtual void end_step() {}
 
   // ---- conversions ----
   virtual void load(float* dst, const void* src, dion_dtype_t dt, int64_t n) = 0;
   virtual void store(void* dst, dion_dtype_t dt, const float* src, int64_t n) = 0;
-  // True if any of the n typed elements is NaN or +-Inf.
-  virtual bool has_nonfinite(const void* src, dion_dtype_t dt, int64_t n) = 0;
+  // Batched over `count` tensors of `n` elements each: dst[i*n + j] = field f of list[i], element j.
+  virtual void load_multi(float* dst, const TensorEntry* list, int64_t count, Field f, int64_t n) = 0;
+  virtual void store_multi(const TensorEntry* list, int64_t count, Field f, const float* src, int64_t n,
+                           const int32_t* skip) = 0;
+  // *flag = 1 if field f of any of the `count` tensors (list[i].n elements each,
+  // at most max_n) holds NaN or +-Inf; otherwise *flag is left unchanged.
+  virtual void check_nonfinite(const TensorEntry* list, int64_t count, int64_t max_n, Field f, int32_t* flag) = 0;
+  // Called once per group per step after the checks: if !status->skip, ++gs->step.
+  virtual void advance_step(GroupScalars* gs, const StepStatus* status) = 0;
+  // Called once per step after advance_step: if status->skip, ++status->skipped_steps.
+  virtual void count_skip(StepStatus* status) = 0;
 
   // ---- random ----
-  // out[i] = scale * N(0,1) drawn for global index index_of(i), where the
-  // buffer is a (rows x cols) window at (row0, col0) of a global matrix with
-  // `global_cols` columns: index = (row0 + i / cols) * global_cols + col0 + i % cols.
-  virtual void randn(float* out, int64_t rows, int64_t cols, int64_t row0, int64_t col0, int64_t global_cols,
-                     const PhiloxKey& key, float scale) = 0;
+  // For each of `batch` matrices: out[b][i] = scale * N(0,1) drawn for global
+  // index (row0 + i / cols) * global_cols + col0 + i % cols, where the matrix
+  // b is a (rows x cols) window of a global matrix with `global_cols` columns.
+  // The key's tensor is tensors[b].tensor_id when `tensors` is not null, and
+  // its step *step when `step` is not null.
+  virtual void randn(float* out, int64_t batch, int64_t rows, int64_t cols, int64_t row0, int64_t col0,
+                     int64_t global_cols, const PhiloxKey& key, const TensorEntry* tensors, const int64_t* step,
+                     float scale) = 0;
 
   // ---- dense linear algebra (fp32, row-major) ----
   // C = alpha * op(A) * op(B) + beta * C, per matrix of the batch.
@@ -67,24 +132,27 @@ class Backend {
                     MatBatch c, dion_matmul_precision_t precision) = 0;
   // In place: A (p x r, p >= r) <- the Q factor of its thin Householder QR.
   virtual void qr_q(MatBatch a) = 0;
-  // In place: A (p x r) <- R factor (upper r x r in the leading block) of its Householder QR.
+  // R (r x r) <- the R factor of A's (p x r, p >= r) QR; A may be overwritten.
   virtual void qr_r(MatBatch a, MatBatch r_out) = 0;
   // In place: A (n x n, symmetric) <- upper Cholesky factor U (A = U^T U); the
-  // strictly lower part is zeroed. info[b] = 0 on success, > 0 on failure.
-  virtual void cholesky_upper(MatBatch a, int32_t* info_host) = 0;
+  // strictly lower part is zeroed. info[b] = 0 on success, != 0 on failure
+  // (including a non-finite or non-positive pivot).
+  virtual void cholesky_upper(MatBatch a, int32_t* info) = 0;
   // B (rows x n) <- B * U^{-1} with U (n x n) upper triangular.
   virtual void trsm_right_upper(ConstMatBatch u, MatBatch b) = 0;
+  // For each matrix b with info[b] != 0: P[b] <- an orthonormal basis of the
+  // columns of P0[b] (p x r, p >= r; rank-deficient columns are completed).
+  virtual void orth_fallback(MatBatch p, ConstMatBatch p0, const int32_t* info) = 0;
 
   // ---- element-wise and reductions (fp32 buffers of n elements) ----
   // y = a * y + b * x
   virtual void axpby(float a, const float* x, float b, float* y, int64_t n) = 0;
   // z = a * x + b * y
   virtual void lincomb(float a, const float* x, float b, const float* y, float* z, int64_t n) = 0;
-  // x *= s
-  virtual void scale(float* x, float s, int64_t n) = 0;
   // NaN -> 0, +-Inf -> +-FLT_MAX
   virtual void nan_to_num(float* x, int64_t n) = 0;
-  virtual bool all_zero(const float* x, int64_t n) = 0;
+  // Dion's zero handling: for each matrix b whose m[b] is all zero, p[b] = 0 and r[b] = q[b].
+  virtual void zero_fixup(ConstMatBatch m, MatBatch p, MatBatch r, ConstMatBatch q) = 0;
   // Each matrix of the batch: m /= (factor * ||m||_F + eps)
   virtual void frob_normalize(MatBatch m, float factor, float eps) = 0;
   // Column normalisation: m[:, j] /= (||m[:, j]|| + eps)
@@ -92,17 +160,21 @@ class Backend {
   // Per-slice L1 norms along `axis` (axis kRows: one value per row) -> out
   virtual void slice_l1(ConstMatBatch m, Axis axis, float* out) = 0;
 
-  // ---- fused optimizer updates (fp32 buffers of n elements) ----
-  // Decay and orthonormal update (Muon family): with cautious, x -= lr*wd*x*[x*u >= 0],
-  // else x *= 1 - lr*wd; then x -= lr_adj * u.
-  virtual void apply_update(float* x, const float* u, int64_t n, float lr, float wd, float lr_adj,
+  // ---- optimizer updates ----
+  // Decay and orthonormal update (fp32 buffers): with lr = gs->lr, wd =
+  // gs->weight_decay: cautious: x -= lr*wd*x where x*u >= 0, else x *= 1 - lr*wd;
+  // then x -= lr * lr_mult * u.
+  virtual void apply_update(float* x, const float* u, int64_t n, const GroupScalars* gs, float lr_mult,
                             bool cautious) = 0;
-  // AdamW (legacy form, spec §1.4) with bias corrections bc1 = 1-beta1^t, bc2 = 1-beta2^t.
-  virtual void adamw(float* x, const float* g, float* m, float* v, int64_t n, float lr, float beta1, float beta2,
-                     float eps, float wd, float bc1, float bc2, bool cautious) = 0;
-  // Lion (spec §1.4).
-  virtual void lion(float* x, const float* g, float* m, int64_t n, float lr, float beta1, float beta2, float wd,
-                    bool cautious) = 0;
+  // x *= 1 - gs->lr * gs->weight_decay
+  virtual void decay(float* x, int64_t n, const GroupScalars* gs) = 0;
+  // AdamW (legacy form, spec §1.4) on the typed buffers of `count` tensors
+  // (param, grad, state 0 = m, state 1 = v), bias corrections from gs->step.
+  virtual void adamw(const TensorEntry* list, int64_t count, int64_t max_n, const GroupScalars* gs, float eps,
+                     bool cautious, const int32_t* skip) = 0;
+  // Lion (spec §1.4) on typed buffers (param, grad, state 0 = m).
+  virtual void lion(const TensorEntry* list, int64_t count, int64_t max_n, const GroupScalars* gs, bool cautious,
+                    const int32_t* skip) = 0;
   // NorMuon neuron-wise normalisation (spec §4.2) of each matrix of `u`:
   // neurons are the slices along `neuron_axis`; v holds one variance per
   // neuron per matrix (contiguous, batch-major) and is updated by a lerp with
@@ -113,17 +185,27 @@ class Backend {
                                 const int32_t* selected) = 0;
 
   // ---- slice selection (Dion2) ----
-  // Indices of the k largest scores of each of `batch` score vectors of length n -> idx[b*k + j].
+  // Indices of the k largest scores of each of `batch` score vectors of
+  // length n -> idx[b*k + j], ascending; ties go to the lower index.
   virtual void topk(const float* scores, int64_t batch, int64_t n, int64_t k, int32_t* idx) = 0;
   // out (k slices) <- m's slices idx along axis (axis kRows: out is k x cols; kCols: rows x k).
   virtual void gather_slices(ConstMatBatch m, Axis axis, const int32_t* idx, int64_t k, MatBatch out) = 0;
   // m's slices idx along axis *= s
   virtual void scale_slices(MatBatch m, Axis axis, const int32_t* idx, int64_t k, float s) = 0;
-  // m's slices idx along axis += alpha * u (u shaped as gather_slices' out)
-  virtual void add_slices(MatBatch m, Axis axis, const int32_t* idx, int64_t k, ConstMatBatch u, float alpha) = 0;
+  // m's slices idx along axis += alpha * u (u shaped as gather_slices' out),
+  // alpha = mult * gs->lr (mult when gs is null).
+  virtual void add_slices(MatBatch m, Axis axis, const int32_t* idx, int64_t k, ConstMatBatch u,
+                          const GroupScalars* gs, float mult) = 0;
 };
 
 // Created by the backend implementations.
 Backend* make_host_backend();
+#if DION_WITH_CUDA
+// Creates the CUDA backend on `device` (throws Error on failure).
+Backend* make_cuda_backend(int device);
+// Checks that `p` is device memory of `device` usable by the backend; throws
+// INVALID_ARGUMENT with `what` in the message otherwise.
+void cuda_check_pointer(const void* p, int device, size_t bytes, size_t align, const char* what);
+#endif
 
 }  // namespace dion

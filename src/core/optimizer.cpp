@@ -1,7 +1,9 @@
 // SPDX-License-Identifier: MIT
 #include "optimizer.hpp"
 
+#include <algorithm>
 #include <cmath>
+#include <cstddef>
 #include <cstring>
 
 #include "error.hpp"
@@ -37,12 +39,74 @@ void Workspace::free(Backend& be) {
 
 Optimizer::~Optimizer() {
   if (backend) {
-    backend->synchronize();
-    for (auto& s : states)
-      if (s.data) backend->release(s.data);
-    ws.free(*backend);
+    // Work in flight may still read these buffers: wait for it, and never
+    // let a device error escape a destructor.
+    try {
+      backend->synchronize();
+    } catch (const Error& e) {
+      DION_LOG_WARN("dion_destroy: %s", e.what());
+    }
+    try {
+      for (auto& s : states)
+        if (s.data) backend->release(s.data);
+      for (auto& g : groups) {
+        for (auto& b : g.buckets)
+          if (b.table) backend->release(b.table);
+        if (g.scalars) backend->release(g.scalars);
+      }
+      if (status) backend->release(status);
+      ws.free(*backend);
+    } catch (const Error& e) {
+      DION_LOG_WARN("dion_destroy: %s", e.what());
+    }
   }
   magic_head = magic_tail = 0;
+}
+
+void Optimizer::init() {
+  status = static_cast<StepStatus*>(backend->alloc(sizeof(StepStatus)));
+  StepStatus z{};
+  backend->copy_sync(status, &z, sizeof(z));
+  table_bytes += sizeof(StepStatus);
+}
+
+int64_t Optimizer::read_step(const Group& g) {
+  int64_t v = 0;
+  backend->copy_sync(&v, &g.scalars->step, sizeof(v));
+  return v;
+}
+
+void Optimizer::write_step(Group& g, int64_t step) {
+  backend->copy_sync(&g.scalars->step, &step, sizeof(step));
+  g.host_step = step;
+}
+
+StepStatus Optimizer::read_status() {
+  StepStatus s{};
+  backend->copy_sync(&s, status, sizeof(s));
+  return s;
+}
+
+void Optimizer::upload_scalars(Group& g) {
+  // The step counter is kept: only the hyperparameters are (re)written.
+  GroupScalars v{};
+  v.lr = g.opt.lr;
+  v.weight_decay = g.opt.weight_decay;
+  v.beta1 = g.opt.beta1;
+  v.beta2 = g.opt.beta2;
+  backend->copy_sync(g.scalars, &v, offsetof(GroupScalars, step));
+}
+
+void Optimizer::check_buffer(const void* p, size_t bytes, size_t align, const std::string& what) const {
+#if DION_WITH_CUDA
+  if (options.backend == DION_BACKEND_CUDA) {
+    cuda_check_pointer(p, options.device, bytes, align, what.c_str());
+    return;
+  }
+#endif
+  if (reinterpret_cast<uintptr_t>(p) % align != 0)
+    fail(DION_ERROR_INVALID_ARGUMENT, "%s = %p is not aligned to %zu bytes", what.c_str(), p, align);
+  (void)bytes;
 }
 
 int32_t Optimizer::add_state(Tensor& t, const char* name, dion_dtype_t dtype, int32_t ndim,
@@ -242,6 +306,13 @@ void build_tensor(const Optimizer& opt, const dion_group_options_t& go, const di
          static_cast<long long>(global_numel));
   if (!d.param && t.numel_local > 0)
     fail(DION_ERROR_INVALID_ARGUMENT, "%s: %s: param is NULL", fn, L.c_str());
+  if (t.numel_local > 0) {
+    const size_t n = static_cast<size_t>(t.numel_local);
+    opt.check_buffer(d.param, n * dtype_size(d.param_dtype), dtype_size(d.param_dtype),
+                     format("%s: %s: param", fn, L.c_str()));
+    if (d.grad)
+      opt.check_buffer(d.grad, n * dtype_size(gdt), dtype_size(gdt), format("%s: %s: grad", fn, L.c_str()));
+  }
   t.param = d.param;
   t.grad = d.grad;
   t.param_dtype = d.param_dtype;
@@ -307,13 +378,12 @@ void Optimizer::add_group(const dion_group_options_t& go, const dion_tensor_t* d
     built[i].index = static_cast<int32_t>(tensors.size() + i);
     built[i].group = gi;
   }
-  // Everything is validated: commit. State allocation may still fail (out of
+  // Everything is validated: commit. Allocation may still fail (out of
   // memory); roll back in that case so a failed call adds nothing.
   const size_t tensors_before = tensors.size(), states_before = states.size();
   Group g;
   g.opt = go;
   try {
-    size_t ws_need = 0;
     for (auto& t : built) {
       tensors.push_back(std::move(t));
       Tensor& tt = tensors.back();
@@ -323,43 +393,152 @@ void Optimizer::add_group(const dion_group_options_t& go, const dion_tensor_t* d
         throw Error(e.status(), format("dion_add_group: tensor '%s' (tensor %d): %s", tt.name.c_str(), tt.index, e.what()));
       }
       g.tensors.push_back(tt.index);
-      size_t w = algo.workspace_floats(g, tt);
-      if (w > ws_need) ws_need = w;
     }
+    plan_buckets(g, algo);
+    size_t ws_need = 0;
+    for (Bucket& b : g.buckets) {
+      b.table = static_cast<TensorEntry*>(backend->alloc(sizeof(TensorEntry) * b.tensors.size()));
+      ws_need = std::max(ws_need, b.workspace_floats);
+    }
+    g.scalars = static_cast<GroupScalars*>(backend->alloc(sizeof(GroupScalars)));
+    GroupScalars zero{};
+    backend->copy_sync(g.scalars, &zero, sizeof(zero));
+    upload_scalars(g);
     ws.reserve(*backend, ws_need);
   } catch (...) {
     for (size_t s = states_before; s < states.size(); ++s)
       if (states[s].data) backend->release(states[s].data);
+    for (Bucket& b : g.buckets)
+      if (b.table) backend->release(b.table);
+    if (g.scalars) backend->release(g.scalars);
     states.resize(states_before);
     tensors.resize(tensors_before);
     throw;
   }
+  for (const Bucket& b : g.buckets) table_bytes += sizeof(TensorEntry) * b.tensors.size();
+  table_bytes += sizeof(GroupScalars);
+  const size_t nb = g.buckets.size();
   groups.push_back(std::move(g));
   if (group_index) *group_index = gi;
-  DION_LOG_INFO("INIT", "added group %d: %s, %zu tensors", gi, algo.name, count);
+  DION_LOG_INFO("INIT", "added group %d: %s, %zu tensors in %zu batches", gi, algo.name, count, nb);
 }
 
-void Optimizer::step() {
-  last_skipped = 0;
-  if (options.skip_nonfinite) {
-    for (const Tensor& t : tensors) {
-      if (!t.grad || t.numel_local == 0) continue;
-      if (backend->has_nonfinite(t.grad, t.grad_dtype, t.numel_local)) {
-        ++skipped_steps;
-        last_skipped = 1;
-        DION_LOG_WARN("step skipped: the gradient of tensor '%s' holds NaN or Inf", t.name.c_str());
-        return;
+// Tensors of a matrix algorithm share a batch when everything their step
+// depends on is equal; a batch is cut so that its workspace stays under
+// kBatchWorkspaceFloats (a batch of one is always allowed).
+void Optimizer::plan_buckets(Group& g, const Algorithm& algo) {
+  constexpr size_t kBatchWorkspaceFloats = size_t(1) << 28;  // 1 GiB of fp32
+  if (algo.elementwise) {
+    Bucket b;
+    b.tensors = g.tensors;
+    if (!b.tensors.empty()) g.buckets.push_back(std::move(b));
+    return;
+  }
+  auto same = [&](const Tensor& a, const Tensor& b) {
+    if (a.ndim != b.ndim || a.param_dtype != b.param_dtype || a.grad_dtype != b.grad_dtype || a.layout != b.layout ||
+        a.outer_shard_dim != b.outer_shard_dim || a.inner_shard_dim != b.inner_shard_dim || a.rank != b.rank ||
+        a.dion_transposed != b.dion_transposed || a.numel_local != b.numel_local || a.states.size() != b.states.size())
+      return false;
+    for (int d = 0; d < a.ndim; ++d)
+      if (a.shape[d] != b.shape[d] || a.local_shape[d] != b.local_shape[d] || a.local_offset[d] != b.local_offset[d])
+        return false;
+    for (size_t k = 0; k < a.states.size(); ++k) {
+      const StateBuf &sa = states[static_cast<size_t>(a.states[k])], &sb = states[static_cast<size_t>(b.states[k])];
+      if (sa.dtype != sb.dtype || sa.numel != sb.numel) return false;
+    }
+    return true;
+  };
+  std::vector<std::vector<int32_t>> classes;
+  for (int32_t ti : g.tensors) {
+    const Tensor& t = tensors[static_cast<size_t>(ti)];
+    bool placed = false;
+    for (auto& c : classes)
+      if (same(tensors[static_cast<size_t>(c[0])], t)) {
+        c.push_back(ti);
+        placed = true;
+        break;
       }
+    if (!placed) classes.push_back({ti});
+  }
+  for (auto& c : classes) {
+    const Tensor& t0 = tensors[static_cast<size_t>(c[0])];
+    const size_t one = algo.workspace_floats(g, t0, 1);
+    const size_t cap = std::max<size_t>(1, kBatchWorkspaceFloats / std::max<size_t>(one, 1));
+    for (size_t i = 0; i < c.size(); i += cap) {
+      Bucket b;
+      b.tensors.assign(c.begin() + static_cast<std::ptrdiff_t>(i),
+                       c.begin() + static_cast<std::ptrdiff_t>(std::min(c.size(), i + cap)));
+      b.workspace_floats = algo.workspace_floats(g, t0, static_cast<int64_t>(b.tensors.size()));
+      g.buckets.push_back(std::move(b));
     }
   }
+}
+
+// Rewrites the bucket's table if the set of tensors with a gradient or any
+// pointer changed since the last step (steady state: nothing to do).
+void Optimizer::refresh_table(Bucket& b) {
+  std::vector<TensorEntry> list;
+  list.reserve(b.tensors.size());
+  b.max_n = 0;
+  b.first_active = -1;
+  for (int32_t ti : b.tensors) {
+    const Tensor& t = tensors[static_cast<size_t>(ti)];
+    if (!t.grad || t.numel_local == 0) continue;
+    TensorEntry e{};
+    e.ptr[kParam] = t.param;
+    e.dtype[kParam] = t.param_dtype;
+    e.ptr[kGrad] = const_cast<void*>(t.grad);
+    e.dtype[kGrad] = t.grad_dtype;
+    for (size_t k = 0; k < t.states.size() && k < 2; ++k) {
+      const StateBuf& sb = states[static_cast<size_t>(t.states[k])];
+      e.ptr[kState0 + k] = sb.data;
+      e.dtype[kState0 + k] = sb.dtype;
+    }
+    e.n = t.numel_local;
+    e.tensor_id = static_cast<uint32_t>(t.index);
+    b.max_n = std::max(b.max_n, t.numel_local);
+    if (b.first_active < 0) b.first_active = ti;
+    list.push_back(e);
+  }
+  b.active = static_cast<int64_t>(list.size());
+  if (list.size() == b.mirror.size() &&
+      (list.empty() || std::memcmp(list.data(), b.mirror.data(), sizeof(TensorEntry) * list.size()) == 0))
+    return;
+  if (!list.empty()) backend->copy_sync(b.table, list.data(), sizeof(TensorEntry) * list.size());
+  b.mirror = std::move(list);
+}
+
+// One step (DESIGN.md §5). Nothing here waits for the device: the
+// non-finite check writes a flag in backend memory that every later write of
+// a parameter or state reads (a skipped step computes and discards). The host
+// backend reads the flag directly and returns early instead.
+void Optimizer::step() {
+  for (Group& g : groups)
+    for (Bucket& b : g.buckets) refresh_table(b);
+  backend->zero(&status->skip, sizeof(int32_t));
+  if (options.skip_nonfinite)
+    for (Group& g : groups)
+      for (Bucket& b : g.buckets)
+        if (b.active) backend->check_nonfinite(b.table, b.active, b.max_n, kGrad, &status->skip);
+  if (backend->host_memory() && status->skip) {
+    ++status->skipped_steps;
+    DION_LOG_WARN("step skipped: a gradient holds NaN or Inf");
+    return;
+  }
   for (Group& g : groups) {
-    g.step += 1;
+    backend->advance_step(g.scalars, status);
+    // The host backend knows the counter; on the device, the host's copy
+    // counts enqueued steps (it only chooses Dion's CQR warm-up method).
+    g.host_step = backend->host_memory() ? g.scalars->step : g.host_step + 1;
+  }
+  backend->count_skip(status);
+  for (Group& g : groups) {
     const Algorithm& algo = algorithm_for(g.opt.algorithm);
-    for (int32_t ti : g.tensors) {
-      Tensor& t = tensors[ti];
-      if (!t.grad || t.numel_local == 0) continue;
+    for (Bucket& b : g.buckets) {
+      if (!b.active) continue;
       ws.reset();
-      algo.step(*this, g, t);
+      Batch batch{tensors[static_cast<size_t>(b.first_active)], b.active, b.table, b.max_n};
+      algo.step(*this, g, batch);
     }
   }
 }

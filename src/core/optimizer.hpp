@@ -62,22 +62,51 @@ struct Tensor {
   std::vector<int32_t> states;   // indices into Optimizer::states, in creation order
 };
 
+// A set of tensors of one group stepped together (DESIGN.md §5): matrix
+// algorithms batch tensors of identical shape, sharding and dtypes, so a
+// step's kernel count does not grow with the number of same-shape matrices;
+// element-wise algorithms (AdamW, Lion) take the whole group as one
+// multi-tensor list. `table` (backend memory) lists the tensors that have a
+// gradient this step; it is rewritten only when a pointer or that set changes.
+struct Bucket {
+  std::vector<int32_t> tensors;
+  TensorEntry* table = nullptr;     // backend memory, tensors.size() entries
+  std::vector<TensorEntry> mirror;  // what `table` holds
+  int32_t first_active = -1;        // a tensor of the active set (shape representative)
+  int64_t active = 0;               // entries of `table` in use this step
+  int64_t max_n = 0;                // largest n among them
+  size_t workspace_floats = 0;
+};
+
 struct Group {
   dion_group_options_t opt{};
   std::vector<int32_t> tensors;
-  int64_t step = 0;
+  std::vector<Bucket> buckets;
+  GroupScalars* scalars = nullptr;  // backend memory: lr, weight_decay, beta1, beta2, step
+  int64_t host_step = 0;            // the step counter as the host knows it (see Optimizer::step)
 };
 
 struct Optimizer;
 
+// What an algorithm's step sees: `count` tensors shaped like `t`, listed in
+// `list` (backend memory).
+struct Batch {
+  const Tensor& t;
+  int64_t count;
+  const TensorEntry* list;
+  int64_t max_n;
+};
+
 // Per-algorithm hooks (src/algo). `workspace_floats` bounds the fp32
-// workspace one tensor's step needs; `init_state` creates and initialises its
-// state; `step` updates one tensor that has a gradient.
+// workspace a step of `count` tensors shaped like `t` needs; `init_state`
+// creates and initialises one tensor's state; `step` updates a batch.
+// Element-wise algorithms step whole groups of mixed shapes at once.
 struct Algorithm {
   const char* name;
+  bool elementwise;
   void (*init_state)(Optimizer& opt, Group& g, Tensor& t);
-  size_t (*workspace_floats)(const Group& g, const Tensor& t);
-  void (*step)(Optimizer& opt, Group& g, Tensor& t);
+  size_t (*workspace_floats)(const Group& g, const Tensor& t, int64_t count);
+  void (*step)(Optimizer& opt, Group& g, const Batch& b);
 };
 const Algorithm& algorithm_for(dion_algorithm_t algo);
 
@@ -104,17 +133,31 @@ struct Optimizer {
   std::vector<Tensor> tensors;
   std::vector<StateBuf> states;
   Workspace ws;
+  StepStatus* status = nullptr;  // backend memory
+  size_t table_bytes = 0;        // backend memory held by tables and scalars
   std::string last_error;
-  int64_t skipped_steps = 0;
-  int32_t last_skipped = 0;
   uint64_t magic_tail = kMagicTail;
 
   ~Optimizer();
+  // Allocates the step status; called once the backend is set.
+  void init();
   // Creates a state buffer for tensor t (zero-filled) and returns its index.
   int32_t add_state(Tensor& t, const char* name, dion_dtype_t dtype, int32_t ndim, const int64_t* global_shape,
                     const int64_t* local_shape, const int64_t* local_offset, dion_layout_t layout);
   void add_group(const dion_group_options_t& opt, const dion_tensor_t* tensors, size_t count, int32_t* group_index);
   void step();
+  void plan_buckets(Group& g, const Algorithm& algo);
+  void refresh_table(Bucket& b);
+  // The pointer stores take to honour the non-finite guard (null when it is off).
+  const int32_t* skip_flag() const { return options.skip_nonfinite ? &status->skip : nullptr; }
+  // Reads the group's step counter / skipped-step status (waits for the device).
+  int64_t read_step(const Group& g);
+  void write_step(Group& g, int64_t step);
+  StepStatus read_status();
+  // Writes the hyperparameters kept in backend memory from g.opt.
+  void upload_scalars(Group& g);
+  // Checks a caller's buffer for this optimizer's backend (device, alignment, size).
+  void check_buffer(const void* p, size_t bytes, size_t align, const std::string& what) const;
 };
 
 // Shared helpers for the algorithms.

@@ -53,6 +53,8 @@ inline const float* at(const ConstMatBatch& m, int64_t b) { return m.p + b * m.s
 
 class HostBackend final : public Backend {
  public:
+  bool host_memory() const override { return true; }
+  void set_stream(void*) override {}
   void* alloc(size_t bytes) override {
     if (bytes == 0) bytes = 1;
     void* p = std::aligned_alloc(64, (bytes + 63) & ~size_t(63));
@@ -64,6 +66,7 @@ class HostBackend final : public Backend {
   void copy(void* dst, const void* src, size_t bytes) override {
     if (dst != src && bytes) std::memmove(dst, src, bytes);
   }
+  void copy_sync(void* dst, const void* src, size_t bytes) override { copy(dst, src, bytes); }
   void synchronize() override {}
 
   void load(float* dst, const void* src, dion_dtype_t dt, int64_t n) override {
@@ -80,19 +83,47 @@ class HostBackend final : public Backend {
     }
     for (int64_t i = 0; i < n; ++i) store_elem(dst, dt, i, src[i]);
   }
-  bool has_nonfinite(const void* src, dion_dtype_t dt, int64_t n) override {
-    for (int64_t i = 0; i < n; ++i)
-      if (!std::isfinite(load_elem(src, dt, i))) return true;
-    return false;
+  void load_multi(float* dst, const TensorEntry* list, int64_t count, Field f, int64_t n) override {
+    for (int64_t i = 0; i < count; ++i)
+      load(dst + i * n, list[i].ptr[f], static_cast<dion_dtype_t>(list[i].dtype[f]), n);
+  }
+  void store_multi(const TensorEntry* list, int64_t count, Field f, const float* src, int64_t n,
+                   const int32_t* skip) override {
+    if (skip && *skip) return;
+    for (int64_t i = 0; i < count; ++i)
+      store(list[i].ptr[f], static_cast<dion_dtype_t>(list[i].dtype[f]), src + i * n, n);
+  }
+  void check_nonfinite(const TensorEntry* list, int64_t count, int64_t, Field f, int32_t* flag) override {
+    for (int64_t t = 0; t < count; ++t) {
+      const void* p = list[t].ptr[f];
+      const auto dt = static_cast<dion_dtype_t>(list[t].dtype[f]);
+      for (int64_t i = 0; i < list[t].n; ++i)
+        if (!std::isfinite(load_elem(p, dt, i))) {
+          *flag = 1;
+          return;
+        }
+    }
+  }
+  void advance_step(GroupScalars* gs, const StepStatus* st) override {
+    if (!st->skip) ++gs->step;
+  }
+  void count_skip(StepStatus* st) override {
+    if (st->skip) ++st->skipped_steps;
   }
 
-  void randn(float* out, int64_t rows, int64_t cols, int64_t row0, int64_t col0, int64_t global_cols,
-             const PhiloxKey& key, float scale) override {
-    for (int64_t i = 0; i < rows; ++i)
-      for (int64_t j = 0; j < cols; ++j) {
-        uint64_t idx = static_cast<uint64_t>((row0 + i) * global_cols + col0 + j);
-        out[i * cols + j] = scale * philox_normal(key, idx);
-      }
+  void randn(float* out, int64_t batch, int64_t rows, int64_t cols, int64_t row0, int64_t col0, int64_t global_cols,
+             const PhiloxKey& key, const TensorEntry* tensors, const int64_t* step, float scale) override {
+    for (int64_t b = 0; b < batch; ++b) {
+      PhiloxKey k = key;
+      if (tensors) k.tensor = tensors[b].tensor_id;
+      if (step) k.step = static_cast<uint64_t>(*step);
+      float* o = out + b * rows * cols;
+      for (int64_t i = 0; i < rows; ++i)
+        for (int64_t j = 0; j < cols; ++j) {
+          uint64_t idx = static_cast<uint64_t>((row0 + i) * global_cols + col0 + j);
+          o[i * cols + j] = scale * philox_normal(k, idx);
+        }
+    }
   }
 
   void gemm(bool ta, bool tb, float alpha, ConstMatBatch a, ConstMatBatch b, float beta, MatBatch c,
@@ -168,22 +199,22 @@ class HostBackend final : public Backend {
     }
   }
 
-  void cholesky_upper(MatBatch m, int32_t* info_host) override {
+  void cholesky_upper(MatBatch m, int32_t* info) override {
     const int n = to_int(m.rows, "cholesky n");
     const int ld = to_int(m.ld, "cholesky ld");
     for (int64_t b = 0; b < m.batch; ++b) {
       float* a = at(m, b);
-      int info = 0;
+      int st = 0;
       // Row-major upper U with A = U^T U is column-major lower L = U^T with A = L L^T.
       const char lo = 'L';
-      if (n > 0) spotrf_(&lo, &n, a, &ld, &info);
+      if (n > 0) spotrf_(&lo, &n, a, &ld, &st);
       for (int64_t i = 0; i < n; ++i)
         for (int64_t j = 0; j < i; ++j) a[i * m.ld + j] = 0.0f;
       // A factor with a non-finite or tiny pivot is a failure too.
-      if (info == 0)
+      if (st == 0)
         for (int64_t i = 0; i < n; ++i)
-          if (!std::isfinite(a[i * m.ld + i]) || !(a[i * m.ld + i] > 0.0f)) info = static_cast<int>(i) + 1;
-      info_host[b] = info;
+          if (!std::isfinite(a[i * m.ld + i]) || !(a[i * m.ld + i] > 0.0f)) st = static_cast<int>(i) + 1;
+      info[b] = st;
     }
   }
 
@@ -199,14 +230,22 @@ class HostBackend final : public Backend {
       strsm_(&side, &uplo, &tr, &diag, &n, &rows, &one, at(u, u.stride ? b : 0), &ldu, at(bm, b), &ldb);
   }
 
+  void orth_fallback(MatBatch p, ConstMatBatch p0, const int32_t* info) override {
+    for (int64_t b = 0; b < p.batch; ++b) {
+      if (info[b] == 0) continue;
+      MatBatch one{at(p, b), p.rows, p.cols, p.ld, 0, 1};
+      const float* src = at(p0, b);
+      for (int64_t i = 0; i < p.rows; ++i)
+        std::memcpy(one.p + i * p.ld, src + i * p0.ld, sizeof(float) * static_cast<size_t>(p.cols));
+      qr_q(one);
+    }
+  }
+
   void axpby(float a, const float* x, float b, float* y, int64_t n) override {
     for (int64_t i = 0; i < n; ++i) y[i] = a * y[i] + b * x[i];
   }
   void lincomb(float a, const float* x, float b, const float* y, float* z, int64_t n) override {
     for (int64_t i = 0; i < n; ++i) z[i] = a * x[i] + b * y[i];
-  }
-  void scale(float* x, float s, int64_t n) override {
-    for (int64_t i = 0; i < n; ++i) x[i] *= s;
   }
   void nan_to_num(float* x, int64_t n) override {
     for (int64_t i = 0; i < n; ++i) {
@@ -214,10 +253,25 @@ class HostBackend final : public Backend {
       else if (std::isinf(x[i])) x[i] = x[i] > 0 ? FLT_MAX : -FLT_MAX;
     }
   }
-  bool all_zero(const float* x, int64_t n) override {
-    for (int64_t i = 0; i < n; ++i)
-      if (x[i] != 0.0f) return false;
-    return true;
+  void zero_fixup(ConstMatBatch m, MatBatch p, MatBatch r, ConstMatBatch q) override {
+    for (int64_t b = 0; b < m.batch; ++b) {
+      const float* mp = at(m, b);
+      bool zero = true;
+      for (int64_t i = 0; i < m.rows && zero; ++i)
+        for (int64_t j = 0; j < m.cols; ++j)
+          if (mp[i * m.ld + j] != 0.0f) {
+            zero = false;
+            break;
+          }
+      if (!zero) continue;
+      float* pp = at(p, b);
+      for (int64_t i = 0; i < p.rows; ++i)
+        for (int64_t j = 0; j < p.cols; ++j) pp[i * p.ld + j] = 0.0f;
+      float* rp = at(r, b);
+      const float* qp = at(q, b);
+      for (int64_t i = 0; i < r.rows; ++i)
+        for (int64_t j = 0; j < r.cols; ++j) rp[i * r.ld + j] = qp[i * q.ld + j];
+    }
   }
   void frob_normalize(MatBatch m, float factor, float eps) override {
     for (int64_t b = 0; b < m.batch; ++b) {
@@ -253,8 +307,10 @@ class HostBackend final : public Backend {
     }
   }
 
-  void apply_update(float* x, const float* u, int64_t n, float lr, float wd, float lr_adj, bool cautious) override {
-    const float decay = 1.0f - lr * wd, lwd = lr * wd;
+  void apply_update(float* x, const float* u, int64_t n, const GroupScalars* gs, float lr_mult,
+                    bool cautious) override {
+    const float lr = static_cast<float>(gs->lr), wd = static_cast<float>(gs->weight_decay);
+    const float decay = 1.0f - lr * wd, lwd = lr * wd, lr_adj = lr * lr_mult;
     for (int64_t i = 0; i < n; ++i) {
       float xi = x[i];
       if (cautious)
@@ -264,36 +320,61 @@ class HostBackend final : public Backend {
       x[i] = xi - lr_adj * u[i];
     }
   }
-  void adamw(float* x, const float* g, float* m, float* v, int64_t n, float lr, float b1, float b2, float eps,
-             float wd, float bc1, float bc2, bool cautious) override {
+  void decay(float* x, int64_t n, const GroupScalars* gs) override {
+    const float d = static_cast<float>(1.0 - gs->lr * gs->weight_decay);
+    for (int64_t i = 0; i < n; ++i) x[i] *= d;
+  }
+  void adamw(const TensorEntry* list, int64_t count, int64_t, const GroupScalars* gs, float eps, bool cautious,
+             const int32_t* skip) override {
+    if (skip && *skip) return;
+    const double st = static_cast<double>(gs->step);
+    const float lr = static_cast<float>(gs->lr), wd = static_cast<float>(gs->weight_decay);
+    const float b1 = static_cast<float>(gs->beta1), b2 = static_cast<float>(gs->beta2);
+    const float bc1 = static_cast<float>(1.0 - std::pow(gs->beta1, st));
+    const float bc2 = static_cast<float>(1.0 - std::pow(gs->beta2, st));
     const float step = lr / bc1, sbc2 = std::sqrt(bc2), lwd = lr * wd;
-    for (int64_t i = 0; i < n; ++i) {
-      const float xo = x[i];
-      const float mi = m[i] + (1.0f - b1) * (g[i] - m[i]);
-      const float vi = b2 * v[i] + (1.0f - b2) * g[i] * g[i];
-      m[i] = mi;
-      v[i] = vi;
-      float xi = xo;
-      if (cautious)
-        xi = (mi * xo >= 0.0f) ? xo - lwd * xo : xo;
-      else
-        xi = xo * (1.0f - lwd);
-      x[i] = xi - step * mi / (std::sqrt(vi) / sbc2 + eps);
+    for (int64_t t = 0; t < count; ++t) {
+      const TensorEntry& e = list[t];
+      const auto dx = static_cast<dion_dtype_t>(e.dtype[kParam]), dg = static_cast<dion_dtype_t>(e.dtype[kGrad]),
+                 dm = static_cast<dion_dtype_t>(e.dtype[kState0]), dv = static_cast<dion_dtype_t>(e.dtype[kState1]);
+      for (int64_t i = 0; i < e.n; ++i) {
+        const float xo = load_elem(e.ptr[kParam], dx, i), g = load_elem(e.ptr[kGrad], dg, i);
+        const float m0 = load_elem(e.ptr[kState0], dm, i), v0 = load_elem(e.ptr[kState1], dv, i);
+        const float mi = m0 + (1.0f - b1) * (g - m0);
+        const float vi = b2 * v0 + (1.0f - b2) * g * g;
+        float xi;
+        if (cautious)
+          xi = (mi * xo >= 0.0f) ? xo - lwd * xo : xo;
+        else
+          xi = xo * (1.0f - lwd);
+        store_elem(e.ptr[kParam], dx, i, xi - step * mi / (std::sqrt(vi) / sbc2 + eps));
+        store_elem(e.ptr[kState0], dm, i, mi);
+        store_elem(e.ptr[kState1], dv, i, vi);
+      }
     }
   }
-  void lion(float* x, const float* g, float* m, int64_t n, float lr, float b1, float b2, float wd,
-            bool cautious) override {
+  void lion(const TensorEntry* list, int64_t count, int64_t, const GroupScalars* gs, bool cautious,
+            const int32_t* skip) override {
+    if (skip && *skip) return;
+    const float lr = static_cast<float>(gs->lr), wd = static_cast<float>(gs->weight_decay);
+    const float b1 = static_cast<float>(gs->beta1), b2 = static_cast<float>(gs->beta2);
     const float lwd = lr * wd;
-    for (int64_t i = 0; i < n; ++i) {
-      const float c = b1 * m[i] + (1.0f - b1) * g[i];
-      const float u = static_cast<float>((c > 0.0f) - (c < 0.0f));
-      m[i] = b2 * m[i] + (1.0f - b2) * g[i];
-      float xi = x[i];
-      if (cautious)
-        xi = (xi * u >= 0.0f) ? xi - lwd * xi : xi;
-      else
-        xi *= 1.0f - lwd;
-      x[i] = xi - lr * u;
+    for (int64_t t = 0; t < count; ++t) {
+      const TensorEntry& e = list[t];
+      const auto dx = static_cast<dion_dtype_t>(e.dtype[kParam]), dg = static_cast<dion_dtype_t>(e.dtype[kGrad]),
+                 dm = static_cast<dion_dtype_t>(e.dtype[kState0]);
+      for (int64_t i = 0; i < e.n; ++i) {
+        const float g = load_elem(e.ptr[kGrad], dg, i), m = load_elem(e.ptr[kState0], dm, i);
+        const float c = b1 * m + (1.0f - b1) * g;
+        const float u = static_cast<float>((c > 0.0f) - (c < 0.0f));
+        store_elem(e.ptr[kState0], dm, i, b2 * m + (1.0f - b2) * g);
+        float xi = load_elem(e.ptr[kParam], dx, i);
+        if (cautious)
+          xi = (xi * u >= 0.0f) ? xi - lwd * xi : xi;
+        else
+          xi *= 1.0f - lwd;
+        store_elem(e.ptr[kParam], dx, i, xi - lr * u);
+      }
     }
   }
   void neuron_normalize(MatBatch u, Axis axis, float* v, int64_t v_per_matrix, float beta2,
@@ -359,7 +440,9 @@ class HostBackend final : public Backend {
           for (int64_t s = 0; s < k; ++s) p[i * m.ld + ix[s]] *= sc;
     }
   }
-  void add_slices(MatBatch m, Axis axis, const int32_t* idx, int64_t k, ConstMatBatch u, float alpha) override {
+  void add_slices(MatBatch m, Axis axis, const int32_t* idx, int64_t k, ConstMatBatch u, const GroupScalars* gs,
+                  float mult) override {
+    const float alpha = gs ? static_cast<float>(mult * gs->lr) : mult;
     for (int64_t b = 0; b < m.batch; ++b) {
       float* p = at(m, b);
       const float* q = at(u, b);

@@ -1,0 +1,125 @@
+// SPDX-License-Identifier: MIT
+// Device-side helpers shared by the kernels: launch sizing, grid-stride
+// loops, deterministic block reductions and row-major matrix addressing.
+//
+// Determinism: every reduction here sums in a fixed order that depends only
+// on the launch shape (a fixed shuffle tree inside each warp, then the warps
+// in index order), never on timing; no floating-point atomics are used
+// anywhere in the backend, so each op gives the same bits on every run.
+#pragma once
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cstdint>
+
+#include "backend/cuda/cuda_check.hpp"
+#include "core/backend.hpp"
+#include "core/dtype.hpp"
+#include "kernels/launch.hpp"
+
+namespace dion::kernels {
+
+constexpr int kThreads = 256;  // default block size of 1-D kernels
+
+__host__ __device__ inline int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
+
+// Blocks for a grid-stride 1-D kernel over n items: enough to fill the
+// device several times over, never more than the items need.
+inline unsigned blocks_1d(const Ctx& c, int64_t n, int threads = kThreads) {
+  const int64_t want = std::max<int64_t>(1, ceil_div(n, threads));
+  const int64_t cap = std::max<int64_t>(1, static_cast<int64_t>(c.sms) * 16);
+  return static_cast<unsigned>(std::min(want, cap));
+}
+
+// Grid of a multi-tensor kernel: y walks the tensors (grid-stride beyond
+// 65535), x the elements of each, sized so the whole grid is a few waves.
+inline dim3 grid_multi(const Ctx& c, int64_t count, int64_t max_n, int threads = kThreads) {
+  const int64_t gy = std::min<int64_t>(std::max<int64_t>(count, 1), 65535);
+  const int64_t want_x = std::max<int64_t>(1, ceil_div(max_n, threads));
+  const int64_t fill_x = std::max<int64_t>(1, ceil_div(static_cast<int64_t>(c.sms) * 16, gy));
+  return dim3(static_cast<unsigned>(std::min<int64_t>(want_x, fill_x)), static_cast<unsigned>(gy), 1);
+}
+
+// 2-D tiles of (32 x 8) threads over a batch of rows x cols items: x walks
+// columns, y rows, z matrices; each is grid-stride so any size fits.
+constexpr int kTileX = 32, kTileY = 8;
+inline dim3 grid_2d(const Ctx& c, int64_t rows, int64_t cols, int64_t batch) {
+  const int64_t gz = std::min<int64_t>(std::max<int64_t>(batch, 1), 65535);
+  const int64_t gx = std::min<int64_t>(std::max<int64_t>(1, ceil_div(cols, kTileX)), 65535);
+  const int64_t fill = std::max<int64_t>(1, ceil_div(static_cast<int64_t>(c.sms) * 32, gx * gz));
+  const int64_t gy = std::min<int64_t>({std::max<int64_t>(1, ceil_div(rows, kTileY)), fill, 65535});
+  return dim3(static_cast<unsigned>(gx), static_cast<unsigned>(gy), static_cast<unsigned>(gz));
+}
+
+// Runs f(b, i, j) for every element of a batch of rows x cols items, launched
+// with grid_2d and (kTileX, kTileY) threads.
+template <class F>
+__global__ void for_each_2d_kernel(int64_t batch, int64_t rows, int64_t cols, F f) {
+  for (int64_t b = blockIdx.z; b < batch; b += gridDim.z)
+    for (int64_t i = blockIdx.y * static_cast<int64_t>(blockDim.y) + threadIdx.y; i < rows;
+         i += static_cast<int64_t>(gridDim.y) * blockDim.y)
+      for (int64_t j = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; j < cols;
+           j += static_cast<int64_t>(gridDim.x) * blockDim.x)
+        f(b, i, j);
+}
+
+template <class F>
+void for_each_2d(const Ctx& c, int64_t batch, int64_t rows, int64_t cols, const F& f, const char* name) {
+  if (batch <= 0 || rows <= 0 || cols <= 0) return;
+  for_each_2d_kernel<<<grid_2d(c, rows, cols, batch), dim3(kTileX, kTileY), 0, c.stream>>>(batch, rows, cols, f);
+  cuda::check_launch(name);
+}
+
+__device__ __forceinline__ int64_t global_thread() {
+  return blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
+}
+__device__ __forceinline__ int64_t grid_threads() { return static_cast<int64_t>(gridDim.x) * blockDim.x; }
+
+// Sum over a warp, the same shuffle tree every time.
+__device__ __forceinline__ double warp_sum(double v) {
+  for (int o = 16; o > 0; o >>= 1) v += __shfl_down_sync(0xffffffffu, v, o);
+  return v;  // valid in lane 0
+}
+
+// Sum of one value per thread of a 1-D block (blockDim.x a multiple of 32, at
+// most 1024); every thread gets the result. `smem` holds 33 doubles. Contains
+// __syncthreads: call it from all threads of the block.
+__device__ __forceinline__ double block_sum(double v, double* smem) {
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nwarps = blockDim.x >> 5;
+  v = warp_sum(v);
+  if (lane == 0) smem[warp] = v;
+  __syncthreads();
+  if (warp == 0) {
+    double w = lane < nwarps ? smem[lane] : 0.0;
+    w = warp_sum(w);
+    if (lane == 0) smem[32] = w;
+  }
+  __syncthreads();
+  const double r = smem[32];
+  __syncthreads();  // smem may be reused right after
+  return r;
+}
+
+// Walks the flat element range [e0, e1) of a rows x cols row-major matrix
+// (leading dimension ld) with a fixed step, keeping (row, col) up to date
+// without a division per element.
+struct FlatWalk {
+  int64_t e, row, col, dr, dc;
+  __device__ FlatWalk(int64_t start, int64_t step, int64_t cols)
+      : e(start), row(start / cols), col(start % cols), dr(step / cols), dc(step % cols) {}
+  __device__ __forceinline__ int64_t offset(int64_t ld) const { return row * ld + col; }
+  __device__ __forceinline__ void next(int64_t step, int64_t cols) {
+    e += step;
+    row += dr;
+    col += dc;
+    if (col >= cols) {
+      col -= cols;
+      ++row;
+    }
+  }
+};
+
+__device__ __forceinline__ float* mat_at(const MatBatch& m, int64_t b) { return m.p + b * m.stride; }
+__device__ __forceinline__ const float* mat_at(const ConstMatBatch& m, int64_t b) { return m.p + b * m.stride; }
+
+}  // namespace dion::kernels

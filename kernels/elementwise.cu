@@ -1,0 +1,216 @@
+// SPDX-License-Identifier: MIT
+// Element-wise kernels: dtype conversions (single and multi-tensor), the
+// non-finite check, the device-side step counters, and the fp32 vector ops.
+// The arithmetic is written as in the host backend, operation for operation;
+// with -fmad=false (CMakeLists.txt) both give the same bits.
+#include <cfloat>
+
+#include "kernels/common.cuh"
+
+namespace dion::kernels {
+
+namespace {
+
+template <dion_dtype_t DT>
+__global__ void load_kernel(float* dst, const void* src, int64_t n) {
+  for (int64_t i = global_thread(); i < n; i += grid_threads()) dst[i] = load_elem(src, DT, i);
+}
+
+template <dion_dtype_t DT>
+__global__ void store_kernel(void* dst, const float* src, int64_t n) {
+  for (int64_t i = global_thread(); i < n; i += grid_threads()) store_elem(dst, DT, i, src[i]);
+}
+
+__global__ void load_multi_kernel(float* dst, const TensorEntry* list, int64_t count, int f, int64_t n) {
+  for (int64_t t = blockIdx.y; t < count; t += gridDim.y) {
+    const void* src = list[t].ptr[f];
+    const dion_dtype_t dt = static_cast<dion_dtype_t>(list[t].dtype[f]);
+    float* d = dst + t * n;
+    for (int64_t i = global_thread(); i < n; i += grid_threads()) d[i] = load_elem(src, dt, i);
+  }
+}
+
+__global__ void store_multi_kernel(const TensorEntry* list, int64_t count, int f, const float* src, int64_t n,
+                                   const int32_t* skip) {
+  if (skip && *skip) return;
+  for (int64_t t = blockIdx.y; t < count; t += gridDim.y) {
+    void* dst = list[t].ptr[f];
+    const dion_dtype_t dt = static_cast<dion_dtype_t>(list[t].dtype[f]);
+    const float* s = src + t * n;
+    for (int64_t i = global_thread(); i < n; i += grid_threads()) store_elem(dst, dt, i, s[i]);
+  }
+}
+
+// NaN/Inf test on the stored bits: the exponent is all ones.
+__device__ __forceinline__ bool nonfinite_elem(const void* p, dion_dtype_t dt, int64_t i) {
+  switch (dt) {
+    case DION_DTYPE_BF16: return (static_cast<const uint16_t*>(p)[i] & 0x7f80u) == 0x7f80u;
+    case DION_DTYPE_FP16: return (static_cast<const uint16_t*>(p)[i] & 0x7c00u) == 0x7c00u;
+    default: return (float_bits(static_cast<const float*>(p)[i]) & 0x7f800000u) == 0x7f800000u;
+  }
+}
+
+__global__ void check_nonfinite_kernel(const TensorEntry* list, int64_t count, int f, int32_t* flag) {
+  for (int64_t t = blockIdx.y; t < count; t += gridDim.y) {
+    const void* src = list[t].ptr[f];
+    if (!src) continue;  // uniform over the block
+    const dion_dtype_t dt = static_cast<dion_dtype_t>(list[t].dtype[f]);
+    const int64_t n = list[t].n;
+    int bad = 0;
+    for (int64_t i = global_thread(); i < n; i += grid_threads()) bad |= nonfinite_elem(src, dt, i);
+    // Every writer stores the same value, so the result does not depend on order.
+    if (__syncthreads_or(bad) && threadIdx.x == 0) *flag = 1;
+  }
+}
+
+__global__ void advance_step_kernel(GroupScalars* gs, const StepStatus* status) {
+  if (!status->skip) ++gs->step;
+}
+
+__global__ void count_skip_kernel(StepStatus* status) {
+  if (status->skip) ++status->skipped_steps;
+}
+
+__global__ void axpby_kernel(float a, const float* x, float b, float* y, int64_t n) {
+  for (int64_t i = global_thread(); i < n; i += grid_threads()) y[i] = a * y[i] + b * x[i];
+}
+
+__global__ void lincomb_kernel(float a, const float* x, float b, const float* y, float* z, int64_t n) {
+  for (int64_t i = global_thread(); i < n; i += grid_threads()) z[i] = a * x[i] + b * y[i];
+}
+
+__global__ void nan_to_num_kernel(float* x, int64_t n) {
+  for (int64_t i = global_thread(); i < n; i += grid_threads()) {
+    const float v = x[i];
+    if (isnan(v))
+      x[i] = 0.0f;
+    else if (isinf(v))
+      x[i] = v > 0.0f ? FLT_MAX : -FLT_MAX;
+  }
+}
+
+__global__ void apply_update_kernel(float* x, const float* u, int64_t n, const GroupScalars* gs, float lr_mult,
+                                    bool cautious) {
+  // lr and wd live on the device so a captured graph sees their updates.
+  const float lr = static_cast<float>(gs->lr), wd = static_cast<float>(gs->weight_decay);
+  const float lwd = lr * wd, decay = 1.0f - lwd, lr_adj = lr * lr_mult;
+  for (int64_t i = global_thread(); i < n; i += grid_threads()) {
+    float xi = x[i];
+    const float ui = u[i];
+    if (cautious)
+      xi = (xi * ui >= 0.0f) ? xi - lwd * xi : xi;
+    else
+      xi *= decay;
+    x[i] = xi - lr_adj * ui;
+  }
+}
+
+__global__ void decay_kernel(float* x, int64_t n, const GroupScalars* gs) {
+  const float decay = static_cast<float>(1.0 - gs->lr * gs->weight_decay);  // as the host: in double
+  for (int64_t i = global_thread(); i < n; i += grid_threads()) x[i] *= decay;
+}
+
+struct ScaleMatrix {
+  MatBatch m;
+  float beta;
+  __device__ void operator()(int64_t b, int64_t i, int64_t j) const {
+    float* p = mat_at(m, b) + i * m.ld + j;
+    *p = beta == 0.0f ? 0.0f : beta * *p;  // beta == 0 clears NaN too, as BLAS does
+  }
+};
+
+}  // namespace
+
+void load(const Ctx& c, float* dst, const void* src, dion_dtype_t dt, int64_t n) {
+  if (n <= 0) return;
+  if (dt == DION_DTYPE_FP32) {
+    cuda::check(cudaMemcpyAsync(dst, src, sizeof(float) * static_cast<size_t>(n), cudaMemcpyDefault, c.stream),
+                "cudaMemcpyAsync (load)");
+    return;
+  }
+  if (dt == DION_DTYPE_BF16)
+    load_kernel<DION_DTYPE_BF16><<<blocks_1d(c, n), kThreads, 0, c.stream>>>(dst, src, n);
+  else
+    load_kernel<DION_DTYPE_FP16><<<blocks_1d(c, n), kThreads, 0, c.stream>>>(dst, src, n);
+  cuda::check_launch("load kernel");
+}
+
+void store(const Ctx& c, void* dst, dion_dtype_t dt, const float* src, int64_t n) {
+  if (n <= 0) return;
+  if (dt == DION_DTYPE_FP32) {
+    cuda::check(cudaMemcpyAsync(dst, src, sizeof(float) * static_cast<size_t>(n), cudaMemcpyDefault, c.stream),
+                "cudaMemcpyAsync (store)");
+    return;
+  }
+  if (dt == DION_DTYPE_BF16)
+    store_kernel<DION_DTYPE_BF16><<<blocks_1d(c, n), kThreads, 0, c.stream>>>(dst, src, n);
+  else
+    store_kernel<DION_DTYPE_FP16><<<blocks_1d(c, n), kThreads, 0, c.stream>>>(dst, src, n);
+  cuda::check_launch("store kernel");
+}
+
+void load_multi(const Ctx& c, float* dst, const TensorEntry* list, int64_t count, Field f, int64_t n) {
+  if (count <= 0 || n <= 0) return;
+  load_multi_kernel<<<grid_multi(c, count, n), kThreads, 0, c.stream>>>(dst, list, count, f, n);
+  cuda::check_launch("load_multi kernel");
+}
+
+void store_multi(const Ctx& c, const TensorEntry* list, int64_t count, Field f, const float* src, int64_t n,
+                 const int32_t* skip) {
+  if (count <= 0 || n <= 0) return;
+  store_multi_kernel<<<grid_multi(c, count, n), kThreads, 0, c.stream>>>(list, count, f, src, n, skip);
+  cuda::check_launch("store_multi kernel");
+}
+
+void check_nonfinite(const Ctx& c, const TensorEntry* list, int64_t count, int64_t max_n, Field f, int32_t* flag) {
+  if (count <= 0 || max_n <= 0) return;
+  check_nonfinite_kernel<<<grid_multi(c, count, max_n), kThreads, 0, c.stream>>>(list, count, f, flag);
+  cuda::check_launch("check_nonfinite kernel");
+}
+
+void advance_step(const Ctx& c, GroupScalars* gs, const StepStatus* status) {
+  advance_step_kernel<<<1, 1, 0, c.stream>>>(gs, status);
+  cuda::check_launch("advance_step kernel");
+}
+
+void count_skip(const Ctx& c, StepStatus* status) {
+  count_skip_kernel<<<1, 1, 0, c.stream>>>(status);
+  cuda::check_launch("count_skip kernel");
+}
+
+void axpby(const Ctx& c, float a, const float* x, float b, float* y, int64_t n) {
+  if (n <= 0) return;
+  axpby_kernel<<<blocks_1d(c, n), kThreads, 0, c.stream>>>(a, x, b, y, n);
+  cuda::check_launch("axpby kernel");
+}
+
+void lincomb(const Ctx& c, float a, const float* x, float b, const float* y, float* z, int64_t n) {
+  if (n <= 0) return;
+  lincomb_kernel<<<blocks_1d(c, n), kThreads, 0, c.stream>>>(a, x, b, y, z, n);
+  cuda::check_launch("lincomb kernel");
+}
+
+void nan_to_num(const Ctx& c, float* x, int64_t n) {
+  if (n <= 0) return;
+  nan_to_num_kernel<<<blocks_1d(c, n), kThreads, 0, c.stream>>>(x, n);
+  cuda::check_launch("nan_to_num kernel");
+}
+
+void apply_update(const Ctx& c, float* x, const float* u, int64_t n, const GroupScalars* gs, float lr_mult,
+                  bool cautious) {
+  if (n <= 0) return;
+  apply_update_kernel<<<blocks_1d(c, n), kThreads, 0, c.stream>>>(x, u, n, gs, lr_mult, cautious);
+  cuda::check_launch("apply_update kernel");
+}
+
+void decay(const Ctx& c, float* x, int64_t n, const GroupScalars* gs) {
+  if (n <= 0) return;
+  decay_kernel<<<blocks_1d(c, n), kThreads, 0, c.stream>>>(x, n, gs);
+  cuda::check_launch("decay kernel");
+}
+
+void scale_matrix(const Ctx& c, MatBatch m, float beta) {
+  for_each_2d(c, m.batch, m.rows, m.cols, ScaleMatrix{m, beta}, "gemm (k = 0) scale kernel");
+}
+
+}  // namespace dion::kernels

@@ -1,0 +1,90 @@
+// SPDX-License-Identifier: MIT
+// Host-side launchers of the CUDA backend's kernels (kernels/*.cu). Each one
+// enqueues its kernels on ctx.stream and checks the launch; none allocates or
+// waits. Launchers that need temporary device memory take it as an argument
+// and say how much through a *_scratch() function, so the backend can grow its
+// scratch before the first launch (and never during a CUDA graph capture).
+// Shapes are those of the Backend methods of the same name (core/backend.hpp).
+#pragma once
+#include <cuda_runtime.h>
+
+#include <cstddef>
+#include <cstdint>
+
+#include "core/backend.hpp"
+
+namespace dion::kernels {
+
+struct Ctx {
+  cudaStream_t stream;
+  int sms;  // multiprocessors of the device: sizes grid-stride launches
+};
+
+// ---- elementwise.cu ----
+void load(const Ctx& c, float* dst, const void* src, dion_dtype_t dt, int64_t n);
+void store(const Ctx& c, void* dst, dion_dtype_t dt, const float* src, int64_t n);
+void load_multi(const Ctx& c, float* dst, const TensorEntry* list, int64_t count, Field f, int64_t n);
+void store_multi(const Ctx& c, const TensorEntry* list, int64_t count, Field f, const float* src, int64_t n,
+                 const int32_t* skip);
+void check_nonfinite(const Ctx& c, const TensorEntry* list, int64_t count, int64_t max_n, Field f, int32_t* flag);
+void advance_step(const Ctx& c, GroupScalars* gs, const StepStatus* status);
+void count_skip(const Ctx& c, StepStatus* status);
+void axpby(const Ctx& c, float a, const float* x, float b, float* y, int64_t n);
+void lincomb(const Ctx& c, float a, const float* x, float b, const float* y, float* z, int64_t n);
+void nan_to_num(const Ctx& c, float* x, int64_t n);
+void apply_update(const Ctx& c, float* x, const float* u, int64_t n, const GroupScalars* gs, float lr_mult,
+                  bool cautious);
+void decay(const Ctx& c, float* x, int64_t n, const GroupScalars* gs);
+// C = beta * C (0 where beta == 0, whatever C held): a GEMM with k == 0.
+void scale_matrix(const Ctx& c, MatBatch m, float beta);
+
+// ---- optim.cu ----
+void adamw(const Ctx& c, const TensorEntry* list, int64_t count, int64_t max_n, const GroupScalars* gs, float eps,
+           bool cautious, const int32_t* skip);
+void lion(const Ctx& c, const TensorEntry* list, int64_t count, int64_t max_n, const GroupScalars* gs, bool cautious,
+          const int32_t* skip);
+
+// ---- reduce.cu ----
+size_t frob_normalize_scratch(const Ctx& c, const MatBatch& m);
+void frob_normalize(const Ctx& c, MatBatch m, float factor, float eps, void* scratch);
+size_t col_normalize_scratch(const Ctx& c, const MatBatch& m);
+void col_normalize(const Ctx& c, MatBatch m, float eps, void* scratch);
+size_t slice_l1_scratch(const Ctx& c, const ConstMatBatch& m, Axis axis);
+void slice_l1(const Ctx& c, ConstMatBatch m, Axis axis, float* out, void* scratch);
+size_t zero_fixup_scratch(const Ctx& c, const ConstMatBatch& m);
+void zero_fixup(const Ctx& c, ConstMatBatch m, MatBatch p, MatBatch r, ConstMatBatch q, void* scratch);
+size_t neuron_normalize_scratch(const Ctx& c, const MatBatch& u, Axis axis);
+void neuron_normalize(const Ctx& c, MatBatch u, Axis axis, float* v, int64_t v_per_matrix, float beta2,
+                      const int32_t* selected, void* scratch);
+
+// ---- select.cu ----
+void topk(const Ctx& c, const float* scores, int64_t batch, int64_t n, int64_t k, int32_t* idx);
+void gather_slices(const Ctx& c, ConstMatBatch m, Axis axis, const int32_t* idx, int64_t k, MatBatch out);
+void scale_slices(const Ctx& c, MatBatch m, Axis axis, const int32_t* idx, int64_t k, float s);
+void add_slices(const Ctx& c, MatBatch m, Axis axis, const int32_t* idx, int64_t k, ConstMatBatch u,
+                const GroupScalars* gs, float mult);
+
+// ---- linalg.cu ----
+// ptrs[b] = base + b * stride (device pointer arrays for the batched cuBLAS/cuSOLVER calls).
+void fill_pointers(const Ctx& c, float** ptrs, const float* base, int64_t stride, int64_t batch);
+// out[b] = in[b]^T: in is rows x cols (row-major, ld_in, stride_in), out cols x rows (ld_out, stride_out).
+void transpose(const Ctx& c, const float* in, int64_t rows, int64_t cols, int64_t ld_in, int64_t stride_in, float* out,
+               int64_t ld_out, int64_t stride_out, int64_t batch);
+// r_out[b] (r x r, row-major) <- the upper triangle of the column-major p x r
+// geqrf result at cm + b * p * r, zeros below the diagonal.
+void extract_r(const Ctx& c, const float* cm, int64_t p, MatBatch r_out);
+// After potrf on row-major a (as column-major lower): zero the strictly lower
+// row-major part, and turn info[b] into a failure index when a diagonal entry
+// is non-finite or not positive.
+void cholesky_fixup(const Ctx& c, MatBatch a, int32_t* info);
+size_t orth_fallback_scratch(const Ctx& c, const MatBatch& p);
+void orth_fallback(const Ctx& c, MatBatch p, ConstMatBatch p0, const int32_t* info, void* scratch);
+
+// ---- randn.cu ----
+// Returns the launch status (the file has no dependency on the rest of the
+// backend, so the RNG test can compile it alone).
+cudaError_t randn(cudaStream_t stream, float* out, int64_t batch, int64_t rows, int64_t cols, int64_t row0,
+                  int64_t col0, int64_t global_cols, const PhiloxKey& key, const TensorEntry* tensors,
+                  const int64_t* step, float scale);
+
+}  // namespace dion::kernels

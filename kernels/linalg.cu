@@ -1,0 +1,219 @@
+// SPDX-License-Identifier: MIT
+// Helpers around the cuBLAS/cuSOLVER calls of the CUDA backend (pointer
+// arrays, layout changes, Cholesky post-processing) and the Gram-Schmidt
+// fallback used when a Cholesky factorisation failed.
+#include "kernels/common.cuh"
+
+namespace dion::kernels {
+
+namespace {
+
+__global__ void fill_pointers_kernel(float** ptrs, const float* base, int64_t stride, int64_t batch) {
+  for (int64_t b = global_thread(); b < batch; b += grid_threads()) ptrs[b] = const_cast<float*>(base) + b * stride;
+}
+
+// Tiled transpose through shared memory so both the reads and the writes are
+// coalesced (the +1 column avoids bank conflicts).
+__global__ void transpose_kernel(const float* in, int64_t rows, int64_t cols, int64_t ld_in, int64_t stride_in,
+                                 float* out, int64_t ld_out, int64_t stride_out, int64_t batch) {
+  __shared__ float tile[32][33];
+  const int tx = threadIdx.x, ty = threadIdx.y;
+  for (int64_t b = blockIdx.z; b < batch; b += gridDim.z) {
+    const float* src = in + b * stride_in;
+    float* dst = out + b * stride_out;
+    for (int64_t r0 = blockIdx.y * 32LL; r0 < rows; r0 += gridDim.y * 32LL)
+      for (int64_t c0 = blockIdx.x * 32LL; c0 < cols; c0 += gridDim.x * 32LL) {
+        for (int k = ty; k < 32; k += kTileY) {
+          const int64_t r = r0 + k, c = c0 + tx;
+          if (r < rows && c < cols) tile[k][tx] = src[r * ld_in + c];
+        }
+        __syncthreads();
+        for (int k = ty; k < 32; k += kTileY) {
+          const int64_t orow = c0 + k, ocol = r0 + tx;
+          if (orow < cols && ocol < rows) dst[orow * ld_out + ocol] = tile[tx][k];
+        }
+        __syncthreads();
+      }
+  }
+}
+
+struct ExtractR {
+  const float* cm;
+  int64_t p;
+  MatBatch r;
+  __device__ void operator()(int64_t b, int64_t i, int64_t j) const {
+    const float* a = cm + b * p * r.cols;
+    mat_at(r, b)[i * r.ld + j] = j >= i ? a[i + j * p] : 0.0f;
+  }
+};
+
+__global__ void cholesky_fixup_kernel(MatBatch a, int32_t* info) {
+  __shared__ int first_bad;
+  const int64_t n = a.rows;
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nwarps = blockDim.x >> 5;
+  for (int64_t b = blockIdx.x; b < a.batch; b += gridDim.x) {
+    float* p = mat_at(a, b);
+    if (threadIdx.x == 0) first_bad = static_cast<int>(n);
+    __syncthreads();
+    for (int64_t i = threadIdx.x; i < n; i += blockDim.x) {
+      const float d = p[i * a.ld + i];
+      if (!isfinite(d) || !(d > 0.0f)) atomicMin(&first_bad, static_cast<int>(i));  // min: order-independent
+    }
+    for (int64_t i = warp; i < n; i += nwarps)
+      for (int64_t j = lane; j < i; j += 32) p[i * a.ld + j] = 0.0f;
+    __syncthreads();
+    if (threadIdx.x == 0) {
+      // potrf's own failure index wins; otherwise a bad pivot is a failure too.
+      int32_t v = info[b];
+      if (v == 0 && first_bad < n) v = first_bad + 1;
+      info[b] = v;
+    }
+    __syncthreads();
+  }
+}
+
+// ---- Gram-Schmidt fallback ----
+
+constexpr int kOrthThreads = 1024;  // 32 warps
+
+// Removes from column j of p (rows x ld, row-major) its components along
+// columns 0..j-1 (orthonormal), twice: classical Gram-Schmidt with one
+// reorthogonalisation, which leaves the column orthogonal to working
+// precision ("twice is enough"). Returns the column's norm afterwards.
+// Sums in double, in a fixed order. `d` holds j doubles of scratch.
+__device__ double project_out(float* p, int64_t ld, int64_t rows, int64_t j, double* d, double (*part)[33],
+                              double* red) {
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nwarps = blockDim.x >> 5;
+  for (int pass = 0; pass < 2 && j > 0; ++pass) {
+    // d = P[:, :j]^T v, 32 columns at a time: lane = column, warps split the rows.
+    for (int64_t q0 = 0; q0 < j; q0 += 32) {
+      const int64_t q = q0 + lane;
+      double acc = 0.0;
+      if (q < j)
+        for (int64_t i = warp; i < rows; i += nwarps) acc += static_cast<double>(p[i * ld + q]) * p[i * ld + j];
+      part[warp][lane] = acc;
+      __syncthreads();
+      if (warp == 0) {
+        double t = 0.0;
+        for (int w = 0; w < nwarps; ++w) t += part[w][lane];
+        if (q < j) d[q] = t;
+      }
+      __syncthreads();
+    }
+    // v -= P[:, :j] d: one warp per row.
+    for (int64_t i = warp; i < rows; i += nwarps) {
+      double acc = 0.0;
+      for (int64_t q = lane; q < j; q += 32) acc += static_cast<double>(p[i * ld + q]) * d[q];
+      acc = warp_sum(acc);
+      if (lane == 0) p[i * ld + j] = static_cast<float>(p[i * ld + j] - acc);
+    }
+    __syncthreads();
+  }
+  double s = 0.0;
+  for (int64_t i = threadIdx.x; i < rows; i += blockDim.x) {
+    const double x = p[i * ld + j];
+    s += x * x;
+  }
+  return sqrt(block_sum(s, red));
+}
+
+__global__ void __launch_bounds__(kOrthThreads)
+    orth_fallback_kernel(MatBatch P, ConstMatBatch P0, const int32_t* info, double* scratch) {
+  __shared__ double red[33];
+  __shared__ double part[32][33];
+  const int64_t rows = P.rows, cols = P.cols;
+  for (int64_t b = blockIdx.x; b < P.batch; b += gridDim.x) {
+    if (info[b] == 0) continue;  // the Cholesky path succeeded: nothing to do
+    float* p = mat_at(P, b);
+    const float* p0 = mat_at(P0, b);
+    double* d = scratch + b * cols;
+    int64_t next_unit = 0;  // unit vectors are tried in order e_0, e_1, ...
+    for (int64_t j = 0; j < cols; ++j) {
+      // Column j of P0 (read and written by the same thread: P may alias P0).
+      double s0 = 0.0;
+      for (int64_t i = threadIdx.x; i < rows; i += blockDim.x) {
+        const float x = p0[i * P0.ld + j];
+        p[i * P.ld + j] = x;
+        s0 += static_cast<double>(x) * x;
+      }
+      const double n0 = sqrt(block_sum(s0, red));
+      double nrm = project_out(p, P.ld, rows, j, d, part, red);
+      // A column (numerically) in the span of the previous ones, zero, or
+      // non-finite is replaced by a unit vector orthogonalised the same way:
+      // one with a residual above 1/2 is taken, else the best of all tried.
+      // (The residuals' squares over all e_t add up to rows - j > 0.)
+      if (!(nrm > 1e-4 * n0) || !(nrm > 0.0)) {
+        int64_t best_t = -1;
+        double best = -1.0;
+        bool found = false;
+        for (int64_t tries = 0; tries < rows && !found; ++tries) {
+          const int64_t t = (next_unit + tries) % rows;
+          for (int64_t i = threadIdx.x; i < rows; i += blockDim.x) p[i * P.ld + j] = i == t ? 1.0f : 0.0f;
+          __syncthreads();
+          nrm = project_out(p, P.ld, rows, j, d, part, red);
+          if (nrm > 0.5) {
+            found = true;
+            next_unit = t + 1;
+          } else if (nrm > best) {
+            best = nrm;
+            best_t = t;
+          }
+        }
+        if (!found) {
+          for (int64_t i = threadIdx.x; i < rows; i += blockDim.x) p[i * P.ld + j] = i == best_t ? 1.0f : 0.0f;
+          __syncthreads();
+          nrm = project_out(p, P.ld, rows, j, d, part, red);
+          next_unit = best_t + 1;
+        }
+      }
+      const double inv = 1.0 / nrm;
+      for (int64_t i = threadIdx.x; i < rows; i += blockDim.x)
+        p[i * P.ld + j] = static_cast<float>(p[i * P.ld + j] * inv);
+      __syncthreads();
+    }
+  }
+}
+
+}  // namespace
+
+void fill_pointers(const Ctx& c, float** ptrs, const float* base, int64_t stride, int64_t batch) {
+  if (batch <= 0) return;
+  fill_pointers_kernel<<<blocks_1d(c, batch), kThreads, 0, c.stream>>>(ptrs, base, stride, batch);
+  cuda::check_launch("pointer-array kernel");
+}
+
+void transpose(const Ctx& c, const float* in, int64_t rows, int64_t cols, int64_t ld_in, int64_t stride_in, float* out,
+               int64_t ld_out, int64_t stride_out, int64_t batch) {
+  if (rows <= 0 || cols <= 0 || batch <= 0) return;
+  const dim3 grid(static_cast<unsigned>(std::min<int64_t>(ceil_div(cols, 32), 65535)),
+                  static_cast<unsigned>(std::min<int64_t>(ceil_div(rows, 32), 65535)),
+                  static_cast<unsigned>(std::min<int64_t>(batch, 65535)));
+  transpose_kernel<<<grid, dim3(32, kTileY), 0, c.stream>>>(in, rows, cols, ld_in, stride_in, out, ld_out, stride_out,
+                                                            batch);
+  cuda::check_launch("transpose kernel");
+}
+
+void extract_r(const Ctx& c, const float* cm, int64_t p, MatBatch r_out) {
+  for_each_2d(c, r_out.batch, r_out.rows, r_out.cols, ExtractR{cm, p, r_out}, "qr_r extract kernel");
+}
+
+void cholesky_fixup(const Ctx& c, MatBatch a, int32_t* info) {
+  if (a.batch <= 0) return;
+  const unsigned blocks = static_cast<unsigned>(std::min<int64_t>(a.batch, 65535));
+  cholesky_fixup_kernel<<<blocks, kThreads, 0, c.stream>>>(a, info);
+  cuda::check_launch("cholesky fix-up kernel");
+}
+
+size_t orth_fallback_scratch(const Ctx& c, const MatBatch& p) {
+  (void)c;
+  return sizeof(double) * static_cast<size_t>(std::max<int64_t>(p.batch * p.cols, 1));
+}
+
+void orth_fallback(const Ctx& c, MatBatch p, ConstMatBatch p0, const int32_t* info, void* scratch) {
+  if (p.batch <= 0 || p.rows <= 0 || p.cols <= 0) return;
+  const unsigned blocks = static_cast<unsigned>(std::min<int64_t>(p.batch, 65535));
+  orth_fallback_kernel<<<blocks, kOrthThreads, 0, c.stream>>>(p, p0, info, static_cast<double*>(scratch));
+  cuda::check_launch("orth_fallback kernel");
+}
+
+}  // namespace dion::kernels

@@ -1,0 +1,352 @@
+// SPDX-License-Identifier: MIT
+// Reductions over matrices: Frobenius and column normalisation, slice L1
+// norms, Dion's all-zero fix-up and NorMuon's neuron-wise normalisation.
+//
+// All sums are in double (as on the host) and deterministic: a matrix is cut
+// into a fixed number of chunks (a function of its shape and the device), each
+// block writes the partial sum of its chunk to scratch, and a second kernel
+// adds the partials in index order. No float atomics, so every run gives the
+// same bits; the host sums sequentially, so the two agree to double rounding
+// of the sums (far below fp32 resolution of the results).
+#include "kernels/common.cuh"
+
+namespace dion::kernels {
+
+namespace {
+
+// ---- flat chunks: a matrix's rows*cols elements in `nchunks` equal ranges ----
+
+int64_t flat_chunks(const Ctx& c, int64_t rows, int64_t cols, int64_t batch) {
+  const int64_t elems = rows * cols;
+  // At least ~8K elements per block (32 per thread), and enough blocks over
+  // the whole batch to fill the device a few times.
+  const int64_t by_size = std::max<int64_t>(1, ceil_div(elems, 8192));
+  const int64_t by_fill = std::max<int64_t>(1, ceil_div(static_cast<int64_t>(c.sms) * 8, std::max<int64_t>(batch, 1)));
+  return std::min<int64_t>({by_size, std::max<int64_t>(by_fill, ceil_div(elems, 65536)), 1024});
+}
+
+dim3 flat_grid(int64_t nchunks, int64_t batch) {
+  return dim3(static_cast<unsigned>(nchunks), static_cast<unsigned>(std::min<int64_t>(std::max<int64_t>(batch, 1), 65535)));
+}
+
+__global__ void frob_partial_kernel(MatBatch m, int64_t nchunks, double* partial) {
+  __shared__ double sh[33];
+  const int64_t elems = m.rows * m.cols, chunk = ceil_div(elems, nchunks);
+  const int64_t e0 = blockIdx.x * chunk, e1 = min(e0 + chunk, elems);
+  for (int64_t b = blockIdx.y; b < m.batch; b += gridDim.y) {
+    const float* p = mat_at(m, b);
+    double s = 0.0;
+    if (e0 + threadIdx.x < e1)
+      for (FlatWalk w(e0 + threadIdx.x, blockDim.x, m.cols); w.e < e1; w.next(blockDim.x, m.cols)) {
+        const double v = p[w.offset(m.ld)];
+        s += v * v;
+      }
+    s = block_sum(s, sh);
+    if (threadIdx.x == 0) partial[b * nchunks + blockIdx.x] = s;
+  }
+}
+
+__global__ void frob_scale_kernel(MatBatch m, int64_t nchunks, const double* partial, float factor, float eps) {
+  __shared__ double sh[33];
+  const int64_t elems = m.rows * m.cols, chunk = ceil_div(elems, nchunks);
+  const int64_t e0 = blockIdx.x * chunk, e1 = min(e0 + chunk, elems);
+  for (int64_t b = blockIdx.y; b < m.batch; b += gridDim.y) {
+    // Every block of matrix b adds the same partials in the same order.
+    double s = 0.0;
+    for (int64_t c = threadIdx.x; c < nchunks; c += blockDim.x) s += partial[b * nchunks + c];
+    s = block_sum(s, sh);
+    const float inv = static_cast<float>(1.0 / (factor * sqrt(s) + eps));
+    float* p = mat_at(m, b);
+    if (e0 + threadIdx.x < e1)
+      for (FlatWalk w(e0 + threadIdx.x, blockDim.x, m.cols); w.e < e1; w.next(blockDim.x, m.cols))
+        p[w.offset(m.ld)] *= inv;
+  }
+}
+
+__global__ void nonzero_kernel(ConstMatBatch m, int64_t nchunks, int32_t* flags) {
+  const int64_t elems = m.rows * m.cols, chunk = ceil_div(elems, nchunks);
+  const int64_t e0 = blockIdx.x * chunk, e1 = min(e0 + chunk, elems);
+  for (int64_t b = blockIdx.y; b < m.batch; b += gridDim.y) {
+    const float* p = mat_at(m, b);
+    int any = 0;
+    if (e0 + threadIdx.x < e1)
+      for (FlatWalk w(e0 + threadIdx.x, blockDim.x, m.cols); w.e < e1; w.next(blockDim.x, m.cols))
+        any |= p[w.offset(m.ld)] != 0.0f;  // NaN counts as nonzero, -0 as zero
+    if (__syncthreads_or(any) && threadIdx.x == 0) flags[b] = 1;  // same value from every writer
+  }
+}
+
+struct ZeroWhereFlag {
+  MatBatch p;
+  const int32_t* nonzero;
+  __device__ void operator()(int64_t b, int64_t i, int64_t j) const {
+    if (!nonzero[b]) mat_at(p, b)[i * p.ld + j] = 0.0f;
+  }
+};
+
+struct CopyWhereFlag {
+  MatBatch r;
+  ConstMatBatch q;
+  const int32_t* nonzero;
+  __device__ void operator()(int64_t b, int64_t i, int64_t j) const {
+    if (!nonzero[b]) mat_at(r, b)[i * r.ld + j] = mat_at(q, b)[i * q.ld + j];
+  }
+};
+
+// ---- column sums: tiles of 32 columns x a chunk of rows ----
+
+enum SumOp { kSquares = 0, kAbs = 1 };
+
+struct ColPlan {
+  int64_t tiles, nr;  // column tiles of 32, row chunks
+};
+
+ColPlan col_plan(const Ctx& c, int64_t rows, int64_t cols, int64_t batch) {
+  ColPlan p;
+  p.tiles = std::max<int64_t>(1, ceil_div(cols, kTileX));
+  const int64_t bz = std::min<int64_t>(std::max<int64_t>(batch, 1), 65535);
+  const int64_t fill = ceil_div(static_cast<int64_t>(c.sms) * 4, p.tiles * bz);
+  p.nr = std::min<int64_t>({std::max<int64_t>(fill, 1), std::max<int64_t>(1, ceil_div(rows, 64)), 65535});
+  return p;
+}
+
+dim3 col_grid(const ColPlan& p, int64_t batch) {
+  return dim3(static_cast<unsigned>(p.tiles), static_cast<unsigned>(p.nr),
+              static_cast<unsigned>(std::min<int64_t>(std::max<int64_t>(batch, 1), 65535)));
+}
+
+// partial[(b * nr + chunk) * cols + j] = sum over the chunk's rows of op(m[i, j]).
+template <int OP>
+__global__ void col_partial_kernel(ConstMatBatch m, int64_t nr, double* partial) {
+  __shared__ double sh[kTileY][kTileX + 1];
+  const int tx = threadIdx.x, ty = threadIdx.y;
+  const int64_t j = blockIdx.x * static_cast<int64_t>(kTileX) + tx;
+  const int64_t chunk = ceil_div(m.rows, nr), r0 = blockIdx.y * chunk, r1 = min(r0 + chunk, m.rows);
+  for (int64_t b = blockIdx.z; b < m.batch; b += gridDim.z) {
+    const float* p = mat_at(m, b);
+    double s = 0.0;
+    if (j < m.cols)
+      for (int64_t i = r0 + ty; i < r1; i += kTileY) {
+        const double v = p[i * m.ld + j];
+        s += OP == kSquares ? v * v : fabs(v);
+      }
+    sh[ty][tx] = s;
+    __syncthreads();
+    if (ty == 0 && j < m.cols) {
+      double t = 0.0;
+      for (int y = 0; y < kTileY; ++y) t += sh[y][tx];
+      partial[(b * nr + blockIdx.y) * m.cols + j] = t;
+    }
+    __syncthreads();
+  }
+}
+
+__device__ __forceinline__ double col_total(const double* partial, int64_t b, int64_t nr, int64_t cols, int64_t j) {
+  double s = 0.0;
+  for (int64_t c = 0; c < nr; ++c) s += partial[(b * nr + c) * cols + j];
+  return s;
+}
+
+__global__ void col_scale_kernel(MatBatch m, int64_t nr, const double* partial, float eps) {
+  const int tx = threadIdx.x, ty = threadIdx.y;
+  const int64_t j = blockIdx.x * static_cast<int64_t>(kTileX) + tx;
+  const int64_t chunk = ceil_div(m.rows, nr), r0 = blockIdx.y * chunk, r1 = min(r0 + chunk, m.rows);
+  if (j >= m.cols) return;
+  for (int64_t b = blockIdx.z; b < m.batch; b += gridDim.z) {
+    const double inv = 1.0 / (sqrt(col_total(partial, b, nr, m.cols, j)) + eps);
+    float* p = mat_at(m, b);
+    for (int64_t i = r0 + ty; i < r1; i += kTileY) p[i * m.ld + j] = static_cast<float>(p[i * m.ld + j] * inv);
+  }
+}
+
+// out[b * cols + j] = total of column j (as T).
+template <class T>
+__global__ void col_finish_kernel(int64_t batch, int64_t cols, int64_t nr, const double* partial, T* out) {
+  for (int64_t e = global_thread(); e < batch * cols; e += grid_threads()) {
+    const int64_t b = e / cols, j = e % cols;
+    out[e] = static_cast<T>(col_total(partial, b, nr, cols, j));
+  }
+}
+
+// ---- row sums: one warp per row ----
+
+template <int OP, class T>
+__global__ void row_sum_kernel(ConstMatBatch m, T* out) {
+  const int lane = threadIdx.x;
+  for (int64_t b = blockIdx.y; b < m.batch; b += gridDim.y) {
+    const float* p = mat_at(m, b);
+    for (int64_t i = blockIdx.x * static_cast<int64_t>(kTileY) + threadIdx.y; i < m.rows;
+         i += static_cast<int64_t>(gridDim.x) * kTileY) {
+      double s = 0.0;
+      for (int64_t j = lane; j < m.cols; j += 32) {
+        const double v = p[i * m.ld + j];
+        s += OP == kSquares ? v * v : fabs(v);
+      }
+      s = warp_sum(s);
+      if (lane == 0) out[b * m.rows + i] = static_cast<T>(s);
+    }
+  }
+}
+
+template <int OP, class T>
+void row_sums(const Ctx& c, ConstMatBatch m, T* out, const char* name) {
+  const int64_t gy = std::min<int64_t>(m.batch, 65535);
+  const int64_t gx = std::min<int64_t>(ceil_div(m.rows, kTileY), std::max<int64_t>(1, ceil_div(c.sms * 32, gy)));
+  row_sum_kernel<OP, T><<<dim3(static_cast<unsigned>(std::max<int64_t>(gx, 1)), static_cast<unsigned>(gy)),
+                          dim3(32, kTileY), 0, c.stream>>>(m, out);
+  cuda::check_launch(name);
+}
+
+// Column totals of op(m) into out (batch x cols), through `partial`.
+template <int OP, class T>
+void col_sums(const Ctx& c, ConstMatBatch m, T* out, double* partial, const char* name) {
+  const ColPlan plan = col_plan(c, m.rows, m.cols, m.batch);
+  col_partial_kernel<OP><<<col_grid(plan, m.batch), dim3(kTileX, kTileY), 0, c.stream>>>(m, plan.nr, partial);
+  cuda::check_launch(name);
+  col_finish_kernel<T><<<blocks_1d(c, m.batch * m.cols), kThreads, 0, c.stream>>>(m.batch, m.cols, plan.nr, partial,
+                                                                                  out);
+  cuda::check_launch(name);
+}
+
+size_t col_partial_bytes(const Ctx& c, int64_t rows, int64_t cols, int64_t batch) {
+  const ColPlan plan = col_plan(c, rows, cols, batch);
+  return sizeof(double) * static_cast<size_t>(batch * plan.nr * cols);
+}
+
+// ---- NorMuon ----
+
+// Per matrix: the variance lerp of every neuron, its scale, and the rescale
+// that keeps the Frobenius norm (host backend: the same expressions).
+__global__ void neuron_stats_kernel(int64_t batch, int64_t N, int64_t len, const double* ss, float* v,
+                                    int64_t v_per_matrix, float beta2, const int32_t* selected, double* scale,
+                                    double* rescale) {
+  __shared__ double sh[33];
+  for (int64_t b = blockIdx.x; b < batch; b += gridDim.x) {
+    double f2 = 0.0, g2 = 0.0;
+    for (int64_t s = threadIdx.x; s < N; s += blockDim.x) {
+      const double sq = ss[b * N + s];
+      f2 += sq;
+      const int64_t vi = b * v_per_matrix + (selected ? selected[b * N + s] : s);
+      const float mean = static_cast<float>(sq / static_cast<double>(len));
+      float vv = v[vi];
+      vv = vv + (1.0f - beta2) * (mean - vv);
+      v[vi] = vv;
+      const double sc = 1.0 / (sqrt(static_cast<double>(vv)) + 1e-8);
+      scale[b * N + s] = sc;
+      g2 += sq * sc * sc;
+    }
+    f2 = block_sum(f2, sh);
+    g2 = block_sum(g2, sh);
+    if (threadIdx.x == 0) rescale[b] = sqrt(f2) / fmax(sqrt(g2), 1e-8);
+  }
+}
+
+struct NeuronScale {
+  MatBatch u;
+  bool rows_are_neurons;
+  int64_t N;
+  const double* scale;
+  const double* rescale;
+  __device__ void operator()(int64_t b, int64_t i, int64_t j) const {
+    float* p = mat_at(u, b) + i * u.ld + j;
+    *p = static_cast<float>(*p * scale[b * N + (rows_are_neurons ? i : j)] * rescale[b]);
+  }
+};
+
+}  // namespace
+
+size_t frob_normalize_scratch(const Ctx& c, const MatBatch& m) {
+  return sizeof(double) * static_cast<size_t>(m.batch * flat_chunks(c, m.rows, m.cols, m.batch));
+}
+
+void frob_normalize(const Ctx& c, MatBatch m, float factor, float eps, void* scratch) {
+  if (m.batch <= 0 || m.rows <= 0 || m.cols <= 0) return;
+  const int64_t nch = flat_chunks(c, m.rows, m.cols, m.batch);
+  double* partial = static_cast<double*>(scratch);
+  frob_partial_kernel<<<flat_grid(nch, m.batch), kThreads, 0, c.stream>>>(m, nch, partial);
+  cuda::check_launch("frob_normalize partial-sum kernel");
+  frob_scale_kernel<<<flat_grid(nch, m.batch), kThreads, 0, c.stream>>>(m, nch, partial, factor, eps);
+  cuda::check_launch("frob_normalize scale kernel");
+}
+
+size_t col_normalize_scratch(const Ctx& c, const MatBatch& m) {
+  return col_partial_bytes(c, m.rows, m.cols, m.batch);
+}
+
+void col_normalize(const Ctx& c, MatBatch m, float eps, void* scratch) {
+  if (m.batch <= 0 || m.rows <= 0 || m.cols <= 0) return;
+  const ColPlan plan = col_plan(c, m.rows, m.cols, m.batch);
+  double* partial = static_cast<double*>(scratch);
+  col_partial_kernel<kSquares><<<col_grid(plan, m.batch), dim3(kTileX, kTileY), 0, c.stream>>>(m, plan.nr, partial);
+  cuda::check_launch("col_normalize partial-sum kernel");
+  col_scale_kernel<<<col_grid(plan, m.batch), dim3(kTileX, kTileY), 0, c.stream>>>(m, plan.nr, partial, eps);
+  cuda::check_launch("col_normalize scale kernel");
+}
+
+size_t slice_l1_scratch(const Ctx& c, const ConstMatBatch& m, Axis axis) {
+  return axis == kRows ? 0 : col_partial_bytes(c, m.rows, m.cols, m.batch);
+}
+
+void slice_l1(const Ctx& c, ConstMatBatch m, Axis axis, float* out, void* scratch) {
+  if (m.batch <= 0) return;
+  const int64_t N = axis == kRows ? m.rows : m.cols;
+  if (N <= 0) return;
+  if (m.rows <= 0 || m.cols <= 0) {  // empty slices: all norms are 0
+    cuda::check(cudaMemsetAsync(out, 0, sizeof(float) * static_cast<size_t>(m.batch * N), c.stream),
+                "cudaMemsetAsync (slice_l1)");
+    return;
+  }
+  if (axis == kRows)
+    row_sums<kAbs, float>(c, m, out, "slice_l1 row kernel");
+  else
+    col_sums<kAbs, float>(c, m, out, static_cast<double*>(scratch), "slice_l1 column kernel");
+}
+
+size_t zero_fixup_scratch(const Ctx& c, const ConstMatBatch& m) {
+  (void)c;
+  return sizeof(int32_t) * static_cast<size_t>(std::max<int64_t>(m.batch, 1));
+}
+
+void zero_fixup(const Ctx& c, ConstMatBatch m, MatBatch p, MatBatch r, ConstMatBatch q, void* scratch) {
+  if (m.batch <= 0) return;
+  int32_t* nonzero = static_cast<int32_t*>(scratch);
+  cuda::check(cudaMemsetAsync(nonzero, 0, sizeof(int32_t) * static_cast<size_t>(m.batch), c.stream),
+              "cudaMemsetAsync (zero_fixup)");
+  if (m.rows > 0 && m.cols > 0) {
+    const int64_t nch = flat_chunks(c, m.rows, m.cols, m.batch);
+    nonzero_kernel<<<flat_grid(nch, m.batch), kThreads, 0, c.stream>>>(m, nch, nonzero);
+    cuda::check_launch("zero_fixup test kernel");
+  }
+  for_each_2d(c, std::min(p.batch, m.batch), p.rows, p.cols, ZeroWhereFlag{p, nonzero}, "zero_fixup kernel (p)");
+  for_each_2d(c, std::min(r.batch, m.batch), r.rows, r.cols, CopyWhereFlag{r, q, nonzero}, "zero_fixup kernel (r)");
+}
+
+size_t neuron_normalize_scratch(const Ctx& c, const MatBatch& u, Axis axis) {
+  const int64_t N = axis == kRows ? u.rows : u.cols;
+  size_t bytes = sizeof(double) * static_cast<size_t>(2 * u.batch * N + u.batch);
+  if (axis == kCols) bytes += col_partial_bytes(c, u.rows, u.cols, u.batch);
+  return bytes;
+}
+
+void neuron_normalize(const Ctx& c, MatBatch u, Axis axis, float* v, int64_t v_per_matrix, float beta2,
+                      const int32_t* selected, void* scratch) {
+  const int64_t N = axis == kRows ? u.rows : u.cols;    // neurons
+  const int64_t len = axis == kRows ? u.cols : u.rows;  // elements per neuron
+  if (u.batch <= 0 || N <= 0 || len <= 0) return;
+  double* ss = static_cast<double*>(scratch);
+  double* scale = ss + u.batch * N;
+  double* rescale = scale + u.batch * N;
+  double* partial = rescale + u.batch;
+  if (axis == kRows)
+    row_sums<kSquares, double>(c, u, ss, "neuron_normalize row kernel");
+  else
+    col_sums<kSquares, double>(c, u, ss, partial, "neuron_normalize column kernel");
+  const unsigned blocks = static_cast<unsigned>(std::min<int64_t>(u.batch, 65535));
+  neuron_stats_kernel<<<blocks, kThreads, 0, c.stream>>>(u.batch, N, len, ss, v, v_per_matrix, beta2, selected, scale,
+                                                         rescale);
+  cuda::check_launch("neuron_normalize variance kernel");
+  for_each_2d(c, u.batch, u.rows, u.cols, NeuronScale{u, axis == kRows, N, scale, rescale},
+              "neuron_normalize scale kernel");
+}
+
+}  // namespace dion::kernels

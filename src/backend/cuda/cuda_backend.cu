@@ -1,0 +1,531 @@
+// SPDX-License-Identifier: MIT
+// The CUDA backend: one device, one current stream (set_stream), cuBLAS for
+// GEMM and triangular solves, cuSOLVER for Cholesky and Householder QR, and
+// the kernels of kernels/ for everything else.
+//
+// Capturability: no method allocates, frees or waits, except alloc/release/
+// copy_sync/synchronize and the first use of a shape that needs more scratch
+// (then the stream is drained and the scratch buffer re-allocated). cuBLAS
+// gets a preallocated workspace, cuSOLVER's buffer sizes are queried on the
+// host and its devInfo lives in device scratch that is never read back. So,
+// once one step has run eagerly (the warm-up), a step can be captured in a
+// CUDA graph and replayed.
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <climits>
+#include <map>
+#include <tuple>
+
+#include "backend/cuda/cuda_check.hpp"
+#include "core/backend.hpp"
+#include "core/error.hpp"
+#include "kernels/launch.hpp"
+
+namespace dion {
+
+namespace {
+
+using cuda::check;
+
+// cuBLAS wants a user workspace for graph capture; 32 MiB is its documented
+// recommendation for Hopper.
+constexpr size_t kCublasWorkspaceBytes = size_t(32) << 20;
+// Largest n for which the Cholesky of a batch goes through potrfBatched (built
+// for many small matrices); larger ones are factored one by one with potrf.
+constexpr int64_t kPotrfBatchedMaxN = 128;
+
+int to_int(int64_t v, const char* what) {
+  DION_REQUIRE(v >= 0 && v <= INT_MAX, DION_ERROR_NOT_SUPPORTED,
+               "cuda backend: %s = %lld exceeds the 32-bit cuBLAS/cuSOLVER interface", what,
+               static_cast<long long>(v));
+  return static_cast<int>(v);
+}
+
+// Makes `device` current for the scope of a call and restores the caller's
+// device afterwards (cheap when it is already current).
+class DeviceScope {
+ public:
+  explicit DeviceScope(int device) {
+    check(cudaGetDevice(&prev_), "cudaGetDevice");
+    if (prev_ == device) {
+      prev_ = -1;
+    } else {
+      check(cudaSetDevice(device), "cudaSetDevice");
+    }
+  }
+  ~DeviceScope() {
+    if (prev_ >= 0) (void)cudaSetDevice(prev_);
+  }
+  DeviceScope(const DeviceScope&) = delete;
+  DeviceScope& operator=(const DeviceScope&) = delete;
+
+ private:
+  int prev_ = -1;
+};
+
+class CudaBackend final : public Backend {
+ public:
+  explicit CudaBackend(int device) : device_(device) {
+    int count = 0;
+    check(cudaGetDeviceCount(&count), "cudaGetDeviceCount");
+    DION_REQUIRE(device >= 0 && device < count, DION_ERROR_INVALID_ARGUMENT,
+                 "cuda backend: device %d does not exist (%d CUDA device(s) visible)", device, count);
+    check(cudaSetDevice(device), "cudaSetDevice");
+    // From here on the destructor releases whatever was created, if a later step throws.
+    try {
+      check(cudaDeviceGetAttribute(&sms_, cudaDevAttrMultiProcessorCount, device), "cudaDeviceGetAttribute");
+      check(cublasCreate(&blas_), "cublasCreate");
+      check(cusolverDnCreate(&solver_), "cusolverDnCreate");
+      // Same bits on every run (cuSOLVER's default, made explicit; cuBLAS is
+      // deterministic with its atomics off, the default, and a fixed workspace).
+      check(cusolverDnSetDeterministicMode(solver_, CUSOLVER_DETERMINISTIC_RESULTS), "cusolverDnSetDeterministicMode");
+      blas_ws_ = cuda::device_malloc(kCublasWorkspaceBytes, device_, "cuBLAS workspace");
+      check(cudaStreamCreateWithFlags(&own_, cudaStreamNonBlocking), "cudaStreamCreateWithFlags");
+      check(cudaEventCreateWithFlags(&done_, cudaEventDisableTiming), "cudaEventCreateWithFlags");
+      bind_stream();
+    } catch (...) {
+      destroy();
+      throw;
+    }
+  }
+  ~CudaBackend() override { destroy(); }
+
+  bool host_memory() const override { return false; }
+
+  void set_stream(void* stream) override {
+    DeviceScope ds(device_);
+    stream_ = static_cast<cudaStream_t>(stream);
+    bind_stream();
+  }
+
+  // ---- memory ----
+  void* alloc(size_t bytes) override {
+    DeviceScope ds(device_);
+    return cuda::device_malloc(bytes, device_, "alloc");
+  }
+  void release(void* p) override {
+    if (!p) return;
+    DeviceScope ds(device_);
+    check(cudaFree(p), "cudaFree");
+  }
+  void zero(void* p, size_t bytes) override {
+    if (!bytes) return;
+    DeviceScope ds(device_);
+    check(cudaMemsetAsync(p, 0, bytes, stream_), "cudaMemsetAsync (zero)");
+  }
+  void copy(void* dst, const void* src, size_t bytes) override {
+    if (!bytes || dst == src) return;
+    DeviceScope ds(device_);
+    check(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDefault, stream_), "cudaMemcpyAsync (copy)");
+  }
+  // The blocking calls never touch a stream the caller may have destroyed
+  // since: they wait for the event end_step() recorded after the last step
+  // (also recorded by replays of a captured step), for the stream of the
+  // current API call if it named one, and copy on the backend's own stream.
+  void copy_sync(void* dst, const void* src, size_t bytes) override {
+    if (!bytes || dst == src) return;
+    DeviceScope ds(device_);
+    wait_for_work();
+    check(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDefault, own_), "cudaMemcpyAsync (copy_sync)");
+    check(cudaStreamSynchronize(own_), "cudaStreamSynchronize (copy_sync)");
+  }
+  void synchronize() override {
+    DeviceScope ds(device_);
+    wait_for_work();
+    check(cudaStreamSynchronize(own_), "cudaStreamSynchronize");
+  }
+  void end_step() override {
+    DeviceScope ds(device_);
+    cudaStreamCaptureStatus cs = cudaStreamCaptureStatusNone;
+    check(cudaStreamIsCapturing(stream_, &cs), "cudaStreamIsCapturing");
+    // Inside a capture the record becomes an external event node, so each
+    // replay records it again and the blocking calls wait for the replay.
+    check(cudaEventRecordWithFlags(done_, stream_, cs == cudaStreamCaptureStatusActive ? cudaEventRecordExternal : 0),
+          "cudaEventRecordWithFlags (end of step)");
+  }
+
+  // ---- conversions and step bookkeeping ----
+  void load(float* dst, const void* src, dion_dtype_t dt, int64_t n) override {
+    DeviceScope ds(device_);
+    kernels::load(ctx(), dst, src, dt, n);
+  }
+  void store(void* dst, dion_dtype_t dt, const float* src, int64_t n) override {
+    DeviceScope ds(device_);
+    kernels::store(ctx(), dst, dt, src, n);
+  }
+  void load_multi(float* dst, const TensorEntry* list, int64_t count, Field f, int64_t n) override {
+    DeviceScope ds(device_);
+    kernels::load_multi(ctx(), dst, list, count, f, n);
+  }
+  void store_multi(const TensorEntry* list, int64_t count, Field f, const float* src, int64_t n,
+                   const int32_t* skip) override {
+    DeviceScope ds(device_);
+    kernels::store_multi(ctx(), list, count, f, src, n, skip);
+  }
+  void check_nonfinite(const TensorEntry* list, int64_t count, int64_t max_n, Field f, int32_t* flag) override {
+    DeviceScope ds(device_);
+    kernels::check_nonfinite(ctx(), list, count, max_n, f, flag);
+  }
+  void advance_step(GroupScalars* gs, const StepStatus* status) override {
+    DeviceScope ds(device_);
+    kernels::advance_step(ctx(), gs, status);
+  }
+  void count_skip(StepStatus* status) override {
+    DeviceScope ds(device_);
+    kernels::count_skip(ctx(), status);
+  }
+
+  // ---- random ----
+  void randn(float* out, int64_t batch, int64_t rows, int64_t cols, int64_t row0, int64_t col0, int64_t global_cols,
+             const PhiloxKey& key, const TensorEntry* tensors, const int64_t* step, float scale) override {
+    DeviceScope ds(device_);
+    check(kernels::randn(stream_, out, batch, rows, cols, row0, col0, global_cols, key, tensors, step, scale),
+          "randn kernel");
+  }
+
+  // ---- dense linear algebra ----
+  void gemm(bool ta, bool tb, float alpha, ConstMatBatch a, ConstMatBatch b, float beta, MatBatch c,
+            dion_matmul_precision_t precision) override {
+    const int64_t m = c.rows, n = c.cols, k = ta ? a.rows : a.cols;
+    DION_REQUIRE((ta ? a.cols : a.rows) == m && (tb ? b.cols : b.rows) == k && (tb ? b.rows : b.cols) == n,
+                 DION_ERROR_INTERNAL, "cuda gemm: shape mismatch");
+    if (m == 0 || n == 0 || c.batch <= 0) return;
+    DeviceScope ds(device_);
+    if (k == 0) {  // an empty sum: C = beta * C
+      kernels::scale_matrix(ctx(), c, beta);
+      return;
+    }
+    cublasComputeType_t compute = CUBLAS_COMPUTE_32F;  // plain fp32: no TF32 (the default math mode allows none)
+    if (precision == DION_MATMUL_TF32) compute = CUBLAS_COMPUTE_32F_FAST_TF32;
+    if (precision == DION_MATMUL_BF16) compute = CUBLAS_COMPUTE_32F_FAST_16BF;
+    // Row-major C = op(A) op(B) is column-major C^T = op(B)^T op(A)^T: the
+    // buffers are passed as they are, B first, with m and n swapped.
+    const int M = to_int(m, "gemm m"), N = to_int(n, "gemm n"), K = to_int(k, "gemm k");
+    const int lda = to_int(std::max<int64_t>(a.ld, 1), "gemm lda"), ldb = to_int(std::max<int64_t>(b.ld, 1), "gemm ldb"),
+              ldc = to_int(std::max<int64_t>(c.ld, 1), "gemm ldc");
+    check(cublasGemmStridedBatchedEx(blas_, tb ? CUBLAS_OP_T : CUBLAS_OP_N, ta ? CUBLAS_OP_T : CUBLAS_OP_N, N, M, K,
+                                     &alpha, b.p, CUDA_R_32F, ldb, b.stride, a.p, CUDA_R_32F, lda, a.stride, &beta, c.p,
+                                     CUDA_R_32F, ldc, c.stride, to_int(c.batch, "gemm batch"), compute,
+                                     CUBLAS_GEMM_DEFAULT),
+          "cublasGemmStridedBatchedEx");
+  }
+
+  void qr_q(MatBatch a) override {
+    const int64_t p = a.rows, r = a.cols;
+    if (p == 0 || r == 0 || a.batch <= 0) return;
+    DION_REQUIRE(p >= r, DION_ERROR_INTERNAL, "cuda qr_q: needs rows >= cols");
+    DeviceScope ds(device_);
+    float* cm = householder(a);
+    const int P = static_cast<int>(p), R = static_cast<int>(r);
+    const int lwork = qr_lwork(P, R, true);
+    float* tau = static_cast<float*>(scratch_[kTau].p);
+    float* work = static_cast<float*>(scratch_[kWork].p);
+    int* info = static_cast<int*>(scratch_[kInfo].p);
+    for (int64_t b = 0; b < a.batch; ++b)
+      check(cusolverDnSorgqr(solver_, P, R, R, cm + b * p * r, P, tau + b * r, work, lwork, info + b),
+            "cusolverDnSorgqr");
+    kernels::transpose(ctx(), cm, r, p, p, p * r, a.p, a.ld, a.stride, a.batch);
+  }
+
+  void qr_r(MatBatch a, MatBatch r_out) override {
+    const int64_t p = a.rows, r = a.cols;
+    DION_REQUIRE(p >= r && r_out.rows == r && r_out.cols == r, DION_ERROR_INTERNAL, "cuda qr_r: bad shapes");
+    if (r == 0 || a.batch <= 0) return;
+    DeviceScope ds(device_);
+    float* cm = householder(a);
+    kernels::extract_r(ctx(), cm, p, r_out);
+  }
+
+  void cholesky_upper(MatBatch a, int32_t* info) override {
+    const int64_t n = a.rows;
+    DION_REQUIRE(a.cols == n, DION_ERROR_INTERNAL, "cuda cholesky_upper: matrix is not square");
+    if (a.batch <= 0) return;
+    DeviceScope ds(device_);
+    if (n == 0) {
+      check(cudaMemsetAsync(info, 0, sizeof(int32_t) * static_cast<size_t>(a.batch), stream_),
+            "cudaMemsetAsync (cholesky info)");
+      return;
+    }
+    // The row-major upper factor U (A = U^T U) is, read column-major, the
+    // lower factor L = U^T of A = L L^T: potrf with uplo = lower on the buffer as is.
+    const int N = to_int(n, "cholesky n"), ld = to_int(a.ld, "cholesky ld");
+    if (a.batch > 1 && n <= kPotrfBatchedMaxN) {
+      const int batch = to_int(a.batch, "cholesky batch");
+      float** ptrs = static_cast<float**>(scratch(kPtrA, sizeof(float*) * static_cast<size_t>(a.batch)));
+      kernels::fill_pointers(ctx(), ptrs, a.p, a.stride, a.batch);
+      check(cusolverDnSpotrfBatched(solver_, CUBLAS_FILL_MODE_LOWER, N, ptrs, ld, info, batch),
+            "cusolverDnSpotrfBatched");
+    } else {
+      const int lwork = cached_lwork(kOpPotrf, N, ld, [&](int* lw) {
+        return cusolverDnSpotrf_bufferSize(solver_, CUBLAS_FILL_MODE_LOWER, N, a.p, ld, lw);
+      });
+      float* work = static_cast<float*>(scratch(kWork, sizeof(float) * static_cast<size_t>(std::max(lwork, 1))));
+      for (int64_t b = 0; b < a.batch; ++b)
+        check(cusolverDnSpotrf(solver_, CUBLAS_FILL_MODE_LOWER, N, a.p + b * a.stride, ld, work, lwork, info + b),
+              "cusolverDnSpotrf");
+    }
+    kernels::cholesky_fixup(ctx(), a, info);
+  }
+
+  void trsm_right_upper(ConstMatBatch u, MatBatch bm) override {
+    // B U^{-1} (row-major) is, column-major, the solve U^T X^T = B^T, and U's
+    // buffer read column-major is U^T (lower): a left, lower, non-transposed solve.
+    const int64_t n = u.rows, rows = bm.rows;
+    DION_REQUIRE(u.cols == n && bm.cols == n, DION_ERROR_INTERNAL, "cuda trsm_right_upper: bad shapes");
+    if (n == 0 || rows == 0 || bm.batch <= 0) return;
+    DeviceScope ds(device_);
+    const int N = to_int(n, "trsm n"), R = to_int(rows, "trsm rows");
+    const int ldu = to_int(u.ld, "trsm ldu"), ldb = to_int(bm.ld, "trsm ldb");
+    const float one = 1.0f;
+    if (bm.batch == 1) {
+      check(cublasStrsm(blas_, CUBLAS_SIDE_LEFT, CUBLAS_FILL_MODE_LOWER, CUBLAS_OP_N, CUBLAS_DIAG_NON_UNIT, N, R, &one,
+                        u.p, ldu, bm.p, ldb),
+            "cublasStrsm");
+      return;
+    }
+    const size_t bytes = sizeof(float*) * static_cast<size_t>(bm.batch);
+    float** pu = static_cast<float**>(scratch(kPtrA, bytes));
+    float** pb = static_cast<float**>(scratch(kPtrB, bytes));
+    kernels::fill_pointers(ctx(), pu, u.p, u.stride, bm.batch);  // stride 0: one U for all
+    kernels::fill_pointers(ctx(), pb, bm.p, bm.stride, bm.batch);
+    check(cublasStrsmBatched(blas_, CUBLAS_SIDE_LEFT, CUBLAS_FILL_MODE_LOWER, CUBLAS_OP_N, CUBLAS_DIAG_NON_UNIT, N, R,
+                             &one, pu, ldu, pb, ldb, to_int(bm.batch, "trsm batch")),
+          "cublasStrsmBatched");
+  }
+
+  void orth_fallback(MatBatch p, ConstMatBatch p0, const int32_t* info) override {
+    if (p.batch <= 0 || p.rows <= 0 || p.cols <= 0) return;
+    DeviceScope ds(device_);
+    void* s = scratch(kReduce, kernels::orth_fallback_scratch(ctx(), p));
+    kernels::orth_fallback(ctx(), p, p0, info, s);
+  }
+
+  // ---- element-wise and reductions ----
+  void axpby(float a, const float* x, float b, float* y, int64_t n) override {
+    DeviceScope ds(device_);
+    kernels::axpby(ctx(), a, x, b, y, n);
+  }
+  void lincomb(float a, const float* x, float b, const float* y, float* z, int64_t n) override {
+    DeviceScope ds(device_);
+    kernels::lincomb(ctx(), a, x, b, y, z, n);
+  }
+  void nan_to_num(float* x, int64_t n) override {
+    DeviceScope ds(device_);
+    kernels::nan_to_num(ctx(), x, n);
+  }
+  void zero_fixup(ConstMatBatch m, MatBatch p, MatBatch r, ConstMatBatch q) override {
+    if (m.batch <= 0) return;
+    DeviceScope ds(device_);
+    void* s = scratch(kReduce, kernels::zero_fixup_scratch(ctx(), m));
+    kernels::zero_fixup(ctx(), m, p, r, q, s);
+  }
+  void frob_normalize(MatBatch m, float factor, float eps) override {
+    if (m.batch <= 0 || m.rows <= 0 || m.cols <= 0) return;
+    DeviceScope ds(device_);
+    void* s = scratch(kReduce, kernels::frob_normalize_scratch(ctx(), m));
+    kernels::frob_normalize(ctx(), m, factor, eps, s);
+  }
+  void col_normalize(MatBatch m, float eps) override {
+    if (m.batch <= 0 || m.rows <= 0 || m.cols <= 0) return;
+    DeviceScope ds(device_);
+    void* s = scratch(kReduce, kernels::col_normalize_scratch(ctx(), m));
+    kernels::col_normalize(ctx(), m, eps, s);
+  }
+  void slice_l1(ConstMatBatch m, Axis axis, float* out) override {
+    if (m.batch <= 0) return;
+    DeviceScope ds(device_);
+    const size_t bytes = kernels::slice_l1_scratch(ctx(), m, axis);
+    void* s = bytes ? scratch(kReduce, bytes) : nullptr;
+    kernels::slice_l1(ctx(), m, axis, out, s);
+  }
+
+  // ---- optimizer updates ----
+  void apply_update(float* x, const float* u, int64_t n, const GroupScalars* gs, float lr_mult,
+                    bool cautious) override {
+    DeviceScope ds(device_);
+    kernels::apply_update(ctx(), x, u, n, gs, lr_mult, cautious);
+  }
+  void decay(float* x, int64_t n, const GroupScalars* gs) override {
+    DeviceScope ds(device_);
+    kernels::decay(ctx(), x, n, gs);
+  }
+  void adamw(const TensorEntry* list, int64_t count, int64_t max_n, const GroupScalars* gs, float eps, bool cautious,
+             const int32_t* skip) override {
+    DeviceScope ds(device_);
+    kernels::adamw(ctx(), list, count, max_n, gs, eps, cautious, skip);
+  }
+  void lion(const TensorEntry* list, int64_t count, int64_t max_n, const GroupScalars* gs, bool cautious,
+            const int32_t* skip) override {
+    DeviceScope ds(device_);
+    kernels::lion(ctx(), list, count, max_n, gs, cautious, skip);
+  }
+  void neuron_normalize(MatBatch u, Axis axis, float* v, int64_t v_per_matrix, float beta2,
+                        const int32_t* selected) override {
+    if (u.batch <= 0 || u.rows <= 0 || u.cols <= 0) return;
+    DeviceScope ds(device_);
+    void* s = scratch(kReduce, kernels::neuron_normalize_scratch(ctx(), u, axis));
+    kernels::neuron_normalize(ctx(), u, axis, v, v_per_matrix, beta2, selected, s);
+  }
+
+  // ---- slice selection ----
+  void topk(const float* scores, int64_t batch, int64_t n, int64_t k, int32_t* idx) override {
+    DION_REQUIRE(k >= 0 && k <= n && n <= INT_MAX, DION_ERROR_INTERNAL, "cuda topk: bad k = %lld of n = %lld",
+                 static_cast<long long>(k), static_cast<long long>(n));
+    DeviceScope ds(device_);
+    kernels::topk(ctx(), scores, batch, n, k, idx);
+  }
+  void gather_slices(ConstMatBatch m, Axis axis, const int32_t* idx, int64_t k, MatBatch out) override {
+    DeviceScope ds(device_);
+    kernels::gather_slices(ctx(), m, axis, idx, k, out);
+  }
+  void scale_slices(MatBatch m, Axis axis, const int32_t* idx, int64_t k, float s) override {
+    DeviceScope ds(device_);
+    kernels::scale_slices(ctx(), m, axis, idx, k, s);
+  }
+  void add_slices(MatBatch m, Axis axis, const int32_t* idx, int64_t k, ConstMatBatch u, const GroupScalars* gs,
+                  float mult) override {
+    DeviceScope ds(device_);
+    kernels::add_slices(ctx(), m, axis, idx, k, u, gs, mult);
+  }
+
+ private:
+  // Scratch buffers, one per purpose, so that one call can hold several.
+  enum Slot { kPtrA, kPtrB, kMat, kTau, kWork, kInfo, kReduce, kSlotCount };
+  enum LworkOp { kOpGeqrf, kOpOrgqr, kOpPotrf };
+  struct Buffer {
+    void* p = nullptr;
+    size_t bytes = 0;
+  };
+
+  kernels::Ctx ctx() const { return kernels::Ctx{stream_, sms_}; }
+
+  // cublasSetStream resets the workspace to cuBLAS's own pool, so the
+  // preallocated one is set again after every stream change.
+  void bind_stream() {
+    check(cublasSetStream(blas_, stream_), "cublasSetStream");
+    check(cublasSetWorkspace(blas_, blas_ws_, kCublasWorkspaceBytes), "cublasSetWorkspace");
+    check(cusolverDnSetStream(solver_, stream_), "cusolverDnSetStream");
+  }
+
+  // Scratch of at least `bytes` in `slot`. Growing it is the only allocation
+  // outside alloc(): it happens on the first call with a larger shape, drains
+  // the stream (work already enqueued may still use the old buffer), and is
+  // refused while the stream is being captured into a graph.
+  void* scratch(Slot slot, size_t bytes) {
+    Buffer& buf = scratch_[slot];
+    if (bytes <= buf.bytes) return buf.p;
+    cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
+    check(cudaStreamIsCapturing(stream_, &capture), "cudaStreamIsCapturing");
+    DION_REQUIRE(capture == cudaStreamCaptureStatusNone, DION_ERROR_INVALID_USAGE,
+                 "cuda backend: internal scratch must grow to %zu bytes while the stream is being captured into a "
+                 "CUDA graph; run one step with the same shapes before capturing",
+                 bytes);
+    check(cudaStreamSynchronize(stream_), "cudaStreamSynchronize (scratch growth)");
+    if (buf.p) {
+      check(cudaFree(buf.p), "cudaFree (scratch)");
+      buf.p = nullptr;
+      buf.bytes = 0;
+    }
+    const size_t rounded = (bytes + 255) & ~size_t(255);
+    buf.p = cuda::device_malloc(rounded, device_, "scratch");
+    buf.bytes = rounded;
+    return buf.p;
+  }
+
+  // cuSOLVER workspace sizes are host-side queries; cached per shape so a
+  // steady-state step makes none.
+  template <class Query>
+  int cached_lwork(LworkOp op, int m, int n, const Query& query) {
+    const auto key = std::make_tuple(static_cast<int>(op), m, n);
+    auto it = lwork_.find(key);
+    if (it != lwork_.end()) return it->second;
+    int lwork = 0;
+    check(query(&lwork), op == kOpGeqrf ? "cusolverDnSgeqrf_bufferSize"
+                         : op == kOpOrgqr ? "cusolverDnSorgqr_bufferSize"
+                                          : "cusolverDnSpotrf_bufferSize");
+    lwork_.emplace(key, lwork);
+    return lwork;
+  }
+
+  // Workspace (floats) of geqrf, and of orgqr too when `with_q`, for p x r.
+  int qr_lwork(int P, int R, bool with_q) {
+    float* cm = static_cast<float*>(scratch_[kMat].p);
+    float* tau = static_cast<float*>(scratch_[kTau].p);
+    int lwork = cached_lwork(kOpGeqrf, P, R,
+                             [&](int* lw) { return cusolverDnSgeqrf_bufferSize(solver_, P, R, cm, P, lw); });
+    if (with_q)
+      lwork = std::max(lwork, cached_lwork(kOpOrgqr, P, R, [&](int* lw) {
+                         return cusolverDnSorgqr_bufferSize(solver_, P, R, R, cm, P, tau, lw);
+                       }));
+    return std::max(lwork, 1);
+  }
+
+  // Copies the batch a (p x r row-major) to column-major p x r matrices in
+  // scratch and runs geqrf on each (looping over the batch); returns the
+  // column-major buffer (R in the upper triangle, Householder vectors below,
+  // tau in scratch). Grows every scratch buffer qr_q / qr_r use first.
+  float* householder(const MatBatch& a) {
+    const int64_t p = a.rows, r = a.cols;
+    const int P = to_int(p, "qr rows"), R = to_int(r, "qr cols");
+    to_int(a.batch, "qr batch");
+    float* cm = static_cast<float*>(scratch(kMat, sizeof(float) * static_cast<size_t>(a.batch * p * r)));
+    float* tau = static_cast<float*>(scratch(kTau, sizeof(float) * static_cast<size_t>(a.batch * r)));
+    int* info = static_cast<int*>(scratch(kInfo, sizeof(int) * static_cast<size_t>(a.batch)));
+    const int lwork = qr_lwork(P, R, true);
+    float* work = static_cast<float*>(scratch(kWork, sizeof(float) * static_cast<size_t>(lwork)));
+    // Row-major p x r with leading dimension ld, transposed, is column-major p x r with leading dimension p.
+    kernels::transpose(ctx(), a.p, p, r, a.ld, a.stride, cm, p, p * r, a.batch);
+    for (int64_t b = 0; b < a.batch; ++b)
+      check(cusolverDnSgeqrf(solver_, P, R, cm + b * p * r, P, tau + b * r, work, lwork, info + b),
+            "cusolverDnSgeqrf");
+    return cm;
+  }
+
+  void wait_for_work() {
+    check(cudaEventSynchronize(done_), "cudaEventSynchronize (last step)");
+    if (stream_) check(cudaStreamSynchronize(stream_), "cudaStreamSynchronize");
+  }
+
+  void destroy() noexcept {
+    // Teardown never throws: errors here are ignored.
+    int prev = -1;
+    const bool switched = cudaGetDevice(&prev) == cudaSuccess && prev != device_ && cudaSetDevice(device_) == cudaSuccess;
+    if (done_) (void)cudaEventSynchronize(done_);
+    if (own_) (void)cudaStreamSynchronize(own_);
+    if (done_) (void)cudaEventDestroy(done_);
+    if (own_) (void)cudaStreamDestroy(own_);
+    done_ = nullptr;
+    own_ = nullptr;
+    for (Buffer& b : scratch_)
+      if (b.p) {
+        (void)cudaFree(b.p);
+        b = Buffer{};
+      }
+    if (blas_ws_) (void)cudaFree(blas_ws_);
+    if (solver_) (void)cusolverDnDestroy(solver_);
+    if (blas_) (void)cublasDestroy(blas_);
+    blas_ws_ = nullptr;
+    solver_ = nullptr;
+    blas_ = nullptr;
+    (void)cudaGetLastError();
+    if (switched) (void)cudaSetDevice(prev);
+  }
+
+  int device_;
+  int sms_ = 1;
+  cudaStream_t stream_ = nullptr;  // the current API call's stream; nullptr: the legacy default stream
+  cudaStream_t own_ = nullptr;     // for blocking copies
+  cudaEvent_t done_ = nullptr;     // recorded at the end of each step
+  cublasHandle_t blas_ = nullptr;
+  cusolverDnHandle_t solver_ = nullptr;
+  void* blas_ws_ = nullptr;
+  Buffer scratch_[kSlotCount];
+  std::map<std::tuple<int, int, int>, int> lwork_;
+};
+
+}  // namespace
+
+Backend* make_cuda_backend(int device) { return new CudaBackend(device); }
+
+}  // namespace dion

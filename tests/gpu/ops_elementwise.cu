@@ -1,0 +1,526 @@
+// SPDX-License-Identifier: MIT
+// CUDA backend against host backend: memory, conversions, multi-tensor
+// kernels, reductions, optimizer updates, random numbers and slice selection.
+//
+// Tolerances. The CUDA kernels perform the host's fp32 operations in the
+// host's order and are compiled without FMA contraction (-fmad=false), so
+// most of them agree bit for bit; the checks allow a few ulps (rtol 1e-6,
+// 2^-20 ~ 8 ulps) so that a host compiler contracting a*b+c on an FMA target
+// still passes. Reductions sum in double on both sides (in different orders:
+// the difference is ~1e-16 relative, far below one fp32 ulp), except the
+// host's slice_l1, which sums in fp32: n terms give up to n * 2^-24 relative,
+// hence its rtol of 1e-5 for n <= 100.
+#include <numeric>
+
+#include "ops_util.h"
+
+namespace dion_ops_test {
+namespace {
+
+constexpr double kUlps = 1e-6;
+
+TEST_F(OpsTest, MemoryCalls) {
+  EXPECT_FALSE(cuda->host_memory());
+  EXPECT_TRUE(host->host_memory());
+  const size_t n = 1000;
+  std::vector<float> src = univ(n), back(n, 0.0f);
+  float* a = static_cast<float*>(cuda->alloc(n * sizeof(float)));
+  float* b = static_cast<float*>(cuda->alloc(n * sizeof(float)));
+  cuda->copy_sync(a, src.data(), n * sizeof(float));  // host -> device
+  cuda->copy(b, a, n * sizeof(float));                // device -> device, enqueued
+  cuda->zero(a, 10 * sizeof(float));
+  cuda->synchronize();
+  cuda->copy_sync(back.data(), b, n * sizeof(float));
+  EXPECT_TRUE(same_bits(src, back));
+  cuda->copy_sync(back.data(), a, n * sizeof(float));
+  for (int i = 0; i < 10; ++i) EXPECT_EQ(back[i], 0.0f);
+  EXPECT_EQ(back[10], src[10]);
+  cuda->release(a);
+  cuda->release(b);
+  cuda->release(nullptr);
+  // A stream of our own, then back to the legacy default stream.
+  cudaStream_t s;
+  ASSERT_EQ(cudaStreamCreate(&s), cudaSuccess);
+  cuda->set_stream(s);
+  Dev<float> x(src), y(n);
+  cuda->axpby(0.0f, x.p(), 1.0f, y.p(), static_cast<int64_t>(n));
+  cuda->synchronize();
+  EXPECT_TRUE(same_bits(src, y.get()));
+  cuda->set_stream(nullptr);
+  cudaStreamDestroy(s);
+}
+
+TEST_F(OpsTest, AllocFailureIsOutOfMemory) {
+  try {
+    cuda->alloc(size_t(1) << 52);
+    FAIL() << "a 4 PiB allocation succeeded";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.status(), DION_ERROR_OUT_OF_MEMORY);
+    EXPECT_NE(std::string(e.what()).find("4503599627370496 bytes"), std::string::npos) << e.what();
+  }
+}
+
+// Values that exercise every rounding path of bf16/fp16: specials,
+// subnormals of both formats, overflow of fp16, ties.
+std::vector<float> conversion_inputs(std::mt19937& rng) {
+  std::vector<float> v = {0.0f, -0.0f, 1.0f, -1.0f, INFINITY, -INFINITY, NAN, 65504.0f, 65520.0f, 1e6f, -1e6f,
+                          6e-8f, 3e-8f, 1e-5f, 1e-40f, 3.0e38f, 1.00390625f, 1.01171875f, 1.0009765625f};
+  std::normal_distribution<float> g(0.0f, 1.0f);
+  std::uniform_int_distribution<int> e(-30, 30);
+  while (v.size() < 4099) v.push_back(std::ldexp(g(rng), e(rng)));
+  return v;
+}
+
+TEST_F(OpsTest, LoadStoreAllDtypes) {
+  const std::vector<float> in = conversion_inputs(rng);
+  const int64_t n = static_cast<int64_t>(in.size());
+  for (dion_dtype_t dt : {DION_DTYPE_FP32, DION_DTYPE_BF16, DION_DTYPE_FP16}) {
+    SCOPED_TRACE(dtype_name(dt));
+    const size_t es = dtype_size(dt);
+    std::vector<uint8_t> th(n * es), td;
+    host->store(th.data(), dt, in.data(), n);
+    Dev<float> din(in);
+    Dev<uint8_t> dtyped(n * es);
+    cuda->store(dtyped.p(), dt, din.p(), n);
+    td = dtyped.get();
+    EXPECT_TRUE(same_bits(th, td));
+    std::vector<float> lh(n);
+    host->load(lh.data(), th.data(), dt, n);
+    Dev<float> dl(n);
+    cuda->load(dl.p(), dtyped.p(), dt, n);
+    EXPECT_TRUE(same_bits(lh, dl.get()));
+  }
+}
+
+// Three tensors of different dtypes and lengths, with their host and device tables.
+struct Tensors {
+  struct One {
+    std::vector<uint8_t> h[4];
+    Dev<uint8_t> d[4];
+  };
+  std::vector<One> t;
+  std::vector<TensorEntry> host_list, dev_list;
+  Dev<TensorEntry> dev_table;
+
+  // dtypes[i][f] (DION_DTYPE_UNSET: field absent), n[i] elements each.
+  Tensors(std::mt19937& rng, const std::vector<std::vector<int>>& dtypes, const std::vector<int64_t>& n) {
+    std::normal_distribution<float> g(0.0f, 1.0f);
+    t.resize(dtypes.size());
+    for (size_t i = 0; i < dtypes.size(); ++i) {
+      TensorEntry he{}, de{};
+      he.n = de.n = n[i];
+      he.tensor_id = de.tensor_id = static_cast<uint32_t>(3 * i + 1);
+      for (int f = 0; f < 4; ++f) {
+        const int dt = dtypes[i][f];
+        he.dtype[f] = de.dtype[f] = dt;
+        if (dt == DION_DTYPE_UNSET) continue;
+        std::vector<float> vals(n[i]);
+        for (auto& v : vals) v = f == kState1 ? std::fabs(g(rng)) * 0.1f : g(rng);
+        t[i].h[f].resize(n[i] * dtype_size(static_cast<dion_dtype_t>(dt)));
+        for (int64_t k = 0; k < n[i]; ++k) store_elem(t[i].h[f].data(), static_cast<dion_dtype_t>(dt), k, vals[k]);
+        t[i].d[f] = Dev<uint8_t>(t[i].h[f]);
+        he.ptr[f] = t[i].h[f].data();
+        de.ptr[f] = t[i].d[f].p();
+      }
+      host_list.push_back(he);
+      dev_list.push_back(de);
+    }
+    dev_table = Dev<TensorEntry>(dev_list);
+  }
+  int64_t count() const { return static_cast<int64_t>(t.size()); }
+  int64_t max_n() const {
+    int64_t m = 0;
+    for (const auto& e : host_list) m = std::max(m, e.n);
+    return m;
+  }
+  // Field f of tensor i, host and device, as floats.
+  std::vector<float> host_vals(size_t i, int f) const {
+    std::vector<float> v(host_list[i].n);
+    for (int64_t k = 0; k < host_list[i].n; ++k)
+      v[k] = load_elem(t[i].h[f].data(), static_cast<dion_dtype_t>(host_list[i].dtype[f]), k);
+    return v;
+  }
+  std::vector<float> dev_vals(size_t i, int f) const {
+    const std::vector<uint8_t> raw = t[i].d[f].get();
+    std::vector<float> v(host_list[i].n);
+    for (int64_t k = 0; k < host_list[i].n; ++k)
+      v[k] = load_elem(raw.data(), static_cast<dion_dtype_t>(host_list[i].dtype[f]), k);
+    return v;
+  }
+  std::vector<uint8_t> dev_raw(size_t i, int f) const { return t[i].d[f].get(); }
+};
+
+TEST_F(OpsTest, LoadStoreMulti) {
+  const int64_t n = 777;
+  Tensors ts(rng, {{0, 1, 2, 0}, {1, 2, 0, 1}, {2, 0, 1, 2}}, {n, n, n});
+  for (int f = 0; f < 4; ++f) {
+    SCOPED_TRACE(f);
+    std::vector<float> lh(3 * n);
+    host->load_multi(lh.data(), ts.host_list.data(), 3, static_cast<Field>(f), n);
+    Dev<float> ld(3 * n);
+    cuda->load_multi(ld.p(), ts.dev_table.p(), 3, static_cast<Field>(f), n);
+    EXPECT_TRUE(same_bits(lh, ld.get()));
+  }
+  // store_multi: a set skip flag writes nothing; a clear one writes all.
+  const std::vector<float> src = univ(3 * n, -4.0f, 4.0f);
+  Dev<float> dsrc(src);
+  Dev<int32_t> skip(std::vector<int32_t>{1});
+  const std::vector<uint8_t> before = ts.dev_raw(1, kGrad);
+  cuda->store_multi(ts.dev_table.p(), 3, kGrad, dsrc.p(), n, skip.p());
+  EXPECT_TRUE(same_bits(before, ts.dev_raw(1, kGrad)));
+  skip.put({0});
+  cuda->store_multi(ts.dev_table.p(), 3, kGrad, dsrc.p(), n, skip.p());
+  int32_t hskip = 0;
+  host->store_multi(ts.host_list.data(), 3, kGrad, src.data(), n, &hskip);
+  for (size_t i = 0; i < 3; ++i) EXPECT_TRUE(same_bits(ts.t[i].h[kGrad], ts.dev_raw(i, kGrad))) << i;
+  cuda->store_multi(ts.dev_table.p(), 3, kParam, dsrc.p(), n, nullptr);
+  host->store_multi(ts.host_list.data(), 3, kParam, src.data(), n, nullptr);
+  for (size_t i = 0; i < 3; ++i) EXPECT_TRUE(same_bits(ts.t[i].h[kParam], ts.dev_raw(i, kParam))) << i;
+}
+
+TEST_F(OpsTest, CheckNonfinite) {
+  Tensors ts(rng, {{0, 0, -1, -1}, {1, 1, -1, -1}, {2, 2, -1, -1}}, {5000, 70001, 3});
+  Dev<int32_t> flag(std::vector<int32_t>{7});
+  cuda->check_nonfinite(ts.dev_table.p(), 3, ts.max_n(), kGrad, flag.p());
+  EXPECT_EQ(flag.get()[0], 7) << "a clean check must leave the flag alone";
+  // One bad element at a time, in each dtype, at the start, middle and end.
+  struct Bad {
+    size_t tensor;
+    int64_t at;
+    float value;
+  } cases[] = {{0, 4999, NAN}, {1, 0, INFINITY}, {1, 70000, -INFINITY}, {2, 1, NAN}, {0, 2500, -INFINITY}};
+  for (const Bad& c : cases) {
+    const auto dt = static_cast<dion_dtype_t>(ts.host_list[c.tensor].dtype[kGrad]);
+    std::vector<uint8_t> raw = ts.t[c.tensor].h[kGrad];
+    store_elem(raw.data(), dt, c.at, c.value);
+    ts.t[c.tensor].d[kGrad].put(raw);
+    flag.put({0});
+    cuda->check_nonfinite(ts.dev_table.p(), 3, ts.max_n(), kGrad, flag.p());
+    int32_t hflag = 0;
+    TensorEntry he = ts.host_list[c.tensor];
+    he.ptr[kGrad] = raw.data();
+    std::vector<TensorEntry> hl = ts.host_list;
+    hl[c.tensor] = he;
+    host->check_nonfinite(hl.data(), 3, ts.max_n(), kGrad, &hflag);
+    EXPECT_EQ(flag.get()[0], 1) << "tensor " << c.tensor << " element " << c.at;
+    EXPECT_EQ(hflag, 1);
+    ts.t[c.tensor].d[kGrad].put(ts.t[c.tensor].h[kGrad]);  // clean again
+  }
+}
+
+TEST_F(OpsTest, StepCounters) {
+  GroupScalars gs{0.1, 0.01, 0.9, 0.99, 5, 0};
+  for (int skip : {0, 1}) {
+    StepStatus st{skip, 0, 3};
+    Dev<GroupScalars> dgs(std::vector<GroupScalars>{gs});
+    Dev<StepStatus> dst(std::vector<StepStatus>{st});
+    cuda->advance_step(dgs.p(), dst.p());
+    cuda->count_skip(dst.p());
+    GroupScalars hgs = gs;
+    host->advance_step(&hgs, &st);
+    host->count_skip(&st);
+    EXPECT_EQ(dgs.get()[0].step, hgs.step);
+    EXPECT_EQ(hgs.step, skip ? 5 : 6);
+    EXPECT_EQ(dst.get()[0].skipped_steps, st.skipped_steps);
+    EXPECT_EQ(st.skipped_steps, skip ? 4 : 3);
+  }
+}
+
+TEST_F(OpsTest, VectorOps) {
+  const int64_t n = 100003;
+  std::vector<float> x = univ(n, -3, 3), y = univ(n, -3, 3);
+  x[5] = NAN;
+  x[6] = INFINITY;
+  x[7] = -INFINITY;
+  Dev<float> dx(x), dy(y), dz(n);
+  std::vector<float> hy = y, hz(n);
+  cuda->axpby(0.75f, dx.p(), -1.25f, dy.p(), n);
+  host->axpby(0.75f, x.data(), -1.25f, hy.data(), n);
+  EXPECT_TRUE(close(hy, dy.get(), kUlps));
+  cuda->lincomb(0.3f, dx.p(), 1.7f, dy.p(), dz.p(), n);
+  host->lincomb(0.3f, x.data(), 1.7f, hy.data(), hz.data(), n);
+  EXPECT_TRUE(close(hz, dz.get(), kUlps));
+  std::vector<float> hx = x;
+  cuda->nan_to_num(dx.p(), n);
+  host->nan_to_num(hx.data(), n);
+  EXPECT_TRUE(same_bits(hx, dx.get()));
+  EXPECT_EQ(hx[5], 0.0f);
+  EXPECT_EQ(hx[6], FLT_MAX);
+}
+
+TEST_F(OpsTest, ZeroFixup) {
+  const int64_t B = 3;
+  Mat m = Mat::padded(20, 30, B), p = Mat::padded(20, 6, B), r = Mat::padded(30, 6, B, 2, 1),
+      q = Mat::padded(30, 6, B, 1, 0);
+  m.fill([&] { return uni(); });
+  for (int64_t i = 0; i < m.rows; ++i)
+    for (int64_t j = 0; j < m.cols; ++j) m.at(1, i, j) = (i + j) % 2 ? 0.0f : -0.0f;  // all zero
+  for (int64_t i = 0; i < m.rows; ++i)
+    for (int64_t j = 0; j < m.cols; ++j) m.at(2, i, j) = 0.0f;
+  m.at(2, 19, 29) = NAN;  // not zero
+  m.sync();
+  p.fill([&] { return uni(); });
+  r.fill([&] { return uni(); });
+  q.fill([&] { return uni(); });
+  cuda->zero_fixup(m.D(), p.D(), r.D(), q.D());
+  host->zero_fixup(m.H(), p.H(), r.H(), q.H());
+  EXPECT_TRUE(same_bits(p.h, p.dev()));
+  EXPECT_TRUE(same_bits(r.h, r.dev()));
+  EXPECT_EQ(p.h[p.stride + 3], 0.0f);
+  EXPECT_EQ(r.h[r.stride + 2 * r.ld], q.h[q.stride + 2 * q.ld]);
+}
+
+TEST_F(OpsTest, FrobAndColumnNormalize) {
+  for (int64_t rows : {70, 1, 700}) {
+    SCOPED_TRACE(rows);
+    Mat m = Mat::padded(rows, 50, 3);
+    m.fill([&] { return gauss(); });
+    for (int64_t i = 0; i < m.rows; ++i)  // matrix 2: all zero (eps keeps it finite)
+      for (int64_t j = 0; j < m.cols; ++j) m.at(2, i, j) = 0.0f;
+    m.sync();
+    Mat c = Mat::padded(rows, 50, 3);
+    c.h = m.h;
+    c.sync();
+    cuda->frob_normalize(m.D(), 1.3f, 1e-7f);
+    host->frob_normalize(m.H(), 1.3f, 1e-7f);
+    EXPECT_TRUE(close(m.h, m.dev(), kUlps));
+    cuda->col_normalize(c.D(), 1e-7f);
+    host->col_normalize(c.H(), 1e-7f);
+    EXPECT_TRUE(close(c.h, c.dev(), kUlps));
+  }
+}
+
+TEST_F(OpsTest, FrobNormalizeIsDeterministic) {
+  // Large enough for many chunks per matrix: every run must give the same bits.
+  Mat m = Mat::padded(1024, 1000, 4, 24, 0);
+  m.fill([&] { return gauss(); });
+  std::vector<float> first;
+  for (int run = 0; run < 3; ++run) {
+    m.sync();
+    cuda->frob_normalize(m.D(), 1.0f, 1e-7f);
+    if (run == 0)
+      first = m.dev();
+    else
+      EXPECT_TRUE(same_bits(first, m.dev()));
+  }
+  host->frob_normalize(m.H(), 1.0f, 1e-7f);
+  EXPECT_TRUE(close(m.h, first, kUlps));
+}
+
+// The shape Dion's and Muon's normalisations see on a large model: checks
+// the result and reports the time (a memory-bound two-pass kernel: it reads
+// the batch twice and writes it once).
+TEST_F(OpsTest, FrobNormalizeLarge) {
+  const int64_t B = 24, rows = 8192, cols = 2048, n = B * rows * cols;
+  Dev<float> m(static_cast<size_t>(n));
+  const PhiloxKey key{1, kRngInitQ, 0, 0};
+  cuda->randn(m.p(), B, rows, cols, 0, 0, cols, key, nullptr, nullptr, 3.0f);
+  cuda->frob_normalize(MatBatch{m.p(), rows, cols, cols, rows * cols, B}, 1.0f, 0.0f);  // warm-up
+  cudaEvent_t t0, t1;
+  cudaEventCreate(&t0);
+  cudaEventCreate(&t1);
+  cudaEventRecord(t0);
+  const int reps = 5;
+  for (int i = 0; i < reps; ++i) cuda->frob_normalize(MatBatch{m.p(), rows, cols, cols, rows * cols, B}, 1.0f, 0.0f);
+  cudaEventRecord(t1);
+  ASSERT_EQ(cudaEventSynchronize(t1), cudaSuccess);
+  float ms = 0;
+  cudaEventElapsedTime(&ms, t0, t1);
+  ms /= reps;
+  std::printf("frob_normalize 24 x 8192 x 2048: %.3f ms, %.0f GB/s (3 passes over %.2f GB)\n", ms,
+              3.0 * n * 4 / (ms * 1e6), n * 4 / 1e9);
+  cudaEventDestroy(t0);
+  cudaEventDestroy(t1);
+  // Every matrix now has unit Frobenius norm.
+  std::vector<float> last(static_cast<size_t>(rows * cols));
+  ASSERT_EQ(cudaMemcpy(last.data(), m.p() + (B - 1) * rows * cols, last.size() * 4, cudaMemcpyDeviceToHost),
+            cudaSuccess);
+  double s = 0;
+  for (float x : last) s += static_cast<double>(x) * x;
+  EXPECT_NEAR(std::sqrt(s), 1.0, 1e-5);
+}
+
+TEST_F(OpsTest, SliceL1) {
+  Mat m = Mat::padded(37, 90, 3);
+  m.fill([&] { return gauss(); });
+  for (Axis ax : {kRows, kCols}) {
+    SCOPED_TRACE(ax);
+    const int64_t N = ax == kRows ? m.rows : m.cols;
+    std::vector<float> h(m.batch * N);
+    Dev<float> d(h.size());
+    host->slice_l1(m.H(), ax, h.data());
+    cuda->slice_l1(m.D(), ax, d.p());
+    EXPECT_TRUE(close(h, d.get(), 1e-5));  // host sums in fp32 (see the top)
+  }
+}
+
+TEST_F(OpsTest, NeuronNormalize) {
+  for (Axis ax : {kRows, kCols})
+    for (bool sel : {false, true}) {
+      SCOPED_TRACE(std::string(ax == kRows ? "rows" : "cols") + (sel ? " selected" : ""));
+      const int64_t B = 3;
+      Mat u = Mat::padded(24, 40, B);
+      u.fill([&] { return gauss(); });
+      const int64_t N = ax == kRows ? u.rows : u.cols, per = sel ? 3 * N : N;
+      std::vector<float> v(B * per);
+      for (auto& x : v) x = uni(0.0f, 2.0f);
+      std::vector<int32_t> idx;
+      if (sel)
+        for (int64_t b = 0; b < B; ++b) {
+          std::vector<int32_t> all(per);
+          std::iota(all.begin(), all.end(), 0);
+          std::shuffle(all.begin(), all.end(), rng);
+          all.resize(N);
+          std::sort(all.begin(), all.end());
+          idx.insert(idx.end(), all.begin(), all.end());
+        }
+      Dev<float> dv(v);
+      Dev<int32_t> didx(sel ? idx : std::vector<int32_t>{0});
+      cuda->neuron_normalize(u.D(), ax, dv.p(), per, 0.95f, sel ? didx.p() : nullptr);
+      host->neuron_normalize(u.H(), ax, v.data(), per, 0.95f, sel ? idx.data() : nullptr);
+      EXPECT_TRUE(close(v, dv.get(), kUlps));
+      EXPECT_TRUE(close(u.h, u.dev(), kUlps));
+    }
+}
+
+TEST_F(OpsTest, ApplyUpdateAndDecay) {
+  const int64_t n = 50001;
+  const GroupScalars gs{0.02, 0.1, 0.9, 0.95, 3, 0};
+  Dev<GroupScalars> dgs(std::vector<GroupScalars>{gs});
+  for (bool cautious : {false, true}) {
+    std::vector<float> x = univ(n), u = univ(n);
+    Dev<float> dx(x), du(u);
+    cuda->apply_update(dx.p(), du.p(), n, dgs.p(), 1.7f, cautious);
+    host->apply_update(x.data(), u.data(), n, &gs, 1.7f, cautious);
+    EXPECT_TRUE(close(x, dx.get(), kUlps)) << "cautious " << cautious;
+    cuda->decay(dx.p(), n, dgs.p());
+    host->decay(x.data(), n, &gs);
+    EXPECT_TRUE(close(x, dx.get(), kUlps));
+  }
+}
+
+// Relative tolerance of a stored value: the larger of the fp32 one and one
+// unit in the last place of the storage dtype (a 1-ulp fp32 difference before
+// rounding can move a bf16/fp16 result by one of its own ulps).
+double dtype_rtol(int dt) { return dt == DION_DTYPE_BF16 ? 1.0 / 128 : dt == DION_DTYPE_FP16 ? 1.0 / 1024 : kUlps; }
+
+void compare_tensors(const Tensors& ts, int fields) {
+  for (size_t i = 0; i < ts.t.size(); ++i)
+    for (int f = 0; f < fields; ++f) {
+      if (f == kGrad) continue;
+      const int dt = ts.host_list[i].dtype[f];
+      // atol: fp16 results below its normal range are spaced 2^-24 apart.
+      EXPECT_TRUE(close(ts.host_vals(i, f), ts.dev_vals(i, f), dtype_rtol(dt), dt == DION_DTYPE_FP16 ? 6e-8 : 0.0))
+          << "tensor " << i << " field " << f;
+    }
+}
+
+TEST_F(OpsTest, AdamWAndLion) {
+  const std::vector<std::vector<int>> dtypes = {{0, 0, 0, 0}, {1, 1, 0, 0}, {2, 0, 1, 2}, {1, 2, 1, 1}};
+  const std::vector<int64_t> n = {1000, 3001, 517, 70000};
+  const GroupScalars gs{1e-2, 0.1, 0.9, 0.99, 3, 0};
+  Dev<GroupScalars> dgs(std::vector<GroupScalars>{gs});
+  Dev<int32_t> skip(std::vector<int32_t>{0});
+  for (bool cautious : {false, true}) {
+    SCOPED_TRACE(cautious ? "cautious" : "plain");
+    Tensors a(rng, dtypes, n);
+    cuda->adamw(a.dev_table.p(), a.count(), a.max_n(), dgs.p(), 1e-8f, cautious, skip.p());
+    host->adamw(a.host_list.data(), a.count(), a.max_n(), &gs, 1e-8f, cautious, nullptr);
+    compare_tensors(a, 4);
+    Tensors l(rng, dtypes, n);
+    cuda->lion(l.dev_table.p(), l.count(), l.max_n(), dgs.p(), cautious, nullptr);
+    host->lion(l.host_list.data(), l.count(), l.max_n(), &gs, cautious, nullptr);
+    compare_tensors(l, 3);
+  }
+  // A skipped step writes nothing.
+  Tensors a(rng, dtypes, n);
+  skip.put({1});
+  cuda->adamw(a.dev_table.p(), a.count(), a.max_n(), dgs.p(), 1e-8f, false, skip.p());
+  cuda->lion(a.dev_table.p(), a.count(), a.max_n(), dgs.p(), false, skip.p());
+  for (size_t i = 0; i < a.t.size(); ++i)
+    for (int f = 0; f < 4; ++f) EXPECT_TRUE(same_bits(a.t[i].h[f], a.dev_raw(i, f))) << i << " " << f;
+}
+
+TEST_F(OpsTest, RandnMatchesHost) {
+  const int64_t B = 3, rows = 33, cols = 65, row0 = 2, col0 = 3, gcols = 100;
+  const PhiloxKey key{0x1234567890abcdefull, kRngSketch | (1u << 8), 99, 7};
+  Tensors ts(rng, {{0, -1, -1, -1}, {0, -1, -1, -1}, {0, -1, -1, -1}}, {1, 1, 1});
+  const int64_t step = 42;
+  Dev<int64_t> dstep(std::vector<int64_t>{step});
+  for (int variant = 0; variant < 2; ++variant) {
+    const bool keyed = variant == 1;  // tensor ids and step from memory
+    std::vector<float> h(B * rows * cols);
+    Dev<float> d(h.size());
+    host->randn(h.data(), B, rows, cols, row0, col0, gcols, key, keyed ? ts.host_list.data() : nullptr,
+                keyed ? &step : nullptr, 0.5f);
+    cuda->randn(d.p(), B, rows, cols, row0, col0, gcols, key, keyed ? ts.dev_table.p() : nullptr,
+                keyed ? dstep.p() : nullptr, 0.5f);
+    const std::vector<float> g = d.get();
+    // The device's double log/cos may differ from the host libm's in the
+    // last bit; after rounding to fp32 that is at most one ulp, rarely.
+    size_t differ = 0;
+    for (size_t i = 0; i < h.size(); ++i)
+      if (h[i] != g[i]) {
+        ++differ;
+        EXPECT_LE(std::fabs(h[i] - g[i]), std::fabs(h[i]) * 1.2e-7) << i;
+      }
+    EXPECT_LE(differ, h.size() / 1000 + 1);
+    if (keyed) EXPECT_NE(h[0], h[rows * cols]) << "tensor ids must key the matrices of a batch";
+  }
+}
+
+TEST_F(OpsTest, TopkMatchesHost) {
+  struct Case {
+    int64_t batch, n, k;
+    int levels;  // scores drawn from this many values (ties); 0: continuous
+  } cases[] = {{3, 65536, 1, 50},     {3, 65536, 100, 50},  {2, 65536, 32768, 7}, {2, 65536, 65535, 3},
+               {2, 65536, 65536, 3},  {4, 10, 3, 2},        {3, 5000, 77, 0},     {2, 4097, 4000, 0},
+               {1, 1000, 500, 1},     {3, 300, 150, 0}};
+  for (const Case& c : cases) {
+    SCOPED_TRACE(testing::Message() << "n " << c.n << " k " << c.k << " levels " << c.levels);
+    std::vector<float> s(c.batch * c.n);
+    std::uniform_int_distribution<int> lv(0, std::max(c.levels - 1, 0));
+    for (auto& x : s) x = c.levels ? static_cast<float>(lv(rng)) - c.levels / 2 : gauss();
+    // -0 and +0 are equal scores (the host compares with ==).
+    for (size_t i = 0; i < s.size(); i += 3)
+      if (s[i] == 0.0f) s[i] = -0.0f;
+    std::vector<int32_t> h(c.batch * c.k);
+    host->topk(s.data(), c.batch, c.n, c.k, h.data());
+    Dev<float> ds(s);
+    Dev<int32_t> d(h.size());
+    cuda->topk(ds.p(), c.batch, c.n, c.k, d.p());
+    EXPECT_TRUE(same_bits(h, d.get()));
+  }
+}
+
+TEST_F(OpsTest, Slices) {
+  const int64_t B = 2, k = 5;
+  for (Axis ax : {kRows, kCols}) {
+    SCOPED_TRACE(ax == kRows ? "rows" : "cols");
+    Mat m = Mat::padded(12, 17, B);
+    m.fill([&] { return gauss(); });
+    const int64_t N = ax == kRows ? m.rows : m.cols;
+    std::vector<int32_t> idx;
+    for (int64_t b = 0; b < B; ++b)
+      for (int64_t s = 0; s < k; ++s) idx.push_back(static_cast<int32_t>((s * 2 + b) % N));  // distinct, as topk's
+    Dev<int32_t> didx(idx);
+    Mat out = ax == kRows ? Mat::padded(k, m.cols, B) : Mat::padded(m.rows, k, B);
+    cuda->gather_slices(m.D(), ax, didx.p(), k, out.D());
+    host->gather_slices(m.H(), ax, idx.data(), k, out.H());
+    EXPECT_TRUE(same_bits(out.h, out.dev()));
+    cuda->scale_slices(m.D(), ax, didx.p(), k, -0.5f);
+    host->scale_slices(m.H(), ax, idx.data(), k, -0.5f);
+    EXPECT_TRUE(same_bits(m.h, m.dev()));
+    const GroupScalars gs{0.03, 0.0, 0.9, 0.99, 1, 0};
+    Dev<GroupScalars> dgs(std::vector<GroupScalars>{gs});
+    cuda->add_slices(m.D(), ax, didx.p(), k, out.D(), dgs.p(), -2.0f);
+    host->add_slices(m.H(), ax, idx.data(), k, out.H(), &gs, -2.0f);
+    EXPECT_TRUE(close(m.h, m.dev(), kUlps));
+    cuda->add_slices(m.D(), ax, didx.p(), k, out.D(), nullptr, 0.25f);
+    host->add_slices(m.H(), ax, idx.data(), k, out.H(), nullptr, 0.25f);
+    EXPECT_TRUE(close(m.h, m.dev(), kUlps));
+  }
+}
+
+}  // namespace
+}  // namespace dion_ops_test

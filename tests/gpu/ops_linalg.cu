@@ -1,0 +1,543 @@
+// SPDX-License-Identifier: MIT
+// CUDA backend against host backend: GEMM, QR, Cholesky, triangular solve,
+// the Gram-Schmidt fallback; CUDA-graph capture of a sequence of ops; and the
+// device-pointer checks.
+//
+// Tolerances. A GEMM entry is a length-k dot product evaluated in different
+// orders by cuBLAS and the host BLAS: each is within k * 2^-24 * S of the
+// exact value, S = sum |alpha a_ik b_kj| + |beta c_ij|, so fp32 results are
+// compared with an absolute bound of 2 k 2^-24 S_max (rounded up to 1e-5 S_max
+// for k <= 40). TF32 and BF16 round the inputs to 10 and 7 mantissa bits
+// (relative 2^-11, 2^-8 per input, twice per product): bounds 3e-3 S_max and
+// 2e-2 S_max. The factorizations are backward stable with errors ~ n 2^-24 in
+// the norms of their inputs; on the well-conditioned inputs used here
+// (condition numbers < 100), 1e-4 relative to the largest entry covers both
+// libraries' algorithms with margin, while any wrong index or transpose moves
+// entries by O(1).
+#include <cuda.h>
+
+#include "ops_util.h"
+
+namespace dion_ops_test {
+namespace {
+
+// Scale S_max of a GEMM (see the top).
+double gemm_scale(bool ta, bool tb, float alpha, Mat& a, Mat& b, float beta, const std::vector<float>& c0, Mat& c) {
+  const int64_t k = ta ? a.rows : a.cols;
+  double s = 0;
+  for (int64_t bt = 0; bt < c.batch; ++bt)
+    for (int64_t i = 0; i < c.rows; ++i)
+      for (int64_t j = 0; j < c.cols; ++j) {
+        double t = std::fabs(beta * c0[bt * c.stride + i * c.ld + j]);
+        for (int64_t l = 0; l < k; ++l) {
+          const float av = ta ? a.h[bt * a.stride + l * a.ld + i] : a.h[bt * a.stride + i * a.ld + l];
+          const float bv = tb ? b.h[bt * b.stride + j * b.ld + l] : b.h[bt * b.stride + l * b.ld + j];
+          t += std::fabs(static_cast<double>(alpha) * av * bv);
+        }
+        s = std::max(s, t);
+      }
+  return s;
+}
+
+TEST_F(OpsTest, GemmAllTransposesAndPrecisions) {
+  const int64_t m = 37, n = 29, k = 23, B = 3;
+  for (int t = 0; t < 4; ++t)
+    for (int bcast = 0; bcast < 3; ++bcast)  // 0: none, 1: A broadcast (stride 0), 2: B broadcast
+      for (dion_matmul_precision_t prec : {DION_MATMUL_FP32, DION_MATMUL_TF32, DION_MATMUL_BF16}) {
+        const bool ta = t & 1, tb = t & 2;
+        SCOPED_TRACE(testing::Message() << "ta " << ta << " tb " << tb << " broadcast " << bcast << " precision "
+                                        << prec);
+        Mat a = ta ? Mat::padded(k, m, B) : Mat::padded(m, k, B);
+        Mat b = tb ? Mat::padded(n, k, B, 1, 2) : Mat::padded(k, n, B, 1, 2);
+        if (bcast == 1) a.stride = 0;
+        if (bcast == 2) b.stride = 0;
+        a.fill([&] { return gauss(); });
+        b.fill([&] { return gauss(); });
+        Mat c = Mat::padded(m, n, B, 4, 3);
+        c.fill([&] { return gauss(); });
+        const std::vector<float> c0 = c.h;
+        const float alpha = 0.7f, beta = 0.3f;
+        const double S = gemm_scale(ta, tb, alpha, a, b, beta, c0, c);
+        cuda->gemm(ta, tb, alpha, a.D(), b.D(), beta, c.D(), prec);
+        host->gemm(ta, tb, alpha, a.H(), b.H(), beta, c.H(), DION_MATMUL_FP32);
+        const double tol = prec == DION_MATMUL_FP32 ? 1e-5 : prec == DION_MATMUL_TF32 ? 3e-3 : 2e-2;
+        EXPECT_TRUE(close(c.h, c.dev(), 0.0, tol * S));
+      }
+}
+
+TEST_F(OpsTest, GemmBetaZeroAndEmptyK) {
+  const int64_t m = 9, n = 11, B = 2;
+  // beta = 0 ignores C, NaN included.
+  Mat a = Mat::padded(m, 5, B), b = Mat::padded(5, n, B), c = Mat::padded(m, n, B);
+  a.fill([&] { return gauss(); });
+  b.fill([&] { return gauss(); });
+  c.fill([] { return NAN; });
+  cuda->gemm(false, false, 1.0f, a.D(), b.D(), 0.0f, c.D(), DION_MATMUL_FP32);
+  host->gemm(false, false, 1.0f, a.H(), b.H(), 0.0f, c.H(), DION_MATMUL_FP32);
+  EXPECT_TRUE(close(c.h, c.dev(), 1e-5, 1e-5));
+  // k = 0: C = beta * C; and with beta = 0, C = 0 even where C held NaN.
+  for (float beta : {0.5f, 0.0f}) {
+    Mat a0(m, 0, 1, m, B), b0(0, n, n, 0, B), c0 = Mat::padded(m, n, B);
+    c0.fill([&] { return gauss(); });
+    c0.at(1, 2, 3) = NAN;
+    c0.sync();
+    cuda->gemm(false, false, 1.0f, a0.D(), b0.D(), beta, c0.D(), DION_MATMUL_FP32);
+    host->gemm(false, false, 1.0f, a0.H(), b0.H(), beta, c0.H(), DION_MATMUL_FP32);
+    // (close(), not same_bits: the GPU returns the canonical NaN, x86 keeps the payload.)
+    EXPECT_TRUE(close(c0.h, c0.dev(), 0.0)) << "beta " << beta;
+  }
+}
+
+// Multiplies column j of the host result by the sign that best aligns it with
+// the device one (QR factors are unique up to those signs).
+std::vector<float> align_columns(const Mat& want, const std::vector<float>& got) {
+  std::vector<float> w = want.h;
+  for (int64_t b = 0; b < want.batch; ++b)
+    for (int64_t j = 0; j < want.cols; ++j) {
+      double dot = 0;
+      for (int64_t i = 0; i < want.rows; ++i) {
+        const size_t e = static_cast<size_t>(b * want.stride + i * want.ld + j);
+        dot += static_cast<double>(w[e]) * got[e];
+      }
+      if (dot < 0)
+        for (int64_t i = 0; i < want.rows; ++i) w[static_cast<size_t>(b * want.stride + i * want.ld + j)] *= -1.0f;
+    }
+  return w;
+}
+
+// max |Q^T Q - I| over the batch.
+double orthonormality_error(const std::vector<float>& q, const Mat& shape) {
+  double worst = 0;
+  for (int64_t b = 0; b < shape.batch; ++b)
+    for (int64_t x = 0; x < shape.cols; ++x)
+      for (int64_t y = 0; y < shape.cols; ++y) {
+        double s = 0;
+        for (int64_t i = 0; i < shape.rows; ++i)
+          s += static_cast<double>(q[b * shape.stride + i * shape.ld + x]) * q[b * shape.stride + i * shape.ld + y];
+        worst = std::max(worst, std::fabs(s - (x == y ? 1.0 : 0.0)));
+      }
+  return worst;
+}
+
+TEST_F(OpsTest, QrQAndR) {
+  struct Shape {
+    int64_t p, r, B;
+  } shapes[] = {{60, 20, 3}, {16, 16, 2}, {300, 40, 1}};
+  for (const Shape& s : shapes) {
+    SCOPED_TRACE(testing::Message() << s.p << " x " << s.r << " batch " << s.B);
+    Mat a = Mat::padded(s.p, s.r, s.B);
+    a.fill([&] { return gauss(); });
+    if (s.p == s.r) {  // a square Gaussian matrix can be badly conditioned: shift its diagonal
+      for (int64_t b = 0; b < s.B; ++b)
+        for (int64_t i = 0; i < s.r; ++i) a.at(b, i, i) += 3.0f * std::sqrt(static_cast<float>(s.r));
+      a.sync();
+    }
+    Mat a2 = Mat::padded(s.p, s.r, s.B);
+    a2.h = a.h;
+    a2.sync();
+    Mat r = Mat::padded(s.r, s.r, s.B, 2, 1);
+    r.fill([] { return 5.0f; });
+    cuda->qr_r(a2.D(), r.D());
+    host->qr_r(a2.H(), r.H());
+    // R is unique up to row signs: align rows by the diagonal.
+    std::vector<float> rd = r.dev(), rh = r.h;
+    for (int64_t b = 0; b < s.B; ++b)
+      for (int64_t i = 0; i < s.r; ++i)
+        if ((rd[b * r.stride + i * r.ld + i] < 0) != (rh[b * r.stride + i * r.ld + i] < 0))
+          for (int64_t j = 0; j < s.r; ++j) rh[b * r.stride + i * r.ld + j] *= -1.0f;
+    EXPECT_TRUE(close(rh, rd, 0.0, 1e-4 * max_abs(rh)));
+    for (int64_t b = 0; b < s.B; ++b)  // zeros below the diagonal
+      for (int64_t i = 1; i < s.r; ++i) EXPECT_EQ(rd[b * r.stride + i * r.ld + i - 1], 0.0f);
+
+    cuda->qr_q(a.D());
+    host->qr_q(a.H());
+    const std::vector<float> q = a.dev();
+    EXPECT_LT(orthonormality_error(q, a), 1e-5);
+    EXPECT_TRUE(close(align_columns(a, q), q, 0.0, 1e-4));
+  }
+}
+
+// SPD test matrices: X^T X / n + I, well conditioned.
+void fill_spd(Mat& m, std::mt19937& rng) {
+  std::normal_distribution<float> g(0.0f, 1.0f);
+  const int64_t n = m.rows;
+  std::vector<double> x(n * n);
+  for (int64_t b = 0; b < m.batch; ++b) {
+    for (auto& v : x) v = g(rng);
+    for (int64_t i = 0; i < n; ++i)
+      for (int64_t j = 0; j < n; ++j) {
+        double s = i == j ? 1.0 : 0.0;
+        for (int64_t l = 0; l < n; ++l) s += x[l * n + i] * x[l * n + j] / n;
+        m.at(b, i, j) = static_cast<float>(s);
+      }
+  }
+  m.sync();
+}
+
+TEST_F(OpsTest, CholeskyAndFailures) {
+  // n = 12, batch 5: the batched cuSOLVER path; n = 150 or batch 1: potrf per matrix.
+  struct Shape {
+    int64_t n, B;
+  } shapes[] = {{12, 5}, {150, 3}, {40, 1}};
+  for (const Shape& s : shapes) {
+    SCOPED_TRACE(testing::Message() << "n " << s.n << " batch " << s.B);
+    Mat a = Mat::padded(s.n, s.n, s.B);
+    fill_spd(a, rng);
+    if (s.B >= 3) {
+      a.at(1, 5, 5) = -1000.0f;  // indefinite
+      a.at(2, 0, 0) = NAN;       // non-finite
+      a.sync();
+    }
+    Dev<int32_t> dinfo(std::vector<int32_t>(s.B, -7));
+    std::vector<int32_t> hinfo(s.B, -7);
+    cuda->cholesky_upper(a.D(), dinfo.p());
+    host->cholesky_upper(a.H(), hinfo.data());
+    const std::vector<int32_t> di = dinfo.get();
+    const std::vector<float> u = a.dev();
+    for (int64_t b = 0; b < s.B; ++b) {
+      const bool bad = s.B >= 3 && (b == 1 || b == 2);
+      EXPECT_EQ(hinfo[b] != 0, bad) << "host, matrix " << b;
+      EXPECT_EQ(di[b] != 0, bad) << "cuda, matrix " << b << " info " << di[b];
+      for (int64_t i = 0; i < s.n; ++i)
+        for (int64_t j = 0; j < i; ++j) EXPECT_EQ(u[b * a.stride + i * a.ld + j], 0.0f);
+      if (bad) continue;
+      std::vector<float> hb(a.h.begin() + b * a.stride, a.h.begin() + b * a.stride + s.n * a.ld);
+      std::vector<float> db(u.begin() + b * a.stride, u.begin() + b * a.stride + s.n * a.ld);
+      EXPECT_TRUE(close(hb, db, 0.0, 1e-4 * max_abs(hb))) << "matrix " << b;
+    }
+    // Padding untouched.
+    EXPECT_EQ(u[a.ld - 1], kPad);
+  }
+}
+
+TEST_F(OpsTest, TrsmRightUpper) {
+  const int64_t n = 12, rows = 40, B = 3;
+  Mat u = Mat::padded(n, n, B);
+  fill_spd(u, rng);
+  std::vector<int32_t> info(B);
+  host->cholesky_upper(u.H(), info.data());
+  u.sync();
+  for (bool shared_u : {false, true}) {
+    SCOPED_TRACE(shared_u ? "one U for the batch" : "one U per matrix");
+    Mat uu = Mat::padded(n, n, B);
+    uu.h = u.h;
+    if (shared_u) uu.stride = 0;
+    uu.sync();
+    Mat b = Mat::padded(rows, n, B, 3, 2);
+    b.fill([&] { return gauss(); });
+    cuda->trsm_right_upper(uu.D(), b.D());
+    host->trsm_right_upper(uu.H(), b.H());
+    EXPECT_TRUE(close(b.h, b.dev(), 0.0, 1e-4 * max_abs(b.h)));
+  }
+  // Batch of one: the plain cublasStrsm path.
+  Mat b1 = Mat::padded(rows, n, 1);
+  b1.fill([&] { return gauss(); });
+  Mat u1 = Mat::padded(n, n, 1);
+  u1.h.assign(u.h.begin(), u.h.begin() + u1.h.size());
+  u1.sync();
+  cuda->trsm_right_upper(u1.D(), b1.D());
+  host->trsm_right_upper(u1.H(), b1.H());
+  EXPECT_TRUE(close(b1.h, b1.dev(), 0.0, 1e-4 * max_abs(b1.h)));
+}
+
+// max over columns of || P P^T p0_j - p0_j || / ||p0_j||: P's span holds P0's columns.
+double span_error(const std::vector<float>& p, const Mat& p0, int64_t b) {
+  double worst = 0;
+  for (int64_t j = 0; j < p0.cols; ++j) {
+    std::vector<double> c(p0.cols, 0.0);
+    double n0 = 0;
+    for (int64_t i = 0; i < p0.rows; ++i) n0 += std::pow(p0.h[b * p0.stride + i * p0.ld + j], 2);
+    if (n0 == 0) continue;
+    for (int64_t q = 0; q < p0.cols; ++q)
+      for (int64_t i = 0; i < p0.rows; ++i)
+        c[q] += static_cast<double>(p[b * p0.stride + i * p0.ld + q]) * p0.h[b * p0.stride + i * p0.ld + j];
+    double e = 0;
+    for (int64_t i = 0; i < p0.rows; ++i) {
+      double v = p0.h[b * p0.stride + i * p0.ld + j];
+      for (int64_t q = 0; q < p0.cols; ++q) v -= p[b * p0.stride + i * p0.ld + q] * c[q];
+      e += v * v;
+    }
+    worst = std::max(worst, std::sqrt(e / n0));
+  }
+  return worst;
+}
+
+TEST_F(OpsTest, OrthFallback) {
+  // r = 40 > 32: several column chunks of the kernel's projections.
+  const int64_t p = 100, r = 40, B = 4;
+  Mat p0 = Mat::padded(p, r, B);
+  p0.fill([&] { return gauss(); });
+  for (int64_t i = 0; i < p; ++i) {  // matrix 2: rank deficient
+    p0.at(2, i, 3) = 2.0f * p0.at(2, i, 1) + p0.at(2, i, 2);
+    p0.at(2, i, 5) = 0.0f;
+    p0.at(2, i, 7) = p0.at(2, i, 0);
+    p0.at(2, i, 39) = p0.at(2, i, 38);
+  }
+  for (int64_t i = 0; i < p; ++i)  // matrix 3: zero, with a NaN column
+    for (int64_t j = 0; j < r; ++j) p0.at(3, i, j) = j == 4 ? NAN : 0.0f;
+  p0.sync();
+  Mat P = Mat::padded(p, r, B);
+  P.fill([] { return 5.0f; });
+  const std::vector<int32_t> info = {0, 3, 1, 2};
+  Dev<int32_t> dinfo(info);
+  cuda->orth_fallback(P.D(), p0.D(), dinfo.p());
+  host->orth_fallback(P.H(), p0.H(), info.data());
+  const std::vector<float> d = P.dev();
+  for (int64_t i = 0; i < p; ++i)  // matrix 0 (info 0) untouched
+    for (int64_t j = 0; j < r; ++j) EXPECT_EQ(d[i * P.ld + j], 5.0f);
+  for (int64_t b = 1; b < B; ++b) {
+    Mat one = Mat::padded(p, r, 1);
+    one.stride = P.stride;
+    std::vector<float> slice(d.begin() + b * P.stride, d.begin() + b * P.stride + p * P.ld);
+    one.batch = 1;
+    EXPECT_LT(orthonormality_error(slice, one), 1e-5) << "matrix " << b;
+    if (b < 3) EXPECT_LT(span_error(d, p0, b), 1e-4) << "matrix " << b;
+  }
+  // The full-rank matrix has one orthonormal basis built column by column:
+  // Q of its QR with a positive diagonal, whatever the method (host: Householder).
+  std::vector<float> h1(P.h.begin() + P.stride, P.h.begin() + P.stride + p * P.ld);
+  std::vector<float> d1(d.begin() + P.stride, d.begin() + P.stride + p * P.ld);
+  Mat shape1 = Mat::padded(p, r, 1);
+  shape1.h = h1;
+  EXPECT_TRUE(close(align_columns(shape1, d1), d1, 0.0, 1e-4));
+  // In place (P aliasing P0).
+  Mat q = Mat::padded(p, r, 1);
+  q.h.assign(p0.h.begin() + p0.stride, p0.h.begin() + p0.stride + q.h.size());
+  q.sync();
+  Dev<int32_t> one_info(std::vector<int32_t>{1});
+  cuda->orth_fallback(q.D(), q.D(), one_info.p());
+  const std::vector<float> qd = q.dev();
+  EXPECT_TRUE(close(d1, std::vector<float>(qd.begin(), qd.begin() + d1.size()), 0.0, 1e-6));
+}
+
+// A Dion-sized fallback: checks the result and reports the time (the
+// fallback runs only for matrices whose Cholesky failed).
+TEST_F(OpsTest, OrthFallbackLarge) {
+  const int64_t p = 4096, r = 256, B = 2;
+  Mat p0(p, r, r, p * r, B);
+  p0.fill([&] { return gauss(); });
+  Mat P(p, r, r, p * r, B);
+  Dev<int32_t> info(std::vector<int32_t>{1, 1});
+  cuda->orth_fallback(P.D(), p0.D(), info.p());  // warm-up (scratch)
+  cudaEvent_t t0, t1;
+  cudaEventCreate(&t0);
+  cudaEventCreate(&t1);
+  cudaEventRecord(t0);
+  cuda->orth_fallback(P.D(), p0.D(), info.p());
+  cudaEventRecord(t1);
+  ASSERT_EQ(cudaEventSynchronize(t1), cudaSuccess);
+  float ms = 0;
+  cudaEventElapsedTime(&ms, t0, t1);
+  std::printf("orth_fallback %lld x %lld, batch %lld: %.2f ms\n", static_cast<long long>(p),
+              static_cast<long long>(r), static_cast<long long>(B), ms);
+  cudaEventDestroy(t0);
+  cudaEventDestroy(t1);
+  Mat one(p, r, r, p * r, 1);
+  EXPECT_LT(orthonormality_error(P.dev(), one), 1e-5);
+}
+
+// Reports the time of the batched cuBLAS/cuSOLVER paths against one call
+// per matrix (the backend's batch-of-one path), on Dion-like shapes. Nothing
+// is asserted but that both give the same numbers.
+TEST_F(OpsTest, BatchedVersusLoopTimings) {
+  auto time_ms = [](auto&& f) {
+    f();  // warm-up
+    cudaEvent_t t0, t1;
+    cudaEventCreate(&t0);
+    cudaEventCreate(&t1);
+    cudaEventRecord(t0);
+    f();
+    cudaEventRecord(t1);
+    cudaEventSynchronize(t1);
+    float ms = 0;
+    cudaEventElapsedTime(&ms, t0, t1);
+    cudaEventDestroy(t0);
+    cudaEventDestroy(t1);
+    return ms;
+  };
+  for (int64_t n : {32, 128, 256}) {
+    const int64_t rows = 8192, B = 24;
+    Mat u(n, n, n, n * n, B);
+    fill_spd(u, rng);
+    Dev<int32_t> info(static_cast<size_t>(B));
+    Mat uc(n, n, n, n * n, B);
+    const float chol_batched = time_ms([&] {
+      cudaMemcpy(uc.d.p(), u.d.p(), u.h.size() * 4, cudaMemcpyDeviceToDevice);
+      cuda->cholesky_upper(uc.D(), info.p());
+    });
+    const float chol_loop = time_ms([&] {
+      cudaMemcpy(uc.d.p(), u.d.p(), u.h.size() * 4, cudaMemcpyDeviceToDevice);
+      for (int64_t b = 0; b < B; ++b) cuda->cholesky_upper(MatBatch{uc.d.p() + b * n * n, n, n, n, 0, 1}, info.p() + b);
+    });
+    Mat x(rows, n, n, rows * n, B);
+    x.fill([&] { return gauss(); });
+    Mat y(rows, n, n, rows * n, B);
+    const float trsm_batched = time_ms([&] {
+      cudaMemcpy(y.d.p(), x.d.p(), x.h.size() * 4, cudaMemcpyDeviceToDevice);
+      cuda->trsm_right_upper(uc.D(), y.D());
+    });
+    const std::vector<float> yb = y.dev();
+    const float trsm_loop = time_ms([&] {
+      cudaMemcpy(y.d.p(), x.d.p(), x.h.size() * 4, cudaMemcpyDeviceToDevice);
+      for (int64_t b = 0; b < B; ++b)
+        cuda->trsm_right_upper(ConstMatBatch(uc.d.p() + b * n * n, n, n, n, 0, 1),
+                               MatBatch{y.d.p() + b * rows * n, rows, n, n, 0, 1});
+    });
+    EXPECT_TRUE(close(yb, y.dev(), 1e-5, 1e-5));
+    std::printf("n %4lld, batch %lld: cholesky batched %.3f ms, loop %.3f ms; trsm (%lld rows) batched %.3f ms, "
+                "loop %.3f ms\n",
+                static_cast<long long>(n), static_cast<long long>(B), chol_batched, chol_loop,
+                static_cast<long long>(rows), trsm_batched, trsm_loop);
+  }
+}
+
+// A sequence of ops, run eagerly and replayed from a captured CUDA graph, must
+// give the same bits (the ops are deterministic, allocate nothing and never
+// wait once warmed up).
+TEST_F(OpsTest, GraphCaptureMatchesEager) {
+  cudaStream_t s;
+  ASSERT_EQ(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking), cudaSuccess);
+  cuda->set_stream(s);
+  const int64_t p = 64, r = 16, B = 3;
+  Mat m = Mat::padded(p, 48, B), q = Mat::padded(48, r, B), P = Mat::padded(p, r, B), P0 = Mat::padded(p, r, B);
+  Mat G = Mat::padded(r, r, B), Q2 = Mat::padded(p, r, B), U8 = Mat::padded(8, 48, B);
+  m.fill([&] { return gauss(); });
+  U8.fill([&] { return gauss(); });
+  q.fill([&] { return gauss(); });
+  const std::vector<float> m_init = m.h;
+  Dev<int32_t> info(B);
+  Dev<float> scores(static_cast<size_t>(B * p));
+  Dev<int32_t> idx(static_cast<size_t>(B * 8));
+  const GroupScalars gs{0.01, 0.1, 0.9, 0.99, 1, 0};
+  Dev<GroupScalars> dgs(std::vector<GroupScalars>{gs});
+  const PhiloxKey key{7, kRngSketch, 0, 0};
+  Dev<int64_t> step(std::vector<int64_t>{3});
+  auto run = [&] {
+    cuda->randn(Q2.d.p(), B, p, r, 0, 0, r, key, nullptr, step.p(), 1.0f);  // into a scratch matrix
+    cuda->gemm(false, false, 1.0f, m.D(), q.D(), 0.0f, P.D(), DION_MATMUL_FP32);
+    cuda->copy(P0.d.p(), P.d.p(), P.h.size() * sizeof(float));
+    cuda->gemm(true, false, 1.0f, P.D(), P.D(), 0.0f, G.D(), DION_MATMUL_FP32);
+    cuda->cholesky_upper(G.D(), info.p());
+    cuda->trsm_right_upper(G.D(), P.D());
+    cuda->orth_fallback(P.D(), P0.D(), info.p());
+    cuda->qr_q(P0.D());
+    cuda->frob_normalize(m.D(), 1.0f, 1e-7f);
+    cuda->col_normalize(q.D(), 1e-7f);
+    cuda->slice_l1(m.D(), kRows, scores.p());
+    cuda->topk(scores.p(), B, p, 8, idx.p());
+    cuda->add_slices(m.D(), kRows, idx.p(), 8, U8.D(), dgs.p(), -1.0f);
+    cuda->apply_update(m.d.p(), m.d.p(), static_cast<int64_t>(m.h.size()), dgs.p(), 1.0f, true);
+  };
+  auto reset = [&] {
+    m.d.put(m_init);
+    q.sync();
+  };
+  run();  // warm-up: scratch grows here
+  ASSERT_EQ(cudaStreamSynchronize(s), cudaSuccess);
+  reset();
+  run();
+  ASSERT_EQ(cudaStreamSynchronize(s), cudaSuccess);
+  const std::vector<float> eager_m = m.dev(), eager_P = P.dev(), eager_P0 = P0.dev(), eager_Q2 = Q2.dev();
+  const std::vector<int32_t> eager_idx = idx.get();
+  reset();
+  cudaGraph_t graph = nullptr;
+  ASSERT_EQ(cudaStreamBeginCapture(s, cudaStreamCaptureModeGlobal), cudaSuccess);
+  try {
+    run();
+  } catch (const Error& e) {
+    cudaStreamEndCapture(s, &graph);
+    FAIL() << "capture failed: " << e.what();
+  }
+  ASSERT_EQ(cudaStreamEndCapture(s, &graph), cudaSuccess);
+  cudaGraphExec_t exec = nullptr;
+  ASSERT_EQ(cudaGraphInstantiate(&exec, graph, 0), cudaSuccess);
+  ASSERT_EQ(cudaGraphLaunch(exec, s), cudaSuccess);
+  ASSERT_EQ(cudaStreamSynchronize(s), cudaSuccess);
+  EXPECT_TRUE(same_bits(eager_m, m.dev()));
+  EXPECT_TRUE(same_bits(eager_P, P.dev()));
+  EXPECT_TRUE(same_bits(eager_P0, P0.dev()));
+  EXPECT_TRUE(same_bits(eager_Q2, Q2.dev()));
+  EXPECT_TRUE(same_bits(eager_idx, idx.get()));
+  // The step is read on the device: a replay at another step draws other numbers.
+  step.put({4});
+  ASSERT_EQ(cudaGraphLaunch(exec, s), cudaSuccess);
+  ASSERT_EQ(cudaStreamSynchronize(s), cudaSuccess);
+  EXPECT_NE(Q2.dev()[0], eager_Q2[0]);
+  // Growing scratch during a capture is refused with a clear error.
+  Mat big = Mat::padded(2048, 2048, 8, 0, 0);
+  ASSERT_EQ(cudaStreamBeginCapture(s, cudaStreamCaptureModeGlobal), cudaSuccess);
+  try {
+    cuda->frob_normalize(big.D(), 1.0f, 1e-7f);
+    ADD_FAILURE() << "scratch grew during a capture";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.status(), DION_ERROR_INVALID_USAGE);
+    EXPECT_NE(std::string(e.what()).find("captured"), std::string::npos) << e.what();
+  }
+  cudaGraph_t g2 = nullptr;
+  cudaStreamEndCapture(s, &g2);
+  if (g2) cudaGraphDestroy(g2);
+  (void)cudaGetLastError();
+  cudaGraphExecDestroy(exec);
+  cudaGraphDestroy(graph);
+  cuda->set_stream(nullptr);
+  cudaStreamDestroy(s);
+}
+
+void expect_rejected(const void* p, size_t bytes, size_t align, const std::string& fragment) {
+  try {
+    cuda_check_pointer(p, 0, bytes, align, "dion_add_group: tensor 'w' (tensors[0]): param");
+    ADD_FAILURE() << "accepted; expected: " << fragment;
+  } catch (const Error& e) {
+    EXPECT_EQ(e.status(), DION_ERROR_INVALID_ARGUMENT);
+    const std::string msg = e.what();
+    EXPECT_EQ(msg.rfind("dion_add_group: tensor 'w' (tensors[0]): param", 0), 0u) << msg;
+    EXPECT_NE(msg.find(fragment), std::string::npos) << msg;
+  }
+}
+
+TEST_F(OpsTest, CheckPointer) {
+  std::vector<float> host_mem(256);
+  expect_rejected(host_mem.data(), 1024, 4, "is host memory, expected device memory of CUDA device 0");
+  void* pinned = nullptr;
+  ASSERT_EQ(cudaMallocHost(&pinned, 1024), cudaSuccess);
+  expect_rejected(pinned, 1024, 4, "is host memory, expected device memory of CUDA device 0");
+  cudaFreeHost(pinned);
+  expect_rejected(nullptr, 4, 4, "NULL");
+
+  Dev<float> d(256);  // 1024 bytes
+  EXPECT_NO_THROW(cuda_check_pointer(d.p(), 0, 1024, 16, "x"));
+  EXPECT_NO_THROW(cuda_check_pointer(d.p() + 128, 0, 512, 4, "x"));
+  expect_rejected(reinterpret_cast<const char*>(d.p()) + 2, 4, 4, "not aligned to 4 bytes");
+  expect_rejected(d.p(), 1028, 4, "1028 bytes needed");
+  expect_rejected(d.p() + 128, 516, 4, "only 512 bytes");
+
+  void* managed = nullptr;
+  ASSERT_EQ(cudaMallocManaged(&managed, 1024), cudaSuccess);
+  EXPECT_NO_THROW(cuda_check_pointer(managed, 0, 1024, 4, "x"));
+  cudaFree(managed);
+
+  int count = 0;
+  cudaGetDeviceCount(&count);
+  if (count > 1) {
+    ASSERT_EQ(cudaSetDevice(1), cudaSuccess);
+    Dev<float> other(16);
+    ASSERT_EQ(cudaSetDevice(0), cudaSuccess);
+    expect_rejected(other.p(), 64, 4, "is on CUDA device 1, expected 0");
+  }
+}
+
+TEST_F(OpsTest, BadDeviceIsRejected) {
+  int count = 0;
+  cudaGetDeviceCount(&count);
+  for (int dev : {-1, count}) {
+    try {
+      delete make_cuda_backend(dev);
+      ADD_FAILURE() << "device " << dev << " accepted";
+    } catch (const Error& e) {
+      EXPECT_EQ(e.status(), DION_ERROR_INVALID_ARGUMENT) << e.what();
+    }
+  }
+}
+
+}  // namespace
+}  // namespace dion_ops_test
