@@ -1,21 +1,49 @@
 #!/usr/bin/env bash
-# On the GPU machine: build for Hopper (sm_90), run the GPU suites and the unit
-# suites, and write every log under the folder given as $1 (default: gpu-logs).
+# On the GPU machine, in one command: build for Hopper (sm_90), run the GPU
+# suites (ctest -L gpu), the unit suites, and the benchmarks, writing every
+# log under the folder given as $1 (default: gpu-logs).
+#
+#   tools/gpu_check.sh OUTDIR [all|build|test|bench]
+#
+# Environment: BUILD_DIR (default build-gpu), BENCH_ARGS (extra dion-bench
+# arguments for a partial benchmark run, e.g. "--workload gpt-160m").
 set -uo pipefail
 cd "$(dirname "$0")/.."
 out=${1:-gpu-logs}
+what=${2:-all}
 mkdir -p "$out"
 build=${BUILD_DIR:-build-gpu}
 {
   nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
   nvcc --version | tail -1
+  date -u
 } 2>&1 | tee "$out/device.txt"
+t0=$(date +%s)
 cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DDION_WITH_CUDA=ON \
   -DCMAKE_CUDA_ARCHITECTURES=90 > "$out/configure.log" 2>&1 || { tail -30 "$out/configure.log"; exit 1; }
-cmake --build "$build" -j "$(nproc)" > "$out/build.log" 2>&1 || { tail -40 "$out/build.log"; exit 1; }
+cmake --build "$build" -j "$(nproc)" > "$out/build.log" 2>&1 || { grep -E "error" "$out/build.log" | head -40; tail -20 "$out/build.log"; exit 1; }
+echo "build: $(( $(date +%s) - t0 )) s"
+[ "$what" = build ] && exit 0
 rc=0
-ctest --test-dir "$build" -L gpu --output-on-failure -V > "$out/ctest-gpu.log" 2>&1 || rc=1
-grep -E "tests passed|tests failed|differ" "$out/ctest-gpu.log"
-ctest --test-dir "$build" -L unit -j "$(nproc)" > "$out/ctest-unit.log" 2>&1 || rc=1
-grep -E "tests passed|tests failed" "$out/ctest-unit.log"
+if [ "$what" = all ] || [ "$what" = test ]; then
+  t0=$(date +%s)
+  ctest --test-dir "$build" -L gpu --output-on-failure --timeout 300 > "$out/ctest-gpu.log" 2>&1 || rc=1
+  grep -E "tests passed|tests failed|\(Failed\)|\(Timeout\)|Exception" "$out/ctest-gpu.log" | head -60
+  echo "gpu suites: $(( $(date +%s) - t0 )) s"
+  t0=$(date +%s)
+  ctest --test-dir "$build" -L unit -j "$(nproc)" > "$out/ctest-unit.log" 2>&1 || rc=1
+  grep -E "tests passed|tests failed" "$out/ctest-unit.log"
+  echo "unit suites: $(( $(date +%s) - t0 )) s"
+fi
+if [ "$what" = all ] || [ "$what" = bench ]; then
+  t0=$(date +%s)
+  if [ -f bench/run_all.sh ] && [ -z "${BENCH_ARGS:-}" ]; then
+    DION_BENCH="$build/dion-bench" bash bench/run_all.sh "$out" > "$out/bench-run.log" 2>&1 || rc=1
+  else
+    # shellcheck disable=SC2086
+    "$build/dion-bench" ${BENCH_ARGS:-} > "$out/bench.jsonl" 2> "$out/bench-run.log" || rc=1
+  fi
+  cat "$out/bench.jsonl" 2>/dev/null | head -80
+  echo "bench: $(( $(date +%s) - t0 )) s"
+fi
 exit $rc
