@@ -8,7 +8,9 @@
 # it exists there, else relative to the repository root. PYTHON overrides the
 # interpreter (default: /usr/bin/python3, which has Debian's python3-numpy and
 # python3-pytest). Exits non-zero when the library is missing, a test fails,
-# or no test ran.
+# or no test ran. The libdion.torch tests (tests/test_torch_*.py) need
+# PyTorch (Debian's python3-torch); without it they are skipped, with a
+# message here and in pytest's summary. Those needing a GPU skip themselves.
 set -euo pipefail
 
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
@@ -35,6 +37,13 @@ if [[ ! -x "$python" ]]; then python="$(command -v python3)"; fi
 if ! "$python" -c 'import numpy, pytest' 2>/dev/null; then
   echo "ci.sh: $python lacks numpy or pytest (apt-get install python3-numpy python3-pytest)" >&2
   exit 2
+fi
+
+if torch_version="$("$python" -c 'import torch; print(torch.__version__)' 2>/dev/null)"; then
+  echo "ci.sh: torch $torch_version: running the libdion.torch tests too"
+else
+  echo "ci.sh: torch is not importable by $python (apt-get install python3-torch): the libdion.torch tests" \
+       "(tests/test_torch_*.py) will be SKIPPED"
 fi
 
 export LIBDION_PATH="$lib"

@@ -612,6 +612,22 @@ class Optimizer:
             return self.find_state(*index)
         return int(index)
 
+    def read_state_into(self, index, address: int, nbytes: int, stream=None) -> None:
+        """Copies state `index` (or a (tensor, name) pair) to raw memory of `nbytes` >= its local_bytes.
+
+        On the CUDA backend `address` may be host or device memory and the
+        copy is enqueued on `stream`; frameworks pass their own tensors here.
+        """
+        self._call("read_state_into", self._lib.dion_state_read, self._state_index(index),
+                   _address(address, "address", "read_state_into", arrays=False) or None, int(nbytes),
+                   _address(stream, "stream", "read_state_into", arrays=False))
+
+    def write_state_from(self, index, address: int, nbytes: int, stream=None) -> None:
+        """Copies raw memory of `nbytes` bytes into state `index` (or a (tensor, name) pair); see read_state_into."""
+        self._call("write_state_from", self._lib.dion_state_write, self._state_index(index),
+                   _address(address, "address", "write_state_from", arrays=False) or None, int(nbytes),
+                   _address(stream, "stream", "write_state_from", arrays=False))
+
     def read_state(self, index, stream=None):
         """Copies state `index` (or a (tensor, name) pair) into a new numpy array of its local shape.
 

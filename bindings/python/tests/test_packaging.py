@@ -37,11 +37,12 @@ def test_stdlib_wheel_has_the_package_and_a_valid_record(backend, tmp_path):
     assert name == "libdion-%s-py3-none-any.whl" % L.version_string(L.DION_VERSION_CODE)
     with zipfile.ZipFile(tmp_path / name) as z:
         names = set(z.namelist())
-        for mod in ("__init__", "__main__", "_lib", "core"):
+        for mod in ("__init__", "__main__", "_lib", "core", "torch"):
             assert "libdion/%s.py" % mod in names
         di = "libdion-%s.dist-info/" % L.version_string(L.DION_VERSION_CODE)
         meta = z.read(di + "METADATA").decode()
         assert "Name: libdion" in meta and "Requires-Dist: numpy; extra == \"numpy\"" in meta
+        assert "Requires-Dist: torch; extra == \"torch\"" in meta
         for line in z.read(di + "RECORD").decode().splitlines():
             arc, digest, size = line.split(",")
             if digest:

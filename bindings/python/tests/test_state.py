@@ -143,3 +143,21 @@ def test_bf16_helpers_round_to_nearest_even():
     np.testing.assert_array_equal(back[:4], [1.0, 1.0, 1.015625, -2.5])  # ties to even
     assert np.isinf(back[4]) and back[5] > 2.9e38
     assert np.isnan(bf16_to_float32(float32_to_bf16(np.array([np.nan], np.float32))))[0]
+
+
+def test_raw_address_state_copies(rng):
+    """read_state_into / write_state_from: the raw-memory forms frameworks use (libdion.torch)."""
+    x = f32(rng, 6, 4)
+    g = f32(rng, 6, 4)
+    with Optimizer() as opt:
+        opt.add_group("adamw", [(x, g, "x")])
+        opt.step()
+        i = opt.find_state(0, "variance")
+        buf = np.empty((6, 4), np.float32)
+        opt.read_state_into(i, buf.ctypes.data, buf.nbytes)
+        np.testing.assert_array_equal(buf, opt.read_state(i))
+        new = f32(rng, 6, 4) ** 2
+        opt.write_state_from((0, "variance"), new.ctypes.data, new.nbytes)
+        np.testing.assert_array_equal(opt.read_state(i), new)
+        with pytest.raises(ValueError):
+            opt.read_state_into(i, buf.ctypes.data, 8)  # fewer bytes than the state holds
