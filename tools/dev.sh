@@ -10,7 +10,8 @@ cd "$(dirname "$0")/.."
 BUILD_DIR=${BUILD_DIR:-build}
 
 PACKAGES=(cmake ninja-build g++ gcc gfortran pkg-config libgtest-dev libopenblas-dev liblapack-dev
-          libopenmpi-dev openmpi-bin python3 python3-numpy python3-pytest python3-torch cbindgen)
+          libopenmpi-dev openmpi-bin python3 python3-numpy python3-pytest python3-torch cbindgen
+          clang llvm libclang-rt-dev)
 
 deps() {
   local missing=()
@@ -45,6 +46,12 @@ run_tests() {
       bash "bindings/$lang/ci.sh" "$BUILD_DIR" || failed+=("bindings/$lang")
     fi
   done
+  echo "== sanitizers: unit + MPI suites under ASan/UBSan/LSan (tools/sanitize.sh asan)"
+  bash tools/sanitize.sh asan || failed+=("asan")
+  echo "== threads under TSan (tools/sanitize.sh tsan)"
+  bash tools/sanitize.sh tsan || failed+=("tsan")
+  echo "== fuzzing the C API for 120 s (tools/sanitize.sh fuzz 120)"
+  bash tools/sanitize.sh fuzz 120 || failed+=("fuzz")
   if ((${#failed[@]})); then
     echo "FAILED: ${failed[*]}"
     return 1

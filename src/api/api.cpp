@@ -372,7 +372,11 @@ DION_API dion_status_t dion_group_get_step(dion_optimizer_t h, int32_t group, in
 DION_API dion_status_t dion_group_set_step(dion_optimizer_t h, int32_t group, int64_t step) {
   return handle_call(h, "dion_group_set_step", [&](Optimizer& o) {
     Group& g = group_at(o, group, "dion_group_set_step");
-    if (step < 0) fail(DION_ERROR_INVALID_ARGUMENT, "dion_group_set_step: step = %lld is negative", static_cast<long long>(step));
+    // 2^53: the counter must be able to advance without overflow and stays
+    // exact in the double arithmetic of the bias corrections.
+    if (step < 0 || step > (int64_t(1) << 53))
+      fail(DION_ERROR_INVALID_ARGUMENT, "dion_group_set_step: step = %lld is out of range [0, 2^53]",
+           static_cast<long long>(step));
     o.write_step(g, step);
   });
 }

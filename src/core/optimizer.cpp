@@ -357,7 +357,10 @@ void Optimizer::add_group(const dion_group_options_t& go, const dion_tensor_t* d
   // The array stride is the caller's sizeof(dion_tensor_t), read from the first element.
   size_t stride = count ? descs[0].struct_size : 0;
   if (count) {
-    DION_REQUIRE(stride >= offsetof(dion_tensor_t, inner_extent) + sizeof(int64_t) && stride <= 4096,
+    // An array's stride is a multiple of the struct's alignment; anything
+    // else is a corrupt struct_size (and would make the reads misaligned).
+    DION_REQUIRE(stride >= offsetof(dion_tensor_t, inner_extent) + sizeof(int64_t) && stride <= 4096 &&
+                     stride % alignof(dion_tensor_t) == 0,
                  DION_ERROR_INVALID_ARGUMENT,
                  "dion_add_group: tensors[0].struct_size = %zu is not a valid dion_tensor_t size (expected %zu)",
                  stride, sizeof(dion_tensor_t));
