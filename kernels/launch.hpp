@@ -73,6 +73,13 @@ void transpose(const Ctx& c, const float* in, int64_t rows, int64_t cols, int64_
 // r_out[b] (r x r, row-major) <- the upper triangle of the column-major p x r
 // geqrf result at cm + b * p * r, zeros below the diagonal.
 void extract_r(const Ctx& c, const float* cm, int64_t p, MatBatch r_out);
+// m[b] <- the identity.
+void fill_identity(const Ctx& c, MatBatch m);
+// out[b] (rows x cols, row-major, dense) <- m[b] in double.
+void to_double(const Ctx& c, ConstMatBatch m, double* out);
+// r_out[b] (n x n row-major) <- the upper triangle of l[b] (n x n, dense,
+// read row-major: the lower factor of a column-major potrf), zeros below.
+void extract_r_double(const Ctx& c, const double* l, MatBatch r_out);
 // After potrf on row-major a (as column-major lower): zero the strictly lower
 // row-major part, and turn info[b] into a failure index when a diagonal entry
 // is non-finite or not positive.

@@ -47,6 +47,28 @@ struct ExtractR {
   }
 };
 
+struct Identity {
+  MatBatch m;
+  __device__ void operator()(int64_t b, int64_t i, int64_t j) const { mat_at(m, b)[i * m.ld + j] = i == j ? 1.0f : 0.0f; }
+};
+
+struct ToDouble {
+  ConstMatBatch m;
+  double* out;
+  __device__ void operator()(int64_t b, int64_t i, int64_t j) const {
+    out[(b * m.rows + i) * m.cols + j] = static_cast<double>(mat_at(m, b)[i * m.ld + j]);
+  }
+};
+
+struct ExtractRDouble {
+  const double* l;
+  MatBatch r;
+  __device__ void operator()(int64_t b, int64_t i, int64_t j) const {
+    const int64_t n = r.cols;
+    mat_at(r, b)[i * r.ld + j] = j >= i ? static_cast<float>(l[b * n * n + i * n + j]) : 0.0f;
+  }
+};
+
 __global__ void cholesky_fixup_kernel(MatBatch a, int32_t* info) {
   __shared__ int first_bad;
   const int64_t n = a.rows;
@@ -191,6 +213,18 @@ void transpose(const Ctx& c, const float* in, int64_t rows, int64_t cols, int64_
   transpose_kernel<<<grid, dim3(32, kTileY), 0, c.stream>>>(in, rows, cols, ld_in, stride_in, out, ld_out, stride_out,
                                                             batch);
   cuda::check_launch("transpose kernel");
+}
+
+void fill_identity(const Ctx& c, MatBatch m) {
+  for_each_2d(c, m.batch, m.rows, m.cols, Identity{m}, "identity kernel");
+}
+
+void to_double(const Ctx& c, ConstMatBatch m, double* out) {
+  for_each_2d(c, m.batch, m.rows, m.cols, ToDouble{m, out}, "to_double kernel");
+}
+
+void extract_r_double(const Ctx& c, const double* l, MatBatch r_out) {
+  for_each_2d(c, r_out.batch, r_out.rows, r_out.cols, ExtractRDouble{l, r_out}, "qr_r (fp64) extract kernel");
 }
 
 void extract_r(const Ctx& c, const float* cm, int64_t p, MatBatch r_out) {

@@ -29,7 +29,45 @@ __global__ void adamw_kernel(const TensorEntry* list, int64_t count, const Group
     void *px = te.ptr[kParam], *pm = te.ptr[kState0], *pv = te.ptr[kState1];
     const void* pg = te.ptr[kGrad];
     const int64_t n = te.n;
-    for (int64_t i = global_thread(); i < n; i += grid_threads()) {
+    int64_t i0 = 0;
+    // All-fp32 tensors with 16-byte aligned buffers: four elements per
+    // thread with vector loads (the kernel is bound by memory bandwidth).
+    // The arithmetic is the scalar path's, element by element.
+    if (dx == DION_DTYPE_FP32 && dg == DION_DTYPE_FP32 && dm == DION_DTYPE_FP32 && dv == DION_DTYPE_FP32 &&
+        ((reinterpret_cast<uintptr_t>(px) | reinterpret_cast<uintptr_t>(pg) | reinterpret_cast<uintptr_t>(pm) |
+          reinterpret_cast<uintptr_t>(pv)) & 15) == 0) {
+      const int64_t n4 = n / 4;
+      float4* x4 = static_cast<float4*>(px);
+      float4* m4 = static_cast<float4*>(pm);
+      float4* v4 = static_cast<float4*>(pv);
+      const float4* g4 = static_cast<const float4*>(pg);
+      for (int64_t j = global_thread(); j < n4; j += grid_threads()) {
+        float4 g = g4[j], m = m4[j], v = v4[j], x = x4[j];
+        float* gp = &g.x;
+        float* mp = &m.x;
+        float* vp = &v.x;
+        float* xp = &x.x;
+#pragma unroll
+        for (int k = 0; k < 4; ++k) {
+          const float mi = mp[k] + (1.0f - b1) * (gp[k] - mp[k]);
+          const float vi = b2 * vp[k] + (1.0f - b2) * gp[k] * gp[k];
+          const float xo = xp[k];
+          float xi;
+          if (cautious)
+            xi = (mi * xo >= 0.0f) ? xo - lwd * xo : xo;
+          else
+            xi = xo * (1.0f - lwd);
+          mp[k] = mi;
+          vp[k] = vi;
+          xp[k] = xi - step * mi / (sqrtf(vi) / sbc2 + eps);
+        }
+        m4[j] = m;
+        v4[j] = v;
+        x4[j] = x;
+      }
+      i0 = n4 * 4;
+    }
+    for (int64_t i = i0 + global_thread(); i < n; i += grid_threads()) {
       const float g = load_elem(pg, dg, i);
       const float m0 = load_elem(pm, dm, i), v0 = load_elem(pv, dv, i);
       const float xo = load_elem(px, dx, i);

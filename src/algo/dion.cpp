@@ -91,7 +91,7 @@ size_t workspace_floats(const Group& g, const Tensor& t, int64_t count) {
 
 // P (a x r per matrix, a >= r) <- an orthonormal basis of its columns (spec §1.3).
 // A failed Cholesky never lets garbage through: the matrices whose factor
-// failed are re-orthonormalised from a copy taken before the solve
+// failed are re-orthonormalised from a copy of P taken first
 // (orth_fallback: Householder QR on the host, Gram-Schmidt twice on the GPU),
 // decided per matrix on the device, so no step waits for the host.
 void orth(Optimizer& opt, const Group& g, const Batch& bt, const Shape& s, MatBatch P, int iter) {
@@ -108,7 +108,10 @@ void orth(Optimizer& opt, const Group& g, const Batch& bt, const Shape& s, MatBa
     be.qr_q(P);
     return;
   }
+  // The fallback starts again from P itself: after RCQR's first solve a
+  // rank-deficient P may already have turned into Inf/NaN.
   MatBatch P0{opt.ws.take(T * s.a * s.r), s.a, s.r, s.r, s.a * s.r, T};
+  be.copy(P0.p, P.p, sizeof(float) * static_cast<size_t>(T * s.a * s.r));
   MatBatch G{opt.ws.take(T * s.r * s.r), s.r, s.r, s.r, s.r * s.r, T};
   int32_t* info = reinterpret_cast<int32_t*>(opt.ws.take(T));
   if (method == DION_QR_RCQR) {
@@ -126,7 +129,6 @@ void orth(Optimizer& opt, const Group& g, const Batch& bt, const Shape& s, MatBa
     be.trsm_right_upper(R1, P);
   }
   // (R)CQR's Cholesky step on P (or P1).
-  be.copy(P0.p, P.p, sizeof(float) * static_cast<size_t>(T * s.a * s.r));
   be.gemm(true, false, 1.0f, P, P, 0.0f, G, DION_MATMUL_FP32);
   be.cholesky_upper(G, info);
   be.trsm_right_upper(G, P);

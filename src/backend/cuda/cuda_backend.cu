@@ -14,6 +14,11 @@
 
 #include <algorithm>
 #include <climits>
+#include <vector>
+#include <string>
+#include <cstring>
+#include <cstdlib>
+#include <cstdio>
 #include <map>
 #include <tuple>
 
@@ -31,9 +36,16 @@ using cuda::check;
 // cuBLAS wants a user workspace for graph capture; 32 MiB is its documented
 // recommendation for Hopper.
 constexpr size_t kCublasWorkspaceBytes = size_t(32) << 20;
-// Largest n for which the Cholesky of a batch goes through potrfBatched (built
-// for many small matrices); larger ones are factored one by one with potrf.
-constexpr int64_t kPotrfBatchedMaxN = 128;
+// Largest n for which the Cholesky of a batch goes through potrfBatched;
+// larger ones are factored one by one with potrf. Measured on an H100
+// (bench/profile.sh, docs/benchmarks.md): at n = 512 and 768 the batched call
+// is already faster than a loop of potrf.
+constexpr int64_t kPotrfBatchedMaxN = 4096;
+
+int64_t env_int(const char* name, int64_t dflt) {
+  const char* e = std::getenv(name);
+  return e && *e ? std::strtoll(e, nullptr, 10) : dflt;
+}
 
 int to_int(int64_t v, const char* what) {
   DION_REQUIRE(v >= 0 && v <= INT_MAX, DION_ERROR_NOT_SUPPORTED,
@@ -64,6 +76,93 @@ class DeviceScope {
   int prev_ = -1;
 };
 
+// DION_PROFILE=1: every backend call is bracketed by CUDA events on its
+// stream; at each end of step the events are waited for (a host sync: for
+// profiling only) and the time is added to the call's name. The totals,
+// per step, go to stderr when the optimizer is destroyed.
+class Profiler {
+ public:
+  Profiler() {
+    const char* e = std::getenv("DION_PROFILE");
+    on_ = e && *e && std::strcmp(e, "0") != 0;
+  }
+  bool on() const { return on_; }
+  void begin(const char* name, cudaStream_t s) {
+    cudaEvent_t a = get(), b = get();
+    (void)cudaEventRecord(a, s);
+    open_.push_back({name, a, b, s});
+  }
+  void end() {
+    Open o = open_.back();
+    open_.pop_back();
+    (void)cudaEventRecord(o.b, o.s);
+    done_.push_back(o);
+  }
+  void step_done() {
+    ++steps_;
+    for (Open& o : done_) {
+      float ms = 0;
+      if (cudaEventSynchronize(o.b) == cudaSuccess && cudaEventElapsedTime(&ms, o.a, o.b) == cudaSuccess) {
+        auto& t = totals_[o.name];
+        t.first += ms;
+        t.second += 1;
+      }
+      pool_.push_back(o.a);
+      pool_.push_back(o.b);
+    }
+    done_.clear();
+  }
+  void report() {
+    if (!on_ || steps_ == 0) return;
+    std::vector<std::pair<std::string, std::pair<double, long>>> v(totals_.begin(), totals_.end());
+    std::sort(v.begin(), v.end(), [](const auto& x, const auto& y) { return x.second.first > y.second.first; });
+    double all = 0;
+    for (auto& x : v) all += x.second.first;
+    std::fprintf(stderr, "[dion profile] %ld steps, %.3f ms of backend calls per step\n", steps_, all / steps_);
+    for (auto& x : v)
+      std::fprintf(stderr, "[dion profile] %-18s %9.3f ms/step %6.1f%% %7.1f calls/step\n", x.first.c_str(),
+                   x.second.first / steps_, 100.0 * x.second.first / all, static_cast<double>(x.second.second) / steps_);
+  }
+  ~Profiler() {
+    for (cudaEvent_t e : pool_) (void)cudaEventDestroy(e);
+  }
+
+ private:
+  struct Open {
+    const char* name;
+    cudaEvent_t a, b;
+    cudaStream_t s;
+  };
+  cudaEvent_t get() {
+    if (!pool_.empty()) {
+      cudaEvent_t e = pool_.back();
+      pool_.pop_back();
+      return e;
+    }
+    cudaEvent_t e = nullptr;
+    (void)cudaEventCreate(&e);
+    return e;
+  }
+  bool on_ = false;
+  long steps_ = 0;
+  std::vector<Open> open_, done_;
+  std::vector<cudaEvent_t> pool_;
+  std::map<std::string, std::pair<double, long>> totals_;
+};
+
+class ProfScope {
+ public:
+  ProfScope(Profiler& p, const char* name, cudaStream_t s) : p_(p.on() ? &p : nullptr) {
+    if (p_) p_->begin(name, s);
+  }
+  ~ProfScope() {
+    if (p_) p_->end();
+  }
+
+ private:
+  Profiler* p_;
+};
+
 class CudaBackend final : public Backend {
  public:
   explicit CudaBackend(int device) : device_(device) {
@@ -89,7 +188,10 @@ class CudaBackend final : public Backend {
       throw;
     }
   }
-  ~CudaBackend() override { destroy(); }
+  ~CudaBackend() override {
+    prof_.report();
+    destroy();
+  }
 
   bool host_memory() const override { return false; }
 
@@ -112,11 +214,13 @@ class CudaBackend final : public Backend {
   void zero(void* p, size_t bytes) override {
     if (!bytes) return;
     DeviceScope ds(device_);
+    ProfScope ps(prof_, "zero", stream_);
     check(cudaMemsetAsync(p, 0, bytes, stream_), "cudaMemsetAsync (zero)");
   }
   void copy(void* dst, const void* src, size_t bytes) override {
     if (!bytes || dst == src) return;
     DeviceScope ds(device_);
+    ProfScope ps(prof_, "copy", stream_);
     check(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDefault, stream_), "cudaMemcpyAsync (copy)");
   }
   // The blocking calls never touch a stream the caller may have destroyed
@@ -143,36 +247,44 @@ class CudaBackend final : public Backend {
     // replay records it again and the blocking calls wait for the replay.
     check(cudaEventRecordWithFlags(done_, stream_, cs == cudaStreamCaptureStatusActive ? cudaEventRecordExternal : 0),
           "cudaEventRecordWithFlags (end of step)");
+    if (prof_.on() && cs == cudaStreamCaptureStatusNone) prof_.step_done();
   }
 
   // ---- conversions and step bookkeeping ----
   void load(float* dst, const void* src, dion_dtype_t dt, int64_t n) override {
     DeviceScope ds(device_);
+    ProfScope ps(prof_, "load", stream_);
     kernels::load(ctx(), dst, src, dt, n);
   }
   void store(void* dst, dion_dtype_t dt, const float* src, int64_t n) override {
     DeviceScope ds(device_);
+    ProfScope ps(prof_, "store", stream_);
     kernels::store(ctx(), dst, dt, src, n);
   }
   void load_multi(float* dst, const TensorEntry* list, int64_t count, Field f, int64_t n) override {
     DeviceScope ds(device_);
+    ProfScope ps(prof_, "load_multi", stream_);
     kernels::load_multi(ctx(), dst, list, count, f, n);
   }
   void store_multi(const TensorEntry* list, int64_t count, Field f, const float* src, int64_t n,
                    const int32_t* skip) override {
     DeviceScope ds(device_);
+    ProfScope ps(prof_, "store_multi", stream_);
     kernels::store_multi(ctx(), list, count, f, src, n, skip);
   }
   void check_nonfinite(const TensorEntry* list, int64_t count, int64_t max_n, Field f, int32_t* flag) override {
     DeviceScope ds(device_);
+    ProfScope ps(prof_, "check_nonfinite", stream_);
     kernels::check_nonfinite(ctx(), list, count, max_n, f, flag);
   }
   void advance_step(GroupScalars* gs, const StepStatus* status) override {
     DeviceScope ds(device_);
+    ProfScope ps(prof_, "advance_step", stream_);
     kernels::advance_step(ctx(), gs, status);
   }
   void count_skip(StepStatus* status) override {
     DeviceScope ds(device_);
+    ProfScope ps(prof_, "count_skip", stream_);
     kernels::count_skip(ctx(), status);
   }
 
@@ -180,6 +292,7 @@ class CudaBackend final : public Backend {
   void randn(float* out, int64_t batch, int64_t rows, int64_t cols, int64_t row0, int64_t col0, int64_t global_cols,
              const PhiloxKey& key, const TensorEntry* tensors, const int64_t* step, float scale) override {
     DeviceScope ds(device_);
+    ProfScope ps(prof_, "randn", stream_);
     check(kernels::randn(stream_, out, batch, rows, cols, row0, col0, global_cols, key, tensors, step, scale),
           "randn kernel");
   }
@@ -192,6 +305,7 @@ class CudaBackend final : public Backend {
                  DION_ERROR_INTERNAL, "cuda gemm: shape mismatch");
     if (m == 0 || n == 0 || c.batch <= 0) return;
     DeviceScope ds(device_);
+    ProfScope ps(prof_, "gemm", stream_);
     if (k == 0) {  // an empty sum: C = beta * C
       kernels::scale_matrix(ctx(), c, beta);
       return;
@@ -216,6 +330,7 @@ class CudaBackend final : public Backend {
     if (p == 0 || r == 0 || a.batch <= 0) return;
     DION_REQUIRE(p >= r, DION_ERROR_INTERNAL, "cuda qr_q: needs rows >= cols");
     DeviceScope ds(device_);
+    ProfScope ps(prof_, "qr_q", stream_);
     float* cm = householder(a);
     const int P = static_cast<int>(p), R = static_cast<int>(r);
     const int lwork = qr_lwork(P, R, true);
@@ -228,13 +343,52 @@ class CudaBackend final : public Backend {
     kernels::transpose(ctx(), cm, r, p, p, p * r, a.p, a.ld, a.stride, a.batch);
   }
 
+  // R of A's QR from the Cholesky factor of A^T A computed in fp64: for the
+  // fp32 input of RCQR (the sketched S P, condition number that of P) the
+  // fp64 Gram matrix keeps cond^2 * 2^-53 far below one, so this equals the
+  // Householder R (with a positive diagonal) to fp32 accuracy, in one batched
+  // DGEMM and one batched potrf instead of a geqrf per matrix. A numerically
+  // singular A gives a failed or garbage factor; the Cholesky that follows in
+  // RCQR then fails and orth_fallback takes over (see src/algo/dion.cpp).
   void qr_r(MatBatch a, MatBatch r_out) override {
     const int64_t p = a.rows, r = a.cols;
     DION_REQUIRE(p >= r && r_out.rows == r && r_out.cols == r, DION_ERROR_INTERNAL, "cuda qr_r: bad shapes");
     if (r == 0 || a.batch <= 0) return;
     DeviceScope ds(device_);
-    float* cm = householder(a);
-    kernels::extract_r(ctx(), cm, p, r_out);
+    ProfScope ps(prof_, "qr_r", stream_);
+    const int P = to_int(p, "qr rows"), R = to_int(r, "qr cols"), B = to_int(a.batch, "qr batch");
+    double* x = static_cast<double*>(scratch(kDblA, sizeof(double) * static_cast<size_t>(a.batch * p * r)));
+    double* g = static_cast<double*>(scratch(kDblG, sizeof(double) * static_cast<size_t>(a.batch * r * r)));
+    kernels::to_double(ctx(), a, x);
+    // Row-major x (p x r) is column-major x^T (r x p): G = x^T x = (x^T)(x^T)^T.
+    const double one = 1.0, zero = 0.0;
+    check(cublasDgemmStridedBatched(blas_, CUBLAS_OP_N, CUBLAS_OP_T, R, R, P, &one, x, R, p * r, x, R, p * r, &zero, g,
+                                    R, r * r, B),
+          "cublasDgemmStridedBatched (qr_r Gram)");
+    int* info = static_cast<int*>(scratch(kInfo, sizeof(int) * static_cast<size_t>(a.batch)));
+    if (a.batch > 1 && r <= potrf_batched_max_) {
+      double** ptrs = static_cast<double**>(scratch(kPtrA, sizeof(double*) * static_cast<size_t>(a.batch)));
+      // fill_pointers computes base + b * stride in floats: a double stride is twice as many.
+      kernels::fill_pointers(ctx(), reinterpret_cast<float**>(ptrs), reinterpret_cast<const float*>(g), 2 * r * r,
+                             a.batch);
+      check(cusolverDnDpotrfBatched(solver_, CUBLAS_FILL_MODE_LOWER, R, ptrs, R, info, B), "cusolverDnDpotrfBatched");
+    } else {
+      int lwork = 0;
+      const auto key = std::make_tuple(static_cast<int>(kOpDpotrf), R, R);
+      auto it = lwork_.find(key);
+      if (it != lwork_.end()) {
+        lwork = it->second;
+      } else {
+        check(cusolverDnDpotrf_bufferSize(solver_, CUBLAS_FILL_MODE_LOWER, R, g, R, &lwork),
+              "cusolverDnDpotrf_bufferSize");
+        lwork_.emplace(key, lwork);
+      }
+      double* work = static_cast<double*>(scratch(kWork, sizeof(double) * static_cast<size_t>(std::max(lwork, 1))));
+      for (int64_t b = 0; b < a.batch; ++b)
+        check(cusolverDnDpotrf(solver_, CUBLAS_FILL_MODE_LOWER, R, g + b * r * r, R, work, lwork, info + b),
+              "cusolverDnDpotrf");
+    }
+    kernels::extract_r_double(ctx(), g, r_out);
   }
 
   void cholesky_upper(MatBatch a, int32_t* info) override {
@@ -242,6 +396,7 @@ class CudaBackend final : public Backend {
     DION_REQUIRE(a.cols == n, DION_ERROR_INTERNAL, "cuda cholesky_upper: matrix is not square");
     if (a.batch <= 0) return;
     DeviceScope ds(device_);
+    ProfScope ps(prof_, "cholesky_upper", stream_);
     if (n == 0) {
       check(cudaMemsetAsync(info, 0, sizeof(int32_t) * static_cast<size_t>(a.batch), stream_),
             "cudaMemsetAsync (cholesky info)");
@@ -250,7 +405,7 @@ class CudaBackend final : public Backend {
     // The row-major upper factor U (A = U^T U) is, read column-major, the
     // lower factor L = U^T of A = L L^T: potrf with uplo = lower on the buffer as is.
     const int N = to_int(n, "cholesky n"), ld = to_int(a.ld, "cholesky ld");
-    if (a.batch > 1 && n <= kPotrfBatchedMaxN) {
+    if (a.batch > 1 && n <= potrf_batched_max_) {
       const int batch = to_int(a.batch, "cholesky batch");
       float** ptrs = static_cast<float**>(scratch(kPtrA, sizeof(float*) * static_cast<size_t>(a.batch)));
       kernels::fill_pointers(ctx(), ptrs, a.p, a.stride, a.batch);
@@ -268,13 +423,40 @@ class CudaBackend final : public Backend {
     kernels::cholesky_fixup(ctx(), a, info);
   }
 
+  // B U^{-1}. A tall B (the a x r factors of RCQR, a >> r) goes through the
+  // explicit inverse: U^{-1} by a small batched solve against the identity,
+  // then one fp32 GEMM, which runs several times faster than cuBLAS's
+  // triangular solve on these shapes. The product has the column space of
+  // B exactly (any nonsingular right factor keeps it) and rounding errors
+  // of the order of the solve's, cond(U) * eps, which the Cholesky pass that
+  // follows in (R)CQR absorbs.
   void trsm_right_upper(ConstMatBatch u, MatBatch bm) override {
-    // B U^{-1} (row-major) is, column-major, the solve U^T X^T = B^T, and U's
-    // buffer read column-major is U^T (lower): a left, lower, non-transposed solve.
     const int64_t n = u.rows, rows = bm.rows;
     DION_REQUIRE(u.cols == n && bm.cols == n, DION_ERROR_INTERNAL, "cuda trsm_right_upper: bad shapes");
     if (n == 0 || rows == 0 || bm.batch <= 0) return;
     DeviceScope ds(device_);
+    ProfScope ps(prof_, "trsm_right_upper", stream_);
+    if (rows >= 4 * n && n >= 32 && bm.ld == n && bm.stride == rows * n && trsm_via_inverse_) {
+      float* inv = static_cast<float*>(scratch(kInv, sizeof(float) * static_cast<size_t>(bm.batch * n * n)));
+      float* tmp = static_cast<float*>(scratch(kTmp, sizeof(float) * static_cast<size_t>(bm.batch * rows * n)));
+      MatBatch I{inv, n, n, n, n * n, bm.batch};
+      kernels::fill_identity(ctx(), I);
+      solve(u, I);
+      MatBatch out{tmp, rows, n, n, rows * n, bm.batch};
+      gemm(false, false, 1.0f, bm, I, 0.0f, out, DION_MATMUL_FP32);
+      check(cudaMemcpyAsync(bm.p, tmp, sizeof(float) * static_cast<size_t>(bm.batch * rows * n),
+                            cudaMemcpyDeviceToDevice, stream_),
+            "cudaMemcpyAsync (trsm result)");
+      return;
+    }
+    solve(u, bm);
+  }
+
+ private:
+  // B U^{-1} (row-major) is, column-major, the solve U^T X^T = B^T, and U's
+  // buffer read column-major is U^T (lower): a left, lower, non-transposed solve.
+  void solve(ConstMatBatch u, MatBatch bm) {
+    const int64_t n = u.rows, rows = bm.rows;
     const int N = to_int(n, "trsm n"), R = to_int(rows, "trsm rows");
     const int ldu = to_int(u.ld, "trsm ldu"), ldb = to_int(bm.ld, "trsm ldb");
     const float one = 1.0f;
@@ -294,9 +476,12 @@ class CudaBackend final : public Backend {
           "cublasStrsmBatched");
   }
 
+
+ public:
   void orth_fallback(MatBatch p, ConstMatBatch p0, const int32_t* info) override {
     if (p.batch <= 0 || p.rows <= 0 || p.cols <= 0) return;
     DeviceScope ds(device_);
+    ProfScope ps(prof_, "orth_fallback", stream_);
     void* s = scratch(kReduce, kernels::orth_fallback_scratch(ctx(), p));
     kernels::orth_fallback(ctx(), p, p0, info, s);
   }
@@ -304,37 +489,44 @@ class CudaBackend final : public Backend {
   // ---- element-wise and reductions ----
   void axpby(float a, const float* x, float b, float* y, int64_t n) override {
     DeviceScope ds(device_);
+    ProfScope ps(prof_, "axpby", stream_);
     kernels::axpby(ctx(), a, x, b, y, n);
   }
   void lincomb(float a, const float* x, float b, const float* y, float* z, int64_t n) override {
     DeviceScope ds(device_);
+    ProfScope ps(prof_, "lincomb", stream_);
     kernels::lincomb(ctx(), a, x, b, y, z, n);
   }
   void nan_to_num(float* x, int64_t n) override {
     DeviceScope ds(device_);
+    ProfScope ps(prof_, "nan_to_num", stream_);
     kernels::nan_to_num(ctx(), x, n);
   }
   void zero_fixup(ConstMatBatch m, MatBatch p, MatBatch r, ConstMatBatch q) override {
     if (m.batch <= 0) return;
     DeviceScope ds(device_);
+    ProfScope ps(prof_, "zero_fixup", stream_);
     void* s = scratch(kReduce, kernels::zero_fixup_scratch(ctx(), m));
     kernels::zero_fixup(ctx(), m, p, r, q, s);
   }
   void frob_normalize(MatBatch m, float factor, float eps) override {
     if (m.batch <= 0 || m.rows <= 0 || m.cols <= 0) return;
     DeviceScope ds(device_);
+    ProfScope ps(prof_, "frob_normalize", stream_);
     void* s = scratch(kReduce, kernels::frob_normalize_scratch(ctx(), m));
     kernels::frob_normalize(ctx(), m, factor, eps, s);
   }
   void col_normalize(MatBatch m, float eps) override {
     if (m.batch <= 0 || m.rows <= 0 || m.cols <= 0) return;
     DeviceScope ds(device_);
+    ProfScope ps(prof_, "col_normalize", stream_);
     void* s = scratch(kReduce, kernels::col_normalize_scratch(ctx(), m));
     kernels::col_normalize(ctx(), m, eps, s);
   }
   void slice_l1(ConstMatBatch m, Axis axis, float* out) override {
     if (m.batch <= 0) return;
     DeviceScope ds(device_);
+    ProfScope ps(prof_, "slice_l1", stream_);
     const size_t bytes = kernels::slice_l1_scratch(ctx(), m, axis);
     void* s = bytes ? scratch(kReduce, bytes) : nullptr;
     kernels::slice_l1(ctx(), m, axis, out, s);
@@ -344,26 +536,31 @@ class CudaBackend final : public Backend {
   void apply_update(float* x, const float* u, int64_t n, const GroupScalars* gs, float lr_mult,
                     bool cautious) override {
     DeviceScope ds(device_);
+    ProfScope ps(prof_, "apply_update", stream_);
     kernels::apply_update(ctx(), x, u, n, gs, lr_mult, cautious);
   }
   void decay(float* x, int64_t n, const GroupScalars* gs) override {
     DeviceScope ds(device_);
+    ProfScope ps(prof_, "decay", stream_);
     kernels::decay(ctx(), x, n, gs);
   }
   void adamw(const TensorEntry* list, int64_t count, int64_t max_n, const GroupScalars* gs, float eps, bool cautious,
              const int32_t* skip) override {
     DeviceScope ds(device_);
+    ProfScope ps(prof_, "adamw", stream_);
     kernels::adamw(ctx(), list, count, max_n, gs, eps, cautious, skip);
   }
   void lion(const TensorEntry* list, int64_t count, int64_t max_n, const GroupScalars* gs, bool cautious,
             const int32_t* skip) override {
     DeviceScope ds(device_);
+    ProfScope ps(prof_, "lion", stream_);
     kernels::lion(ctx(), list, count, max_n, gs, cautious, skip);
   }
   void neuron_normalize(MatBatch u, Axis axis, float* v, int64_t v_per_matrix, float beta2,
                         const int32_t* selected) override {
     if (u.batch <= 0 || u.rows <= 0 || u.cols <= 0) return;
     DeviceScope ds(device_);
+    ProfScope ps(prof_, "neuron_normalize", stream_);
     void* s = scratch(kReduce, kernels::neuron_normalize_scratch(ctx(), u, axis));
     kernels::neuron_normalize(ctx(), u, axis, v, v_per_matrix, beta2, selected, s);
   }
@@ -373,26 +570,30 @@ class CudaBackend final : public Backend {
     DION_REQUIRE(k >= 0 && k <= n && n <= INT_MAX, DION_ERROR_INTERNAL, "cuda topk: bad k = %lld of n = %lld",
                  static_cast<long long>(k), static_cast<long long>(n));
     DeviceScope ds(device_);
+    ProfScope ps(prof_, "topk", stream_);
     kernels::topk(ctx(), scores, batch, n, k, idx);
   }
   void gather_slices(ConstMatBatch m, Axis axis, const int32_t* idx, int64_t k, MatBatch out) override {
     DeviceScope ds(device_);
+    ProfScope ps(prof_, "gather_slices", stream_);
     kernels::gather_slices(ctx(), m, axis, idx, k, out);
   }
   void scale_slices(MatBatch m, Axis axis, const int32_t* idx, int64_t k, float s) override {
     DeviceScope ds(device_);
+    ProfScope ps(prof_, "scale_slices", stream_);
     kernels::scale_slices(ctx(), m, axis, idx, k, s);
   }
   void add_slices(MatBatch m, Axis axis, const int32_t* idx, int64_t k, ConstMatBatch u, const GroupScalars* gs,
                   float mult) override {
     DeviceScope ds(device_);
+    ProfScope ps(prof_, "add_slices", stream_);
     kernels::add_slices(ctx(), m, axis, idx, k, u, gs, mult);
   }
 
  private:
   // Scratch buffers, one per purpose, so that one call can hold several.
-  enum Slot { kPtrA, kPtrB, kMat, kTau, kWork, kInfo, kReduce, kSlotCount };
-  enum LworkOp { kOpGeqrf, kOpOrgqr, kOpPotrf };
+  enum Slot { kPtrA, kPtrB, kMat, kTau, kWork, kInfo, kReduce, kDblA, kDblG, kInv, kTmp, kSlotCount };
+  enum LworkOp { kOpGeqrf, kOpOrgqr, kOpPotrf, kOpDpotrf };
   struct Buffer {
     void* p = nullptr;
     size_t bytes = 0;
@@ -517,6 +718,12 @@ class CudaBackend final : public Backend {
   cudaStream_t stream_ = nullptr;  // the current API call's stream; nullptr: the legacy default stream
   cudaStream_t own_ = nullptr;     // for blocking copies
   cudaEvent_t done_ = nullptr;     // recorded at the end of each step
+  Profiler prof_;
+  // Largest n factored by potrfBatched (larger: potrf per matrix);
+  // DION_POTRF_BATCHED_MAX overrides it (a tuning knob for the benchmarks).
+  int64_t potrf_batched_max_ = env_int("DION_POTRF_BATCHED_MAX", kPotrfBatchedMaxN);
+  // DION_TRSM_INVERSE=0 keeps cuBLAS's triangular solve for tall B too.
+  bool trsm_via_inverse_ = env_int("DION_TRSM_INVERSE", 1) != 0;
   cublasHandle_t blas_ = nullptr;
   cusolverDnHandle_t solver_ = nullptr;
   void* blas_ws_ = nullptr;
