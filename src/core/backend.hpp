@@ -130,6 +130,11 @@ class Backend {
   // C = alpha * op(A) * op(B) + beta * C, per matrix of the batch.
   virtual void gemm(bool trans_a, bool trans_b, float alpha, ConstMatBatch a, ConstMatBatch b, float beta,
                     MatBatch c, dion_matmul_precision_t precision) = 0;
+  // The same on bf16 matrices (p of each batch points to bf16 elements, ld and
+  // stride count elements): fp32 accumulation, alpha and beta in fp32, C
+  // rounded to bf16. The Muon family's iterations at matmul precision BF16.
+  virtual void gemm_bf16(bool trans_a, bool trans_b, float alpha, ConstMatBatch a, ConstMatBatch b, float beta,
+                         MatBatch c) = 0;
   // In place: A (p x r, p >= r) <- the Q factor of its thin Householder QR.
   virtual void qr_q(MatBatch a) = 0;
   // R (r x r) <- the R factor of A's (p x r, p >= r) QR; A may be overwritten.

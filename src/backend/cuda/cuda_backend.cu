@@ -325,6 +325,23 @@ class CudaBackend final : public Backend {
           "cublasGemmStridedBatchedEx");
   }
 
+  void gemm_bf16(bool ta, bool tb, float alpha, ConstMatBatch a, ConstMatBatch b, float beta, MatBatch c) override {
+    const int64_t m = c.rows, n = c.cols, k = ta ? a.rows : a.cols;
+    DION_REQUIRE((ta ? a.cols : a.rows) == m && (tb ? b.cols : b.rows) == k && (tb ? b.rows : b.cols) == n && k > 0,
+                 DION_ERROR_INTERNAL, "cuda gemm_bf16: shape mismatch");
+    if (m == 0 || n == 0 || c.batch <= 0) return;
+    DeviceScope ds(device_);
+    ProfScope ps(prof_, "gemm_bf16", stream_);
+    const int M = to_int(m, "gemm m"), N = to_int(n, "gemm n"), K = to_int(k, "gemm k");
+    const int lda = to_int(std::max<int64_t>(a.ld, 1), "gemm lda"), ldb = to_int(std::max<int64_t>(b.ld, 1), "gemm ldb"),
+              ldc = to_int(std::max<int64_t>(c.ld, 1), "gemm ldc");
+    check(cublasGemmStridedBatchedEx(blas_, tb ? CUBLAS_OP_T : CUBLAS_OP_N, ta ? CUBLAS_OP_T : CUBLAS_OP_N, N, M, K,
+                                     &alpha, b.p, CUDA_R_16BF, ldb, b.stride, a.p, CUDA_R_16BF, lda, a.stride, &beta,
+                                     c.p, CUDA_R_16BF, ldc, c.stride, to_int(c.batch, "gemm batch"), CUBLAS_COMPUTE_32F,
+                                     CUBLAS_GEMM_DEFAULT),
+          "cublasGemmStridedBatchedEx (bf16)");
+  }
+
   void qr_q(MatBatch a) override {
     const int64_t p = a.rows, r = a.cols;
     if (p == 0 || r == 0 || a.batch <= 0) return;

@@ -148,6 +148,29 @@ class HostBackend final : public Backend {
     }
   }
 
+  void gemm_bf16(bool ta, bool tb, float alpha, ConstMatBatch a, ConstMatBatch b, float beta, MatBatch c) override {
+    // Widen to fp32 (exact), multiply in fp32, round C to bf16.
+    auto widen = [](const ConstMatBatch& m, std::vector<float>& buf) {
+      buf.resize(static_cast<size_t>(m.rows * m.cols * m.batch));
+      const uint16_t* p = reinterpret_cast<const uint16_t*>(m.p);
+      for (int64_t q = 0; q < m.batch; ++q)
+        for (int64_t i = 0; i < m.rows; ++i)
+          for (int64_t j = 0; j < m.cols; ++j)
+            buf[static_cast<size_t>((q * m.rows + i) * m.cols + j)] = bf16_to_float(p[q * m.stride + i * m.ld + j]);
+      return ConstMatBatch(buf.data(), m.rows, m.cols, m.cols, m.stride ? m.rows * m.cols : 0, m.batch);
+    };
+    std::vector<float> fa, fb, fc;
+    ConstMatBatch wa = widen(a, fa), wb = widen(b, fb), wc = widen(c, fc);
+    MatBatch out{fc.data(), c.rows, c.cols, c.cols, c.rows * c.cols, c.batch};
+    (void)wc;
+    gemm(ta, tb, alpha, wa, wb, beta, out, DION_MATMUL_FP32);
+    uint16_t* cp = reinterpret_cast<uint16_t*>(c.p);
+    for (int64_t q = 0; q < c.batch; ++q)
+      for (int64_t i = 0; i < c.rows; ++i)
+        for (int64_t j = 0; j < c.cols; ++j)
+          cp[q * c.stride + i * c.ld + j] = float_to_bf16(fc[static_cast<size_t>((q * c.rows + i) * c.cols + j)]);
+  }
+
   // Copies row-major (p x r, ld) into a column-major p x r buffer.
   static float* to_colmajor(const float* src, int64_t p, int64_t r, int64_t ld, std::vector<float>& buf) {
     float* a = grow(buf, static_cast<size_t>(p * r));

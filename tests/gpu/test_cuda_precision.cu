@@ -1,0 +1,107 @@
+// SPDX-License-Identifier: MIT
+// Per-group matmul precision on the CUDA backend (DION_MATMUL_TF32, _BF16).
+// Property: one step at reduced precision gives the fp32 host backend's
+// update up to the precision's rounding. Reference: the host backend (plain
+// fp32), same seed, parameters and gradient.
+//
+// Tolerances, relative Frobenius error of the update X1 - X0:
+//  - TF32 (10 explicit significand bits, unit roundoff 2^-11 ~ 4.9e-4): a
+//    product of K terms has a relative error of a few roundoffs (the inputs
+//    are rounded once, accumulation is fp32); the Muon polynomial chains
+//    15 products, Dion 4 large ones plus the small factorizations in fp32:
+//    bound 20 * 2^-11 ~ 1e-2.
+//  - BF16 (7 explicit bits, roundoff 2^-8 ~ 3.9e-3; the Muon family also
+//    stores every iterate in bf16): bound 20 * 2^-8 ~ 7.8e-2.
+// The same tests also assert the error is not tiny for BF16 Muon (> 2^-12):
+// the reduced precision is really used (a silently-fp32 path would pass the
+// bound but not this).
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <vector>
+
+#include "gpu_test_util.h"
+
+namespace {
+
+using namespace dion_gpu_test;
+
+struct Case {
+  dion_algorithm_t algo;
+  dion_matmul_precision_t prec;
+};
+
+std::vector<float> run(dion_backend_t backend, const Case& c, const std::vector<float>& x0,
+                       const std::vector<float>& g, int64_t m, int64_t n) {
+  Optimizer opt;
+  dion_options_t o = options(backend, 7);
+  if (opt.create(o) != DION_SUCCESS) return {};
+  dion_group_options_t go = group_options(c.algo);
+  go.lr = 0.01;
+  go.weight_decay = 0.0;
+  go.matmul_precision = c.prec;
+  if (c.algo == DION_ALGO_DION) go.rank_fraction = 0.25;
+  std::vector<float> x = x0;
+  const size_t bytes = x.size() * sizeof(float);
+  DeviceBuffer dx, dg;
+  void* pp = x.data();
+  const void* gp = g.data();
+  if (backend == DION_BACKEND_CUDA) {
+    EXPECT_EQ(dx.allocate(bytes), cudaSuccess);
+    EXPECT_EQ(dg.allocate(bytes), cudaSuccess);
+    EXPECT_EQ(dx.upload(x.data(), bytes), cudaSuccess);
+    EXPECT_EQ(dg.upload(g.data(), bytes), cudaSuccess);
+    pp = dx.get();
+    gp = dg.get();
+  }
+  dion_tensor_t t = descriptor("w", pp, gp, DION_DTYPE_FP32, {m, n});
+  EXPECT_EQ(dion_add_group(opt, &go, &t, 1, nullptr), DION_SUCCESS) << dion_last_error(opt);
+  EXPECT_EQ(dion_step(opt, nullptr), DION_SUCCESS) << dion_last_error(opt);
+  if (backend == DION_BACKEND_CUDA) {
+    EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+    EXPECT_EQ(dx.download(x.data(), bytes), cudaSuccess);
+  }
+  return x;
+}
+
+class Precision : public ::testing::TestWithParam<Case> {};
+
+TEST_P(Precision, UpdateMatchesFp32HostWithinThePrecisionsRounding) {
+  DION_REQUIRE_GPU();
+  const Case c = GetParam();
+  const int64_t m = 256, n = 512;
+  std::vector<float> x0(static_cast<size_t>(m * n)), g(x0.size());
+  for (size_t i = 0; i < x0.size(); ++i) {
+    x0[i] = 0.05f * hash_uniform(1, i);
+    g[i] = hash_uniform(2, i);
+  }
+  const std::vector<float> xh = run(DION_BACKEND_HOST, Case{c.algo, DION_MATMUL_FP32}, x0, g, m, n);
+  const std::vector<float> xd = run(DION_BACKEND_CUDA, c, x0, g, m, n);
+  ASSERT_EQ(xh.size(), x0.size());
+  ASSERT_EQ(xd.size(), x0.size());
+  double num = 0, den = 0;
+  for (size_t i = 0; i < x0.size(); ++i) {
+    const double uh = static_cast<double>(xh[i]) - x0[i], ud = static_cast<double>(xd[i]) - x0[i];
+    num += (uh - ud) * (uh - ud);
+    den += uh * uh;
+  }
+  ASSERT_GT(den, 0.0);
+  const double err = std::sqrt(num / den);
+  const double bound = c.prec == DION_MATMUL_TF32 ? 20 * std::ldexp(1.0, -11) : 20 * std::ldexp(1.0, -8);
+  EXPECT_LT(err, bound) << algo_name(c.algo) << " precision " << c.prec;
+  if (c.prec == DION_MATMUL_BF16 && c.algo == DION_ALGO_MUON)
+    EXPECT_GT(err, std::ldexp(1.0, -12)) << "a BF16 Muon step equal to fp32 to 2^-12: is bf16 used at all?";
+  RecordProperty("relative_error", std::to_string(err));
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    All, Precision,
+    ::testing::Values(Case{DION_ALGO_MUON, DION_MATMUL_TF32}, Case{DION_ALGO_MUON, DION_MATMUL_BF16},
+                      Case{DION_ALGO_NORMUON, DION_MATMUL_BF16}, Case{DION_ALGO_DION2, DION_MATMUL_BF16},
+                      Case{DION_ALGO_NORDION2, DION_MATMUL_BF16}, Case{DION_ALGO_DION, DION_MATMUL_TF32},
+                      Case{DION_ALGO_DION, DION_MATMUL_BF16}),
+    [](const ::testing::TestParamInfo<Case>& i) {
+      return std::string(algo_name(i.param.algo)) + (i.param.prec == DION_MATMUL_TF32 ? "_tf32" : "_bf16");
+    });
+
+}  // namespace
