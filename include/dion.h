@@ -274,7 +274,12 @@ typedef struct dion_optimizer_s* dion_optimizer_t;
  * dion_last_error(NULL) holds the message. Errors: INVALID_ARGUMENT (NULL
  * optimizer, bad struct_size/abi_version, unknown backend, the same
  * communicator given for two meshes), NOT_SUPPORTED (CUDA backend in a build
- * without CUDA, multi-rank meshes on a backend that cannot use them yet). */
+ * without CUDA, multi-rank meshes on a backend that cannot use them yet: in
+ * this version a multi-rank replicate mesh works over MPI on the host backend;
+ * multi-rank shard meshes and NCCL meshes return NOT_SUPPORTED). With a
+ * multi-rank replicate mesh and replicate_grad_sync = 1, dion_step averages
+ * the gradients in place (in their buffers, as DDP does), except for Dion
+ * tensors where (m + n) r < m n, whose P and R are averaged instead. */
 DION_API dion_status_t dion_create(dion_optimizer_t* optimizer, const dion_options_t* options);
 
 /* Destroys the optimizer and frees everything libdion allocated for it. Waits

@@ -154,10 +154,15 @@ void step(Optimizer& opt, Group& g, const Batch& bt) {
   MatBatch R{opt.ws.take(T * s.b * s.r), s.b, s.r, s.r, s.b * s.r, T};
   MatBatch Qm{Q, s.b, s.r, s.r, s.b * s.r, T};
   ConstMatBatch Qt = Qm;
+  // Compressed replicate sync (spec §2.6): average P = B Q and R = B^T P
+  // over the replicas instead of the gradient.
+  const bool compressed = opt.dion_compressed(t);
   for (int it = 0; it < o.power_iters; ++it) {
     be.gemm(s.bT, false, 1.0f, Mm, Qt, 0.0f, P, prec);  // P = B Q~
+    if (compressed) opt.rep->all_reduce(P.p, T * s.a * s.r, ReduceOp::kAvg);
     orth(opt, g, bt, s, P, it);
     be.gemm(!s.bT, false, 1.0f, Mm, P, 0.0f, R, prec);  // R = B^T P
+    if (compressed) opt.rep->all_reduce(R.p, T * s.b * s.r, ReduceOp::kAvg);
     if (it + 1 < o.power_iters) {
       // the next iteration starts from the un-normalised R
       float* Rn = opt.ws.take(T * s.b * s.r);

@@ -268,9 +268,13 @@ DION_API dion_status_t dion_create(dion_optimizer_t* out, const dion_options_t* 
         if (comms[j] == comms[i])
           fail(DION_ERROR_INVALID_ARGUMENT, "dion_create: options->%s and options->%s are the same communicator",
                names[j], names[i]);
-      if (comms[i]->size > 1)
+      // The replicate mesh works over MPI on the host backend; the shard
+      // meshes and NCCL are not implemented yet.
+      const bool rep_ok = i == 0 && o.backend == DION_BACKEND_HOST && comms[i]->kind == CommKind::kMpi;
+      if (comms[i]->size > 1 && !rep_ok)
         fail(DION_ERROR_NOT_SUPPORTED,
-             "dion_create: options->%s has %d ranks; multi-rank meshes are not implemented in this version of libdion",
+             "dion_create: options->%s has %d ranks; multi-rank meshes are implemented only for the replicate mesh "
+             "over an MPI communicator on the host backend in this version of libdion",
              names[i], comms[i]->size);
     }
     auto opt = std::make_unique<Optimizer>();
@@ -290,6 +294,7 @@ DION_API dion_status_t dion_create(dion_optimizer_t* out, const dion_options_t* 
       opt->backend.reset(make_host_backend());
     }
     opt->init();
+    if (o.replicate_comm && o.replicate_comm->size > 1) opt->rep = make_collectives(o.replicate_comm, "replicate");
     DION_LOG_INFO("INIT", "created optimizer (%s backend, seed %llu)", o.backend == DION_BACKEND_CUDA ? "CUDA" : "host",
                   static_cast<unsigned long long>(o.seed));
     *out = reinterpret_cast<dion_optimizer_t>(opt.release());
@@ -416,7 +421,7 @@ DION_API dion_status_t dion_sync_for_checkpoint(dion_optimizer_t h, dion_stream_
   (void)stream;
   // Without a multi-rank replicate mesh every state is already the replica's
   // only copy: averaging over one rank is the identity.
-  return handle_call(h, "dion_sync_for_checkpoint", [&](Optimizer&) {});
+  return handle_call(h, "dion_sync_for_checkpoint", [&](Optimizer& o) { o.sync_states(); });
 }
 
 DION_API dion_status_t dion_get_skipped_steps(dion_optimizer_t h, int64_t* skipped, int32_t* last_skipped,
@@ -440,13 +445,14 @@ DION_API dion_status_t dion_get_async_error(dion_optimizer_t h, dion_status_t* s
 
 DION_API dion_status_t dion_get_comm_bytes(dion_optimizer_t h, dion_mesh_t mesh, uint64_t* last_step,
                                            uint64_t* total) {
-  return handle_call(h, "dion_get_comm_bytes", [&](Optimizer&) {
+  return handle_call(h, "dion_get_comm_bytes", [&](Optimizer& o) {
     if (mesh < DION_MESH_REPLICATE || mesh > DION_MESH_INNER)
       fail(DION_ERROR_INVALID_ARGUMENT, "dion_get_comm_bytes: mesh = %d is not a known mesh", mesh);
     if (!last_step && !total) fail(DION_ERROR_INVALID_ARGUMENT, "dion_get_comm_bytes: last_step and total are both NULL");
-    // Single-rank meshes move nothing.
-    if (last_step) *last_step = 0;
-    if (total) *total = 0;
+    // Bytes this rank handed to the mesh's collectives; single-rank meshes move nothing.
+    const Collectives* c = mesh == DION_MESH_REPLICATE ? o.rep.get() : nullptr;
+    if (last_step) *last_step = c ? static_cast<uint64_t>(c->bytes_last_step()) : 0;
+    if (total) *total = c ? static_cast<uint64_t>(c->bytes_total()) : 0;
   });
 }
 

@@ -515,14 +515,54 @@ void Optimizer::refresh_table(Bucket& b) {
 // non-finite check writes a flag in backend memory that every later write of
 // a parameter or state reads (a skipped step computes and discards). The host
 // backend reads the flag directly and returns early instead.
+bool Optimizer::dion_compressed(const Tensor& t) const {
+  if (!rep || !options.replicate_grad_sync) return false;
+  const double m = static_cast<double>(t.geom.m), n = static_cast<double>(t.geom.n);
+  return (m + n) * static_cast<double>(t.rank) < m * n;
+}
+
+void Optimizer::sync_states() {
+  if (!rep || !options.replicate_grad_sync) return;
+  // Host backend only (multi-rank meshes are refused on CUDA at dion_create).
+  std::vector<float> buf;
+  for (StateBuf& s : states) {
+    if (s.numel == 0) continue;
+    buf.resize(static_cast<size_t>(s.numel));
+    backend->load(buf.data(), s.data, s.dtype, s.numel);
+    rep->all_reduce(buf.data(), s.numel, ReduceOp::kAvg);
+    backend->store(s.data, s.dtype, buf.data(), s.numel);
+  }
+}
+
+// With a multi-rank replicate mesh and replicate_grad_sync, gradients are
+// averaged over the mesh in place, as DDP does, except those of compressed
+// Dion tensors, whose P and R are averaged inside the step instead (spec
+// §2.6: exact by linearity). Host backend only.
+static void average_gradients(Optimizer& o) {
+  std::vector<float> buf;
+  for (const Tensor& t : o.tensors) {
+    if (!t.grad || t.numel_local == 0) continue;
+    const Group& g = o.groups[static_cast<size_t>(t.group)];
+    if (g.opt.algorithm == DION_ALGO_DION && o.dion_compressed(t)) continue;
+    buf.resize(static_cast<size_t>(t.numel_local));
+    o.backend->load(buf.data(), t.grad, t.grad_dtype, t.numel_local);
+    o.rep->all_reduce(buf.data(), t.numel_local, ReduceOp::kAvg);
+    o.backend->store(const_cast<void*>(t.grad), t.grad_dtype, buf.data(), t.numel_local);
+  }
+}
+
 void Optimizer::step() {
   for (Group& g : groups)
     for (Bucket& b : g.buckets) refresh_table(b);
+  if (rep) rep->reset_step();
   backend->zero(&status->skip, sizeof(int32_t));
   if (options.skip_nonfinite)
     for (Group& g : groups)
       for (Bucket& b : g.buckets)
         if (b.active) backend->check_nonfinite(b.table, b.active, b.max_n, kGrad, &status->skip);
+  // Every replica skips together (a NaN on one rank would otherwise reach
+  // the others through the averages).
+  if (rep && options.skip_nonfinite) rep->all_reduce(&status->skip, 1, ReduceOp::kMax);
   if (backend->host_memory() && status->skip) {
     ++status->skipped_steps;
     DION_LOG_WARN("step skipped: a gradient holds NaN or Inf");
@@ -535,6 +575,7 @@ void Optimizer::step() {
     g.host_step = backend->host_memory() ? g.scalars->step : g.host_step + 1;
   }
   backend->count_skip(status);
+  if (rep && options.replicate_grad_sync) average_gradients(*this);
   for (Group& g : groups) {
     const Algorithm& algo = algorithm_for(g.opt.algorithm);
     for (Bucket& b : g.buckets) {

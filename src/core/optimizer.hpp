@@ -8,6 +8,7 @@
 
 #include "backend.hpp"
 #include "dion.h"
+#include "../comm/collectives.hpp"
 
 namespace dion {
 
@@ -134,6 +135,9 @@ struct Optimizer {
   std::vector<StateBuf> states;
   Workspace ws;
   StepStatus* status = nullptr;  // backend memory
+  // The replicate mesh's collectives when it has more than one rank (host
+  // backend over MPI for now), else null.
+  std::unique_ptr<Collectives> rep;
   size_t table_bytes = 0;        // backend memory held by tables and scalars
   std::string last_error;
   uint64_t magic_tail = kMagicTail;
@@ -153,6 +157,11 @@ struct Optimizer {
   // Reads the group's step counter / skipped-step status (waits for the device).
   int64_t read_step(const Group& g);
   void write_step(Group& g, int64_t step);
+  // Dion with a multi-rank replicate mesh and replicate_grad_sync: true when
+  // the tensor's P and R are averaged instead of its gradient ((m+n) r < m n).
+  bool dion_compressed(const Tensor& t) const;
+  // Averages every state over the replicate mesh (dion_sync_for_checkpoint).
+  void sync_states();
   StepStatus read_status();
   // Writes the hyperparameters kept in backend memory from g.opt.
   void upload_scalars(Group& g);
