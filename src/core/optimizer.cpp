@@ -350,37 +350,50 @@ void build_tensor(const Optimizer& opt, const dion_group_options_t& go, const di
 
 void Optimizer::add_group(const dion_group_options_t& go, const dion_tensor_t* descs, size_t count,
                           int32_t* group_index) {
-  validate_group_options(go);
-  DION_REQUIRE(count == 0 || descs, DION_ERROR_INVALID_ARGUMENT, "dion_add_group: tensors is NULL but count = %zu",
-               count);
-  DION_REQUIRE(count <= (1u << 24), DION_ERROR_INVALID_ARGUMENT, "dion_add_group: count = %zu is too large", count);
-  // The array stride is the caller's sizeof(dion_tensor_t), read from the first element.
-  size_t stride = count ? descs[0].struct_size : 0;
-  if (count) {
-    // An array's stride is a multiple of the struct's alignment; anything
-    // else is a corrupt struct_size (and would make the reads misaligned).
-    DION_REQUIRE(stride >= offsetof(dion_tensor_t, inner_extent) + sizeof(int64_t) && stride <= 4096 &&
-                     stride % alignof(dion_tensor_t) == 0,
-                 DION_ERROR_INVALID_ARGUMENT,
-                 "dion_add_group: tensors[0].struct_size = %zu is not a valid dion_tensor_t size (expected %zu)",
-                 stride, sizeof(dion_tensor_t));
-  }
-  const Algorithm& algo = algorithm_for(go.algorithm);
   const int32_t gi = static_cast<int32_t>(groups.size());
-  std::vector<Tensor> built(count);
-  for (size_t i = 0; i < count; ++i) {
-    const dion_tensor_t* dp =
-        reinterpret_cast<const dion_tensor_t*>(reinterpret_cast<const char*>(descs) + i * stride);
-    DION_REQUIRE(dp->struct_size == stride, DION_ERROR_INVALID_ARGUMENT,
-                 "dion_add_group: tensors[%zu].struct_size = %zu differs from tensors[0].struct_size = %zu", i,
-                 dp->struct_size, stride);
-    dion_tensor_t d;
-    dion_tensor_init(&d);
-    std::memcpy(&d, dp, stride < sizeof(d) ? stride : sizeof(d));
-    build_tensor(*this, go, d, i, built[i]);
-    built[i].index = static_cast<int32_t>(tensors.size() + i);
-    built[i].group = gi;
+  std::vector<Tensor> built;
+  // With a replicate mesh the validation's outcome is agreed on collectively:
+  // a rank whose arguments fail locally still takes part in the comparison,
+  // so the others fail too instead of waiting for it.
+  try {
+    validate_group_options(go);
+    DION_REQUIRE(count == 0 || descs, DION_ERROR_INVALID_ARGUMENT, "dion_add_group: tensors is NULL but count = %zu",
+                 count);
+    DION_REQUIRE(count <= (1u << 24), DION_ERROR_INVALID_ARGUMENT, "dion_add_group: count = %zu is too large", count);
+    // The array stride is the caller's sizeof(dion_tensor_t), read from the first element.
+    size_t stride = count ? descs[0].struct_size : 0;
+    if (count) {
+      // An array's stride is a multiple of the struct's alignment; anything
+      // else is a corrupt struct_size (and would make the reads misaligned).
+      DION_REQUIRE(stride >= offsetof(dion_tensor_t, inner_extent) + sizeof(int64_t) && stride <= 4096 &&
+                       stride % alignof(dion_tensor_t) == 0,
+                   DION_ERROR_INVALID_ARGUMENT,
+                   "dion_add_group: tensors[0].struct_size = %zu is not a valid dion_tensor_t size (expected %zu)",
+                   stride, sizeof(dion_tensor_t));
+    }
+    built.resize(count);
+    for (size_t i = 0; i < count; ++i) {
+      const dion_tensor_t* dp =
+          reinterpret_cast<const dion_tensor_t*>(reinterpret_cast<const char*>(descs) + i * stride);
+      DION_REQUIRE(dp->struct_size == stride, DION_ERROR_INVALID_ARGUMENT,
+                   "dion_add_group: tensors[%zu].struct_size = %zu differs from tensors[0].struct_size = %zu", i,
+                   dp->struct_size, stride);
+      dion_tensor_t d;
+      dion_tensor_init(&d);
+      std::memcpy(&d, dp, stride < sizeof(d) ? stride : sizeof(d));
+      build_tensor(*this, go, d, i, built[i]);
+      built[i].index = static_cast<int32_t>(tensors.size() + i);
+      built[i].group = gi;
+    }
+  } catch (const Error&) {
+    if (rep) check_same_on_replicas(go, built, true);
+    throw;
   }
+  // Every replica must add the same group: a cheap collective comparison of
+  // a hash of the options and the tensor metadata catches a mismatch on every
+  // rank here, instead of a hang or silent garbage in a later collective.
+  if (rep) check_same_on_replicas(go, built, false);
+  const Algorithm& algo = algorithm_for(go.algorithm);
   // Everything is validated: commit. Allocation may still fail (out of
   // memory); roll back in that case so a failed call adds nothing.
   const size_t tensors_before = tensors.size(), states_before = states.size();
@@ -515,6 +528,47 @@ void Optimizer::refresh_table(Bucket& b) {
 // non-finite check writes a flag in backend memory that every later write of
 // a parameter or state reads (a skipped step computes and discards). The host
 // backend reads the flag directly and returns early instead.
+void Optimizer::check_same_on_replicas(const dion_group_options_t& go, const std::vector<Tensor>& built,
+                                       bool failed_here) {
+  uint64_t h = 1469598103934665603ull;  // FNV-1a
+  auto mix = [&h](const void* p, size_t n) {
+    const unsigned char* b = static_cast<const unsigned char*>(p);
+    for (size_t i = 0; i < n; ++i) h = (h ^ b[i]) * 1099511628211ull;
+  };
+  auto mix_v = [&mix](auto v) { mix(&v, sizeof v); };
+  mix_v(go.algorithm);
+  for (double v : {go.lr, go.weight_decay, go.mu, go.beta1, go.beta2, go.epsilon, go.rank_fraction, go.oversample,
+                   go.fraction, go.ef_decay, go.muon_beta2})
+    mix_v(v);
+  for (int32_t v : {go.rank_multiple_of, go.power_iters, static_cast<int32_t>(go.qr_method), go.cqr_warmup_steps,
+                    static_cast<int32_t>(go.orthogonalizer), go.ortho_steps, go.nesterov,
+                    static_cast<int32_t>(go.adjust_lr), go.cautious_wd, static_cast<int32_t>(go.selection_scope),
+                    go.flatten, static_cast<int32_t>(go.momentum_dtype), static_cast<int32_t>(go.q_dtype),
+                    static_cast<int32_t>(go.variance_dtype), static_cast<int32_t>(go.matmul_precision)})
+    mix_v(v);
+  mix_v(static_cast<uint64_t>(built.size()));
+  for (const Tensor& t : built) {
+    mix_v(t.ndim);
+    mix_v(static_cast<int32_t>(t.param_dtype));
+    mix_v(static_cast<int32_t>(t.grad_dtype));
+    mix_v(static_cast<int32_t>(t.layout));
+    for (int d = 0; d < t.ndim; ++d) mix_v(t.shape[d]);
+  }
+  // max and -min of two 30-bit pieces: equal on every rank iff the hashes agree.
+  const int32_t a = static_cast<int32_t>(h & 0x3fffffff), b = static_cast<int32_t>((h >> 30) & 0x3fffffff);
+  int32_t v[5] = {a, b, -a, -b, failed_here ? 1 : 0};
+  rep->all_reduce(v, 5, ReduceOp::kMax);
+  if (failed_here) return;  // the caller rethrows its own error
+  if (v[4])
+    fail(DION_ERROR_INVALID_ARGUMENT,
+         "dion_add_group: the call failed on another rank of the replicate mesh (see that rank's error); nothing "
+         "was added");
+  if (v[0] != -v[2] || v[1] != -v[3])
+    fail(DION_ERROR_INVALID_ARGUMENT,
+         "dion_add_group: the group's options or tensor metadata differ between the ranks of the replicate mesh "
+         "(every replica must add the same groups, in the same order, with the same options and shapes)");
+}
+
 bool Optimizer::dion_compressed(const Tensor& t) const {
   if (!rep || !options.replicate_grad_sync) return false;
   const double m = static_cast<double>(t.geom.m), n = static_cast<double>(t.geom.n);

@@ -160,6 +160,10 @@ struct Optimizer {
   // Dion with a multi-rank replicate mesh and replicate_grad_sync: true when
   // the tensor's P and R are averaged instead of its gradient ((m+n) r < m n).
   bool dion_compressed(const Tensor& t) const;
+  // Collective over the replicate mesh: fails on every rank if this rank's
+  // group differs from another rank's, or if the call failed on another rank
+  // (failed_here: this rank's own validation failed; it only takes part).
+  void check_same_on_replicas(const dion_group_options_t& go, const std::vector<Tensor>& built, bool failed_here);
   // Averages every state over the replicate mesh (dion_sync_for_checkpoint).
   void sync_states();
   StepStatus read_status();

@@ -200,6 +200,54 @@ TEST(ReplicateGuard, NonFiniteOnOneRankSkipsEveryRank) {
   EXPECT_EQ(last, 1);
 }
 
+// Metadata that differs between replicas (here the learning rate on the last
+// rank, then a shape) and arguments that fail on one rank only are refused by
+// dion_add_group on every rank, with nothing added, instead of hanging or
+// diverging later; a consistent call afterwards works.
+TEST(ReplicateGuard, MismatchedGroupIsRefusedOnEveryRank) {
+  dion_comm_t comm = nullptr;
+  ASSERT_EQ(dion_comm_from_mpi(&comm, MPI_COMM_WORLD), DION_SUCCESS);
+  dion_options_t o;
+  dion_options_init(&o);
+  o.replicate_comm = comm;
+  dion_optimizer_t opt = nullptr;
+  ASSERT_EQ(dion_create(&opt, &o), DION_SUCCESS) << dion_last_error(nullptr);
+  std::vector<float> x(64 * 48, 0.1f), g(64 * 48, 0.0f);
+  dion_tensor_t t;
+  dion_tensor_init(&t);
+  t.param = x.data();
+  t.grad = g.data();
+  t.ndim = 2;
+  t.shape[0] = 64;
+  t.shape[1] = 48;
+  dion_group_options_t go;
+  dion_group_options_init(&go, DION_ALGO_DION);
+  go.lr = g_rank == g_size - 1 ? 0.03 : 0.02;
+  EXPECT_EQ(dion_add_group(opt, &go, &t, 1, nullptr), DION_ERROR_INVALID_ARGUMENT);
+  EXPECT_NE(std::string(dion_last_error(opt)).find("differ between the ranks"), std::string::npos)
+      << dion_last_error(opt);
+  go.lr = 0.02;
+  t.shape[0] = g_rank == 0 ? 32 : 64;
+  EXPECT_EQ(dion_add_group(opt, &go, &t, 1, nullptr), DION_ERROR_INVALID_ARGUMENT);
+  int32_t groups = -1;
+  EXPECT_EQ(dion_group_count(opt, &groups), DION_SUCCESS);
+  EXPECT_EQ(groups, 0);
+  // An argument that fails validation on one rank only (a NULL param on
+  // rank 0): rank 0 gets its own error, the others a "failed on another
+  // rank" one; nobody waits.
+  t.shape[0] = 64;
+  t.param = g_rank == 0 ? nullptr : x.data();
+  EXPECT_EQ(dion_add_group(opt, &go, &t, 1, nullptr), DION_ERROR_INVALID_ARGUMENT);
+  EXPECT_NE(std::string(dion_last_error(opt)).find(g_rank == 0 ? "param is NULL" : "failed on another rank"),
+            std::string::npos)
+      << dion_last_error(opt);
+  t.param = x.data();
+  EXPECT_EQ(dion_add_group(opt, &go, &t, 1, nullptr), DION_SUCCESS) << dion_last_error(opt);
+  EXPECT_EQ(dion_step(opt, nullptr), DION_SUCCESS) << dion_last_error(opt);
+  dion_destroy(opt);
+  dion_comm_destroy(comm);
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
