@@ -414,6 +414,8 @@ void Optimizer::add_group(const dion_group_options_t& go, const dion_tensor_t* d
     size_t ws_need = 0;
     for (Bucket& b : g.buckets) {
       b.table = static_cast<TensorEntry*>(backend->alloc(sizeof(TensorEntry) * b.tensors.size()));
+      b.mirror.reserve(b.tensors.size());
+      b.scratch.reserve(b.tensors.size());
       ws_need = std::max(ws_need, b.workspace_floats);
     }
     g.scalars = static_cast<GroupScalars*>(backend->alloc(sizeof(GroupScalars)));
@@ -493,8 +495,9 @@ void Optimizer::plan_buckets(Group& g, const Algorithm& algo) {
 // Rewrites the bucket's table if the set of tensors with a gradient or any
 // pointer changed since the last step (steady state: nothing to do).
 void Optimizer::refresh_table(Bucket& b) {
-  std::vector<TensorEntry> list;
-  list.reserve(b.tensors.size());
+  // Both host lists keep the capacity reserved at add_group: no allocation here.
+  std::vector<TensorEntry>& list = b.scratch;
+  list.clear();
   b.max_n = 0;
   b.first_active = -1;
   for (int32_t ti : b.tensors) {
@@ -521,7 +524,7 @@ void Optimizer::refresh_table(Bucket& b) {
       (list.empty() || std::memcmp(list.data(), b.mirror.data(), sizeof(TensorEntry) * list.size()) == 0))
     return;
   if (!list.empty()) backend->copy_sync(b.table, list.data(), sizeof(TensorEntry) * list.size());
-  b.mirror = std::move(list);
+  b.mirror.swap(list);
 }
 
 // One step (DESIGN.md §5). Nothing here waits for the device: the
@@ -593,7 +596,7 @@ void Optimizer::sync_states() {
 // Dion tensors, whose P and R are averaged inside the step instead (spec
 // §2.6: exact by linearity). Host backend only.
 static void average_gradients(Optimizer& o) {
-  std::vector<float> buf;
+  std::vector<float>& buf = o.host_buf;  // grows on the first step only
   for (const Tensor& t : o.tensors) {
     if (!t.grad || t.numel_local == 0) continue;
     const Group& g = o.groups[static_cast<size_t>(t.group)];

@@ -72,7 +72,8 @@ struct Tensor {
 struct Bucket {
   std::vector<int32_t> tensors;
   TensorEntry* table = nullptr;     // backend memory, tensors.size() entries
-  std::vector<TensorEntry> mirror;  // what `table` holds
+  std::vector<TensorEntry> mirror;   // what `table` holds
+  std::vector<TensorEntry> scratch;  // the list being built (capacity reserved, no per-step allocation)
   int32_t first_active = -1;        // a tensor of the active set (shape representative)
   int64_t active = 0;               // entries of `table` in use this step
   int64_t max_n = 0;                // largest n among them
@@ -138,6 +139,7 @@ struct Optimizer {
   // The replicate mesh's collectives when it has more than one rank (host
   // backend over MPI for now), else null.
   std::unique_ptr<Collectives> rep;
+  std::vector<float> host_buf;  // host staging for the replicate averages (grows once)
   size_t table_bytes = 0;        // backend memory held by tables and scalars
   std::string last_error;
   uint64_t magic_tail = kMagicTail;
