@@ -394,14 +394,8 @@ DION_API dion_status_t dion_tensor_rebind(dion_optimizer_t h, int32_t tensor, vo
     Tensor& t = o.tensors[static_cast<size_t>(tensor)];
     if (!param && t.numel_local > 0)
       fail(DION_ERROR_INVALID_ARGUMENT, "dion_tensor_rebind: tensor '%s': param is NULL", t.name.c_str());
-    if (t.numel_local > 0) {
-      const size_t n = static_cast<size_t>(t.numel_local);
-      o.check_buffer(param, n * dtype_size(t.param_dtype), dtype_size(t.param_dtype),
-                     format("dion_tensor_rebind: tensor '%s' (tensor %d): param", t.name.c_str(), tensor));
-      if (grad)
-        o.check_buffer(grad, n * dtype_size(t.grad_dtype), dtype_size(t.grad_dtype),
-                       format("dion_tensor_rebind: tensor '%s' (tensor %d): grad", t.name.c_str(), tensor));
-    }
+    o.check_tensor_buffers(param, grad, t.numel_local, t.param_dtype, t.grad_dtype,
+                           format("dion_tensor_rebind: tensor '%s' (tensor %d)", t.name.c_str(), tensor));
     t.param = param;
     t.grad = grad;
   });

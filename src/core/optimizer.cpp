@@ -306,13 +306,7 @@ void build_tensor(const Optimizer& opt, const dion_group_options_t& go, const di
          static_cast<long long>(global_numel));
   if (!d.param && t.numel_local > 0)
     fail(DION_ERROR_INVALID_ARGUMENT, "%s: %s: param is NULL", fn, L.c_str());
-  if (t.numel_local > 0) {
-    const size_t n = static_cast<size_t>(t.numel_local);
-    opt.check_buffer(d.param, n * dtype_size(d.param_dtype), dtype_size(d.param_dtype),
-                     format("%s: %s: param", fn, L.c_str()));
-    if (d.grad)
-      opt.check_buffer(d.grad, n * dtype_size(gdt), dtype_size(gdt), format("%s: %s: grad", fn, L.c_str()));
-  }
+  opt.check_tensor_buffers(d.param, d.grad, t.numel_local, d.param_dtype, gdt, format("%s: %s", fn, L.c_str()));
   t.param = d.param;
   t.grad = d.grad;
   t.param_dtype = d.param_dtype;
@@ -572,23 +566,35 @@ void Optimizer::check_same_on_replicas(const dion_group_options_t& go, const std
          "(every replica must add the same groups, in the same order, with the same options and shapes)");
 }
 
+void Optimizer::check_tensor_buffers(const void* param, const void* grad, int64_t numel, dion_dtype_t param_dtype,
+                                     dion_dtype_t grad_dtype, const std::string& what) const {
+  if (numel <= 0) return;
+  const size_t n = static_cast<size_t>(numel);
+  check_buffer(param, n * dtype_size(param_dtype), dtype_size(param_dtype), what + ": param");
+  if (grad) check_buffer(grad, n * dtype_size(grad_dtype), dtype_size(grad_dtype), what + ": grad");
+}
+
 bool Optimizer::dion_compressed(const Tensor& t) const {
   if (!rep || !options.replicate_grad_sync) return false;
+  if (groups[static_cast<size_t>(t.group)].opt.algorithm != DION_ALGO_DION) return false;
   const double m = static_cast<double>(t.geom.m), n = static_cast<double>(t.geom.n);
   return (m + n) * static_cast<double>(t.rank) < m * n;
 }
 
+// Replaces n typed elements with their average over the replicate mesh.
+// Host backend only (multi-rank meshes are refused on CUDA at dion_create);
+// host_buf grows on first use only.
+void Optimizer::average_in_place(void* data, dion_dtype_t dt, int64_t n) {
+  if (n == 0) return;
+  host_buf.resize(static_cast<size_t>(n));
+  backend->load(host_buf.data(), data, dt, n);
+  rep->all_reduce(host_buf.data(), n, ReduceOp::kAvg);
+  backend->store(data, dt, host_buf.data(), n);
+}
+
 void Optimizer::sync_states() {
   if (!rep || !options.replicate_grad_sync) return;
-  // Host backend only (multi-rank meshes are refused on CUDA at dion_create).
-  std::vector<float> buf;
-  for (StateBuf& s : states) {
-    if (s.numel == 0) continue;
-    buf.resize(static_cast<size_t>(s.numel));
-    backend->load(buf.data(), s.data, s.dtype, s.numel);
-    rep->all_reduce(buf.data(), s.numel, ReduceOp::kAvg);
-    backend->store(s.data, s.dtype, buf.data(), s.numel);
-  }
+  for (StateBuf& s : states) average_in_place(s.data, s.dtype, s.numel);
 }
 
 // With a multi-rank replicate mesh and replicate_grad_sync, gradients are
@@ -596,16 +602,8 @@ void Optimizer::sync_states() {
 // Dion tensors, whose P and R are averaged inside the step instead (spec
 // §2.6: exact by linearity). Host backend only.
 static void average_gradients(Optimizer& o) {
-  std::vector<float>& buf = o.host_buf;  // grows on the first step only
-  for (const Tensor& t : o.tensors) {
-    if (!t.grad || t.numel_local == 0) continue;
-    const Group& g = o.groups[static_cast<size_t>(t.group)];
-    if (g.opt.algorithm == DION_ALGO_DION && o.dion_compressed(t)) continue;
-    buf.resize(static_cast<size_t>(t.numel_local));
-    o.backend->load(buf.data(), t.grad, t.grad_dtype, t.numel_local);
-    o.rep->all_reduce(buf.data(), t.numel_local, ReduceOp::kAvg);
-    o.backend->store(const_cast<void*>(t.grad), t.grad_dtype, buf.data(), t.numel_local);
-  }
+  for (const Tensor& t : o.tensors)
+    if (t.grad && !o.dion_compressed(t)) o.average_in_place(const_cast<void*>(t.grad), t.grad_dtype, t.numel_local);
 }
 
 void Optimizer::step() {

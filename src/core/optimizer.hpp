@@ -159,8 +159,13 @@ struct Optimizer {
   // Reads the group's step counter / skipped-step status (waits for the device).
   int64_t read_step(const Group& g);
   void write_step(Group& g, int64_t step);
-  // Dion with a multi-rank replicate mesh and replicate_grad_sync: true when
-  // the tensor's P and R are averaged instead of its gradient ((m+n) r < m n).
+  // Checks a tensor's param (and grad, if not null) for this backend;
+  // `what` names the tensor in messages ("...: param" / "...: grad" appended).
+  void check_tensor_buffers(const void* param, const void* grad, int64_t numel, dion_dtype_t param_dtype,
+                            dion_dtype_t grad_dtype, const std::string& what) const;
+  void average_in_place(void* data, dion_dtype_t dt, int64_t n);
+  // A Dion tensor with a multi-rank replicate mesh and replicate_grad_sync:
+  // true when its P and R are averaged instead of its gradient ((m+n) r < m n).
   bool dion_compressed(const Tensor& t) const;
   // Collective over the replicate mesh: fails on every rank if this rank's
   // group differs from another rank's, or if the call failed on another rank

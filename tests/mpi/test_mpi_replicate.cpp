@@ -82,7 +82,6 @@ void build(OptRun& r, const Case& c, bool distributed) {
   t.ndim = c.n > 1 ? 2 : 1;
   t.shape[0] = c.m;
   t.shape[1] = c.n;
-  if (c.n == 1) t.ndim = 1;
   dion_group_options_t go;
   dion_group_options_init(&go, c.algo);
   go.lr = 0.02;
@@ -160,8 +159,6 @@ TEST_P(Replicate, EqualsSingleProcessWithTheAveragedGradient) {
     if (c.algo == DION_ALGO_DION && k == 1) {
       // Q: its columns' signs are free (the update does not depend on them).
       std::vector<float> a = sd[k], b = sr[k];
-      const int64_t cols = static_cast<int64_t>(a.size()) / (c.m < c.n ? c.m : c.n);
-      (void)cols;
       for (auto& v : a) v = std::fabs(v);
       for (auto& v : b) v = std::fabs(v);
       EXPECT_LT(rel_diff(a, b), 1e-3) << "state " << k;

@@ -160,9 +160,9 @@ class HostBackend final : public Backend {
       return ConstMatBatch(buf.data(), m.rows, m.cols, m.cols, m.stride ? m.rows * m.cols : 0, m.batch);
     };
     std::vector<float> fa, fb, fc;
-    ConstMatBatch wa = widen(a, fa), wb = widen(b, fb), wc = widen(c, fc);
+    ConstMatBatch wa = widen(a, fa), wb = widen(b, fb);
+    widen(c, fc);  // C's old values, for beta
     MatBatch out{fc.data(), c.rows, c.cols, c.cols, c.rows * c.cols, c.batch};
-    (void)wc;
     gemm(ta, tb, alpha, wa, wb, beta, out, DION_MATMUL_FP32);
     uint16_t* cp = reinterpret_cast<uint16_t*>(c.p);
     for (int64_t q = 0; q < c.batch; ++q)
