@@ -307,18 +307,57 @@ size_t zero_fixup_scratch(const Ctx& c, const ConstMatBatch& m) {
   return sizeof(int32_t) * static_cast<size_t>(std::max<int64_t>(m.batch, 1));
 }
 
+void nonzero_flags(const Ctx& c, ConstMatBatch m, int32_t* flags) {
+  if (m.batch <= 0) return;
+  cuda::check(cudaMemsetAsync(flags, 0, sizeof(int32_t) * static_cast<size_t>(m.batch), c.stream),
+              "cudaMemsetAsync (nonzero_flags)");
+  if (m.rows > 0 && m.cols > 0) {
+    const int64_t nch = flat_chunks(c, m.rows, m.cols, m.batch);
+    nonzero_kernel<<<flat_grid(nch, m.batch), kThreads, 0, c.stream>>>(m, nch, flags);
+    cuda::check_launch("nonzero_flags kernel");
+  }
+}
+
+void zero_fixup_flagged(const Ctx& c, const int32_t* flags, MatBatch p, MatBatch r, ConstMatBatch q) {
+  for_each_2d(c, p.batch, p.rows, p.cols, ZeroWhereFlag{p, flags}, "zero_fixup kernel (p)");
+  for_each_2d(c, r.batch, r.rows, r.cols, CopyWhereFlag{r, q, flags}, "zero_fixup kernel (r)");
+}
+
 void zero_fixup(const Ctx& c, ConstMatBatch m, MatBatch p, MatBatch r, ConstMatBatch q, void* scratch) {
   if (m.batch <= 0) return;
   int32_t* nonzero = static_cast<int32_t*>(scratch);
-  cuda::check(cudaMemsetAsync(nonzero, 0, sizeof(int32_t) * static_cast<size_t>(m.batch), c.stream),
-              "cudaMemsetAsync (zero_fixup)");
-  if (m.rows > 0 && m.cols > 0) {
-    const int64_t nch = flat_chunks(c, m.rows, m.cols, m.batch);
-    nonzero_kernel<<<flat_grid(nch, m.batch), kThreads, 0, c.stream>>>(m, nch, nonzero);
-    cuda::check_launch("zero_fixup test kernel");
+  nonzero_flags(c, m, nonzero);
+  p.batch = std::min(p.batch, m.batch);
+  r.batch = std::min(r.batch, m.batch);
+  zero_fixup_flagged(c, nonzero, p, r, q);
+}
+
+namespace {
+struct ColScale {
+  MatBatch m;
+  const float* sumsq;
+  float eps;
+  __device__ void operator()(int64_t b, int64_t i, int64_t j) const {
+    float* x = mat_at(m, b) + i * m.ld + j;
+    *x = static_cast<float>(*x * (1.0 / (sqrt(static_cast<double>(sumsq[b * m.cols + j])) + eps)));
   }
-  for_each_2d(c, std::min(p.batch, m.batch), p.rows, p.cols, ZeroWhereFlag{p, nonzero}, "zero_fixup kernel (p)");
-  for_each_2d(c, std::min(r.batch, m.batch), r.rows, r.cols, CopyWhereFlag{r, q, nonzero}, "zero_fixup kernel (r)");
+};
+}  // namespace
+
+size_t col_sumsq_scratch(const Ctx& c, const ConstMatBatch& m) { return col_partial_bytes(c, m.rows, m.cols, m.batch); }
+
+void col_sumsq(const Ctx& c, ConstMatBatch m, float* out, void* scratch) {
+  if (m.batch <= 0 || m.cols <= 0) return;
+  if (m.rows <= 0) {
+    cuda::check(cudaMemsetAsync(out, 0, sizeof(float) * static_cast<size_t>(m.batch * m.cols), c.stream),
+                "cudaMemsetAsync (col_sumsq)");
+    return;
+  }
+  col_sums<kSquares, float>(c, m, out, static_cast<double*>(scratch), "col_sumsq kernel");
+}
+
+void col_scale(const Ctx& c, MatBatch m, const float* sumsq, float eps) {
+  for_each_2d(c, m.batch, m.rows, m.cols, ColScale{m, sumsq, eps}, "col_scale kernel");
 }
 
 size_t neuron_normalize_scratch(const Ctx& c, const MatBatch& u, Axis axis) {

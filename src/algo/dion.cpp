@@ -36,7 +36,8 @@ bool dion_tau(const Tensor& t) {
 }
 
 struct Shape {
-  int64_t a, b, r, k;  // B is a x b; Q is b x r; sketch rows k
+  int64_t a, b, r, k;  // the local B is a x b; Q is b x r; sketch rows k
+  int64_t ag, a_off;   // B's global row count and the local rows' offset (inner sharding)
   bool bT;             // B = S^T, S the storage matrix
 };
 
@@ -45,6 +46,9 @@ Shape shape_of(const dion_group_options_t& o, const Tensor& t) {
   s.bT = (t.dion_transposed != t.geom.storage_transposed);
   s.a = s.bT ? t.geom.scols : t.geom.srows;
   s.b = s.bT ? t.geom.srows : t.geom.scols;
+  const int adim = t.dion_transposed ? 1 : 0;  // the logical dim of B's rows
+  s.ag = t.shape[adim];
+  s.a_off = t.local_offset[adim];
   s.r = t.rank;
   s.k = 128 * static_cast<int64_t>(std::ceil(o.oversample * static_cast<double>(s.r) / 128.0));
   return s;
@@ -76,6 +80,31 @@ void init_state(Optimizer& opt, Group& g, Tensor& t) {
   opt.backend->release(tmp);
 }
 
+// The meshes a batch's step reduces over (spec §2.6): B's columns are
+// sharded over `outer`, its rows over `inner` (§2.2); either is null when
+// that dim is whole on this rank. `rep` is set when P and R are averaged
+// over the replicas instead of the gradient (compressed sync).
+struct Dist {
+  Collectives* outer = nullptr;
+  Collectives* inner = nullptr;
+  Collectives* rep = nullptr;
+  const std::vector<int64_t>* a_off = nullptr;  // every inner rank's rows of B
+  const std::vector<int64_t>* a_ext = nullptr;
+  bool any() const { return outer || inner || rep; }
+};
+
+Dist dist_of(const Optimizer& opt, const Tensor& t) {
+  Dist d;
+  if (opt.outer && t.outer_shard_dim >= 0) d.outer = opt.outer.get();
+  if (opt.inner && t.inner_shard_dim >= 0) {
+    d.inner = opt.inner.get();
+    d.a_off = &t.shard_off[1];
+    d.a_ext = &t.shard_ext[1];
+  }
+  if (opt.dion_compressed(t)) d.rep = opt.rep.get();
+  return d;
+}
+
 size_t workspace_floats(const Group& g, const Tensor& t, int64_t count) {
   const Shape s = shape_of(g.opt, t);
   const int64_t T = count, mn = t.geom.srows * t.geom.scols;
@@ -86,7 +115,37 @@ size_t workspace_floats(const Group& g, const Tensor& t, int64_t count) {
   // a copy of R
   const size_t per_iter = ws_floats(T * s.a * s.r) + ws_floats(T * s.k * s.a) + ws_floats(T * s.k * s.r) +
                           2 * ws_floats(T * s.r * s.r) + ws_floats(T) + ws_floats(T * s.b * s.r);
-  return w + per_iter * static_cast<size_t>(g.opt.power_iters);
+  // sharded: the zero flags and column sums, and the whole P gathered over
+  // the inner mesh (twice, plus the gather's receive buffer)
+  const size_t shard = ws_floats(T) + ws_floats(T * s.r) + 3 * ws_floats(T * s.ag * s.r);
+  return w + (per_iter + shard) * static_cast<size_t>(g.opt.power_iters);
+}
+
+// Gathers the row shards of P (each inner rank's T x a_q x r) into whole
+// matrices full (T x ag x r) on every inner rank. tmp: T * ag * r floats.
+void gather_rows(Optimizer& opt, const Dist& d, const Shape& s, int64_t T, const float* local, float* full,
+                 float* tmp) {
+  const int W = d.inner->size();
+  std::vector<int64_t>& cd = opt.coll_idx;  // capacity reserved at dion_create
+  cd.assign(2 * static_cast<size_t>(W), 0);
+  for (int q = 0; q < W; ++q) {
+    cd[static_cast<size_t>(q)] = T * (*d.a_ext)[static_cast<size_t>(q)] * s.r;
+    cd[static_cast<size_t>(W + q)] = T * (*d.a_off)[static_cast<size_t>(q)] * s.r;
+  }
+  d.inner->all_gather_v(local, tmp, cd.data(), cd.data() + W);
+  for (int q = 0; q < W; ++q) {
+    const int64_t aq = (*d.a_ext)[static_cast<size_t>(q)], oq = (*d.a_off)[static_cast<size_t>(q)];
+    opt.backend->copy2d(full + oq * s.r, sizeof(float) * static_cast<size_t>(s.ag * s.r), tmp + T * oq * s.r,
+                        sizeof(float) * static_cast<size_t>(aq * s.r), sizeof(float) * static_cast<size_t>(aq * s.r),
+                        static_cast<size_t>(T));
+  }
+}
+
+// This rank's rows of whole matrices full (T x ag x r) -> local (T x a x r).
+void take_rows(Optimizer& opt, const Shape& s, int64_t T, const float* full, float* local) {
+  opt.backend->copy2d(local, sizeof(float) * static_cast<size_t>(s.a * s.r), full + s.a_off * s.r,
+                      sizeof(float) * static_cast<size_t>(s.ag * s.r), sizeof(float) * static_cast<size_t>(s.a * s.r),
+                      static_cast<size_t>(T));
 }
 
 // P (a x r per matrix, a >= r) <- an orthonormal basis of its columns (spec §1.3).
@@ -94,7 +153,13 @@ size_t workspace_floats(const Group& g, const Tensor& t, int64_t count) {
 // failed are re-orthonormalised from a copy of P taken first
 // (orth_fallback: Householder QR on the host, Gram-Schmidt twice on the GPU),
 // decided per matrix on the device, so no step waits for the host.
-void orth(Optimizer& opt, const Group& g, const Batch& bt, const Shape& s, MatBatch P, int iter) {
+//
+// With B's rows sharded over the inner mesh (P row-sharded), the randomized
+// Cholesky QR is distributed (spec §2.6 path 3): each rank sketches its rows
+// with its columns of the global sketch, and the k x r and r x r products are
+// summed over the mesh, so every rank factors the same small matrices. The
+// Householder cases (square P, a failed Cholesky) gather the whole P.
+void orth(Optimizer& opt, const Group& g, const Batch& bt, const Shape& s, const Dist& d, MatBatch P, int iter) {
   Backend& be = *opt.backend;
   const dion_group_options_t& o = g.opt;
   const dion_matmul_precision_t prec = o.matmul_precision;
@@ -103,9 +168,17 @@ void orth(Optimizer& opt, const Group& g, const Batch& bt, const Shape& s, MatBa
   if (method == DION_QR_CQR && g.host_step <= o.cqr_warmup_steps) method = DION_QR_RCQR;
   // A square P gains nothing from a Cholesky-based QR and squares its
   // condition number: use Householder QR for it whatever the method.
-  if (s.a <= s.r) method = DION_QR_QR;
+  if (s.ag <= s.r) method = DION_QR_QR;
   if (method == DION_QR_QR) {
-    be.qr_q(P);
+    if (!d.inner) {
+      be.qr_q(P);
+      return;
+    }
+    MatBatch Pf{opt.ws.take(T * s.ag * s.r), s.ag, s.r, s.r, s.ag * s.r, T};
+    float* tmp = opt.ws.take(T * s.ag * s.r);
+    gather_rows(opt, d, s, T, P.p, Pf.p, tmp);
+    be.qr_q(Pf);  // the same input and the same factorization on every inner rank
+    take_rows(opt, s, T, Pf.p, P.p);
     return;
   }
   // The fallback starts again from P itself: after RCQR's first solve a
@@ -120,19 +193,40 @@ void orth(Optimizer& opt, const Group& g, const Batch& bt, const Shape& s, MatBa
     MatBatch SP{opt.ws.take(T * s.k * s.r), s.k, s.r, s.r, s.k * s.r, T};
     MatBatch R1{opt.ws.take(T * s.r * s.r), s.r, s.r, s.r, s.r * s.r, T};
     // The sketch is keyed by (tensor, step) read on the device, so a replayed
-    // CUDA graph draws a new sketch every step.
+    // CUDA graph draws a new sketch every step; a rank holding rows
+    // [a_off, a_off + a) of P draws those columns of the global sketch.
     PhiloxKey key{opt.options.seed, static_cast<uint32_t>(kRngSketch | (iter << 8)), 0, 0};
-    be.randn(S.p, T, s.k, s.a, 0, 0, s.a, key, bt.list, &g.scalars->step,
+    be.randn(S.p, T, s.k, s.a, 0, s.a_off, s.ag, key, bt.list, &g.scalars->step,
              static_cast<float>(std::sqrt(1.0 / static_cast<double>(s.k))));
     be.gemm(false, false, 1.0f, S, P, 0.0f, SP, prec);
+    if (d.inner) d.inner->all_reduce(SP.p, T * s.k * s.r, ReduceOp::kSum);
     be.qr_r(SP, R1);
     be.trsm_right_upper(R1, P);
   }
   // (R)CQR's Cholesky step on P (or P1).
   be.gemm(true, false, 1.0f, P, P, 0.0f, G, DION_MATMUL_FP32);
+  if (d.inner) d.inner->all_reduce(G.p, T * s.r * s.r, ReduceOp::kSum);
   be.cholesky_upper(G, info);
   be.trsm_right_upper(G, P);
-  be.orth_fallback(P, P0, info);
+  if (!d.inner) {
+    be.orth_fallback(P, P0, info);
+    return;
+  }
+  // Every inner rank factored the same G, so they agree on info; the whole
+  // P0 is gathered for the failed matrices only when the host can see that
+  // none failed (on a device, reading info would wait for the step).
+  if (be.host_memory()) {
+    bool any = false;
+    for (int64_t i = 0; i < T; ++i) any = any || info[i] != 0;
+    if (!any) return;
+  }
+  MatBatch Pf{opt.ws.take(T * s.ag * s.r), s.ag, s.r, s.r, s.ag * s.r, T};
+  MatBatch P0f{opt.ws.take(T * s.ag * s.r), s.ag, s.r, s.r, s.ag * s.r, T};
+  float* tmp = opt.ws.take(T * s.ag * s.r);
+  gather_rows(opt, d, s, T, P.p, Pf.p, tmp);
+  gather_rows(opt, d, s, T, P0.p, P0f.p, tmp);
+  be.orth_fallback(Pf, P0f, info);
+  take_rows(opt, s, T, Pf.p, P.p);
 }
 
 void step(Optimizer& opt, Group& g, const Batch& bt) {
@@ -140,6 +234,7 @@ void step(Optimizer& opt, Group& g, const Batch& bt) {
   const dion_group_options_t& o = g.opt;
   const Tensor& t = bt.t;
   const Shape s = shape_of(o, t);
+  const Dist d = dist_of(opt, t);
   const int64_t T = bt.count;
   const int64_t n_el = t.numel_local;
   const dion_matmul_precision_t prec = o.matmul_precision;
@@ -154,15 +249,16 @@ void step(Optimizer& opt, Group& g, const Batch& bt) {
   MatBatch R{opt.ws.take(T * s.b * s.r), s.b, s.r, s.r, s.b * s.r, T};
   MatBatch Qm{Q, s.b, s.r, s.r, s.b * s.r, T};
   ConstMatBatch Qt = Qm;
-  // Compressed replicate sync (spec §2.6): average P = B Q and R = B^T P
-  // over the replicas instead of the gradient.
-  const bool compressed = opt.dion_compressed(t);
   for (int it = 0; it < o.power_iters; ++it) {
-    be.gemm(s.bT, false, 1.0f, Mm, Qt, 0.0f, P, prec);  // P = B Q~
-    if (compressed) opt.rep->all_reduce(P.p, T * s.a * s.r, ReduceOp::kAvg);
-    orth(opt, g, bt, s, P, it);
-    be.gemm(!s.bT, false, 1.0f, Mm, P, 0.0f, R, prec);  // R = B^T P
-    if (compressed) opt.rep->all_reduce(R.p, T * s.b * s.r, ReduceOp::kAvg);
+    be.gemm(s.bT, false, 1.0f, Mm, Qt, 0.0f, P, prec);  // P = B Q~ (partial over outer)
+    if (d.outer) d.outer->all_reduce(P.p, T * s.a * s.r, ReduceOp::kSum);
+    // Compressed replicate sync (spec §2.6): average P = B Q and R = B^T P
+    // over the replicas instead of the gradient.
+    if (d.rep) d.rep->all_reduce(P.p, T * s.a * s.r, ReduceOp::kAvg);
+    orth(opt, g, bt, s, d, P, it);
+    be.gemm(!s.bT, false, 1.0f, Mm, P, 0.0f, R, prec);  // R = B^T P (partial over inner)
+    if (d.inner) d.inner->all_reduce(R.p, T * s.b * s.r, ReduceOp::kSum);
+    if (d.rep) d.rep->all_reduce(R.p, T * s.b * s.r, ReduceOp::kAvg);
     if (it + 1 < o.power_iters) {
       // the next iteration starts from the un-normalised R
       float* Rn = opt.ws.take(T * s.b * s.r);
@@ -171,10 +267,21 @@ void step(Optimizer& opt, Group& g, const Batch& bt) {
     }
   }
   // Zero / NaN handling (§2.8): an all-zero momentum leaves the update at zero
-  // and carries Q over (normalised); NaN/Inf never reach the state.
+  // and carries Q over (normalised); NaN/Inf never reach the state. Over
+  // meshes, "all zero" is decided for the whole matrix (every shard, and
+  // every replica's momentum under compressed sync), so P and R stay the
+  // same on every rank that shares them.
   be.nan_to_num(P.p, T * s.a * s.r);
   be.nan_to_num(R.p, T * s.b * s.r);
-  be.zero_fixup(Mm, P, R, Qm);
+  if (d.any()) {
+    int32_t* nz = reinterpret_cast<int32_t*>(opt.ws.take(T));
+    be.nonzero_flags(Mm, nz);
+    for (Collectives* c : {d.rep, d.outer, d.inner})
+      if (c) c->all_reduce(nz, T, ReduceOp::kMax);
+    be.zero_fixup_flagged(nz, P, R, Qm);
+  } else {
+    be.zero_fixup(Mm, P, R, Qm);
+  }
   // Error feedback: B -= (1 - mu) P R^T, i.e. S -= (1-mu) P R^T or R P^T.
   const float ef = static_cast<float>(-(1.0 - o.mu));
   if (!s.bT)
@@ -182,8 +289,15 @@ void step(Optimizer& opt, Group& g, const Batch& bt) {
   else
     be.gemm(false, true, ef, R, P, 1.0f, Mm, prec);
   store_ws(opt, bt, kState0, M, n_el);
-  // Q = colnorm(R)
-  be.col_normalize(R, static_cast<float>(o.epsilon));
+  // Q = colnorm(R); R's rows (B's columns) are sharded over the outer mesh.
+  if (d.outer) {
+    float* ss = opt.ws.take(T * s.r);
+    be.col_sumsq(R, ss);
+    d.outer->all_reduce(ss, T * s.r, ReduceOp::kSum);
+    be.col_scale(R, ss, static_cast<float>(o.epsilon));
+  } else {
+    be.col_normalize(R, static_cast<float>(o.epsilon));
+  }
   store_ws(opt, bt, kState1, R.p, s.b * s.r);
   // X = (1 - lr wd) X - lr sqrt(m/n) P Q^T (in storage orientation); the
   // momentum's buffer (stored above) receives U = P Q^T.

@@ -2,6 +2,7 @@
 // The C entry points of include/dion.h (except communicators: comm_api.cpp).
 // Each validates its arguments, calls into core and returns a status; no
 // exception crosses this boundary (api_call).
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <memory>
@@ -268,13 +269,12 @@ DION_API dion_status_t dion_create(dion_optimizer_t* out, const dion_options_t* 
         if (comms[j] == comms[i])
           fail(DION_ERROR_INVALID_ARGUMENT, "dion_create: options->%s and options->%s are the same communicator",
                names[j], names[i]);
-      // The replicate mesh works over MPI on the host backend; the shard
-      // meshes and NCCL are not implemented yet.
-      const bool rep_ok = i == 0 && o.backend == DION_BACKEND_HOST && comms[i]->kind == CommKind::kMpi;
-      if (comms[i]->size > 1 && !rep_ok)
+      // Multi-rank meshes work over MPI on the host backend.
+      const bool mesh_ok = o.backend == DION_BACKEND_HOST && comms[i]->kind == CommKind::kMpi;
+      if (comms[i]->size > 1 && !mesh_ok)
         fail(DION_ERROR_NOT_SUPPORTED,
-             "dion_create: options->%s has %d ranks; multi-rank meshes are implemented only for the replicate mesh "
-             "over an MPI communicator on the host backend in this version of libdion",
+             "dion_create: options->%s has %d ranks; multi-rank meshes are implemented only over MPI "
+             "communicators on the host backend in this version of libdion",
              names[i], comms[i]->size);
     }
     auto opt = std::make_unique<Optimizer>();
@@ -295,6 +295,12 @@ DION_API dion_status_t dion_create(dion_optimizer_t* out, const dion_options_t* 
     }
     opt->init();
     if (o.replicate_comm && o.replicate_comm->size > 1) opt->rep = make_collectives(o.replicate_comm, "replicate");
+    if (o.outer_comm && o.outer_comm->size > 1) opt->outer = make_collectives(o.outer_comm, "outer");
+    if (o.inner_comm && o.inner_comm->size > 1) opt->inner = make_collectives(o.inner_comm, "inner");
+    int32_t max_mesh = 1;
+    for (dion_comm_t c : comms)
+      if (c) max_mesh = std::max(max_mesh, c->size);
+    opt->coll_idx.reserve(4 * static_cast<size_t>(max_mesh));
     DION_LOG_INFO("INIT", "created optimizer (%s backend, seed %llu)", o.backend == DION_BACKEND_CUDA ? "CUDA" : "host",
                   static_cast<unsigned long long>(o.seed));
     *out = reinterpret_cast<dion_optimizer_t>(opt.release());
@@ -444,7 +450,9 @@ DION_API dion_status_t dion_get_comm_bytes(dion_optimizer_t h, dion_mesh_t mesh,
       fail(DION_ERROR_INVALID_ARGUMENT, "dion_get_comm_bytes: mesh = %d is not a known mesh", mesh);
     if (!last_step && !total) fail(DION_ERROR_INVALID_ARGUMENT, "dion_get_comm_bytes: last_step and total are both NULL");
     // Bytes this rank handed to the mesh's collectives; single-rank meshes move nothing.
-    const Collectives* c = mesh == DION_MESH_REPLICATE ? o.rep.get() : nullptr;
+    const Collectives* c = mesh == DION_MESH_REPLICATE ? o.rep.get()
+                           : mesh == DION_MESH_OUTER   ? o.outer.get()
+                                                       : o.inner.get();
     if (last_step) *last_step = c ? static_cast<uint64_t>(c->bytes_last_step()) : 0;
     if (total) *total = c ? static_cast<uint64_t>(c->bytes_total()) : 0;
   });

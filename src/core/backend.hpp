@@ -91,6 +91,10 @@ class Backend {
   virtual void zero(void* p, size_t bytes) = 0;
   // Enqueued copy between backend buffers.
   virtual void copy(void* dst, const void* src, size_t bytes) = 0;
+  // Enqueued strided copy of `height` rows of `width` bytes, rows `spitch`
+  // bytes apart in src and `dpitch` bytes apart in dst (cudaMemcpy2D's
+  // contract): reassembles shards of a matrix gathered from several ranks.
+  virtual void copy2d(void* dst, size_t dpitch, const void* src, size_t spitch, size_t width, size_t height) = 0;
   // Copies that complete before returning; either side may be host or
   // backend memory. They first wait as synchronize() does.
   virtual void copy_sync(void* dst, const void* src, size_t bytes) = 0;
@@ -158,10 +162,20 @@ class Backend {
   virtual void nan_to_num(float* x, int64_t n) = 0;
   // Dion's zero handling: for each matrix b whose m[b] is all zero, p[b] = 0 and r[b] = q[b].
   virtual void zero_fixup(ConstMatBatch m, MatBatch p, MatBatch r, ConstMatBatch q) = 0;
+  // The same in two halves, for matrices sharded over ranks (the flags are
+  // reduced over the mesh in between): flags[b] = 1 if m[b] holds a non-zero
+  // element, else 0; then p[b] = 0 and r[b] = q[b] where flags[b] == 0.
+  virtual void nonzero_flags(ConstMatBatch m, int32_t* flags) = 0;
+  virtual void zero_fixup_flagged(const int32_t* flags, MatBatch p, MatBatch r, ConstMatBatch q) = 0;
   // Each matrix of the batch: m /= (factor * ||m||_F + eps)
   virtual void frob_normalize(MatBatch m, float factor, float eps) = 0;
   // Column normalisation: m[:, j] /= (||m[:, j]|| + eps)
   virtual void col_normalize(MatBatch m, float eps) = 0;
+  // Column normalisation in two halves, for row-sharded matrices (the sums
+  // are reduced over the mesh in between): out[b*cols + j] = sum_i m[b](i, j)^2;
+  // then m[b][:, j] /= (sqrt(sumsq[b*cols + j]) + eps).
+  virtual void col_sumsq(ConstMatBatch m, float* out) = 0;
+  virtual void col_scale(MatBatch m, const float* sumsq, float eps) = 0;
   // Per-slice L1 norms along `axis` (axis kRows: one value per row) -> out
   virtual void slice_l1(ConstMatBatch m, Axis axis, float* out) = 0;
 

@@ -284,8 +284,9 @@ void build_tensor(const Optimizer& opt, const dion_group_options_t& go, const di
       fail(DION_ERROR_INVALID_ARGUMENT, "%s: %s: %s shard [%lld, %lld + %lld) lies outside dim %d of size %lld", fn,
            L.c_str(), mesh[s], static_cast<long long>(offs[s]), static_cast<long long>(offs[s]),
            static_cast<long long>(exts[s]), dims[s], static_cast<long long>(full));
-    // The shards of all ranks must tile the dim. Multi-rank meshes are refused
-    // at dion_create for now, so this rank's shard must be the whole dim.
+    // Over a multi-rank mesh, that the shards of all ranks tile the dim is
+    // checked collectively once every rank has validated its own tensors
+    // (Optimizer::agree_on_group).
     if (comms[s]->size == 1 && (offs[s] != 0 || exts[s] != full))
       fail(DION_ERROR_INVALID_ARGUMENT,
            "%s: %s: %s shard [%lld, %lld + %lld) does not tile dim %d of size %lld over a 1-rank %s mesh", fn,
@@ -297,6 +298,10 @@ void build_tensor(const Optimizer& opt, const dion_group_options_t& go, const di
   if (dims[0] >= 0 && dims[0] == dims[1])
     fail(DION_ERROR_INVALID_ARGUMENT, "%s: %s: dim %d is sharded over both the outer and the inner mesh", fn, L.c_str(),
          dims[0]);
+  if (is_matrix_algo(go.algorithm) && go.algorithm != DION_ALGO_DION &&
+      ((dims[0] >= 0 && comms[0]->size > 1) || (dims[1] >= 0 && comms[1]->size > 1)))
+    fail(DION_ERROR_NOT_SUPPORTED, "%s: %s: %s on a tensor sharded over a multi-rank mesh is not implemented yet", fn,
+         L.c_str(), algo_name(go.algorithm));
   t.numel_local = 1;
   for (int k = 0; k < d.ndim; ++k) t.numel_local = mul_checked(t.numel_local, t.local_shape[k], L);
   int64_t global_numel = 1;
@@ -380,13 +385,13 @@ void Optimizer::add_group(const dion_group_options_t& go, const dion_tensor_t* d
       built[i].group = gi;
     }
   } catch (const Error&) {
-    if (rep) check_same_on_replicas(go, built, true);
+    agree_on_group(go, built, true);
     throw;
   }
-  // Every replica must add the same group: a cheap collective comparison of
-  // a hash of the options and the tensor metadata catches a mismatch on every
+  // Every rank must add the same group: a cheap collective comparison of a
+  // hash of the options and the tensor metadata catches a mismatch on every
   // rank here, instead of a hang or silent garbage in a later collective.
-  if (rep) check_same_on_replicas(go, built, false);
+  agree_on_group(go, built, false);
   const Algorithm& algo = algorithm_for(go.algorithm);
   // Everything is validated: commit. Allocation may still fail (out of
   // memory); roll back in that case so a failed call adds nothing.
@@ -496,7 +501,9 @@ void Optimizer::refresh_table(Bucket& b) {
   b.first_active = -1;
   for (int32_t ti : b.tensors) {
     const Tensor& t = tensors[static_cast<size_t>(ti)];
-    if (!t.grad || t.numel_local == 0) continue;
+    // An empty shard of a tensor sharded over several ranks still takes part
+    // in its batch's collectives (its gradient pointer may be NULL).
+    if (t.numel_local == 0 ? !sharded(t) : !t.grad) continue;
     TensorEntry e{};
     e.ptr[kParam] = t.param;
     e.dtype[kParam] = t.param_dtype;
@@ -525,9 +532,14 @@ void Optimizer::refresh_table(Bucket& b) {
 // non-finite check writes a flag in backend memory that every later write of
 // a parameter or state reads (a skipped step computes and discards). The host
 // backend reads the flag directly and returns early instead.
-void Optimizer::check_same_on_replicas(const dion_group_options_t& go, const std::vector<Tensor>& built,
-                                       bool failed_here) {
-  uint64_t h = 1469598103934665603ull;  // FNV-1a
+namespace {
+
+// FNV-1a over what every rank of mesh `m` (0 rep, 1 outer, 2 inner) must
+// agree on: the options, and each tensor's global metadata and its shard
+// along the OTHER meshes (ranks of one mesh hold pieces of the same slice;
+// replicas hold the same shard).
+uint64_t group_hash(const dion_group_options_t& go, const std::vector<Tensor>& built, int m) {
+  uint64_t h = 1469598103934665603ull;
   auto mix = [&h](const void* p, size_t n) {
     const unsigned char* b = static_cast<const unsigned char*>(p);
     for (size_t i = 0; i < n; ++i) h = (h ^ b[i]) * 1099511628211ull;
@@ -549,21 +561,113 @@ void Optimizer::check_same_on_replicas(const dion_group_options_t& go, const std
     mix_v(static_cast<int32_t>(t.param_dtype));
     mix_v(static_cast<int32_t>(t.grad_dtype));
     mix_v(static_cast<int32_t>(t.layout));
+    mix_v(t.outer_shard_dim);
+    mix_v(t.inner_shard_dim);
     for (int d = 0; d < t.ndim; ++d) mix_v(t.shape[d]);
+    const int32_t sd[2] = {t.outer_shard_dim, t.inner_shard_dim};
+    for (int s = 0; s < 2; ++s)
+      if (sd[s] >= 0 && s + 1 != m) {
+        mix_v(t.local_offset[sd[s]]);
+        mix_v(t.local_shape[sd[s]]);
+      }
   }
-  // max and -min of two 30-bit pieces: equal on every rank iff the hashes agree.
-  const int32_t a = static_cast<int32_t>(h & 0x3fffffff), b = static_cast<int32_t>((h >> 30) & 0x3fffffff);
-  int32_t v[5] = {a, b, -a, -b, failed_here ? 1 : 0};
-  rep->all_reduce(v, 5, ReduceOp::kMax);
+  return h;
+}
+
+}  // namespace
+
+bool Optimizer::sharded(const Tensor& t) const {
+  return (outer && t.outer_shard_dim >= 0) || (inner && t.inner_shard_dim >= 0);
+}
+
+void Optimizer::agree_on_group(const dion_group_options_t& go, std::vector<Tensor>& built, bool failed_here) {
+  Collectives* meshes[3] = {rep.get(), outer.get(), inner.get()};
+  bool failed = failed_here;
+  std::string why;
+  // Round 1, mesh by mesh: compare the hashes, pass on a failure, and check
+  // that each sharded dim's shards tile it in rank order.
+  for (int m = 0; m < 3; ++m) {
+    Collectives* c = meshes[m];
+    if (!c) continue;
+    const uint64_t h = group_hash(go, built, m);
+    // max and -min of two 30-bit pieces: equal on every rank iff the hashes agree.
+    const int32_t a = static_cast<int32_t>(h & 0x3fffffff), b = static_cast<int32_t>((h >> 30) & 0x3fffffff);
+    int32_t v[5] = {a, b, -a, -b, failed ? 1 : 0};
+    c->all_reduce(v, 5, ReduceOp::kMax);
+    const bool mismatch = v[0] != -v[2] || v[1] != -v[3];
+    if (!failed && v[4]) {
+      failed = true;
+      why = format("dion_add_group: the call failed on another rank of the %s mesh (see that rank's error); nothing "
+                   "was added",
+                   c->mesh().c_str());
+    } else if (!failed && mismatch) {
+      failed = true;
+      why = format("dion_add_group: the group's options or tensor metadata differ between the ranks of the %s mesh "
+                   "(every rank must add the same groups, in the same order, with the same options, shapes and "
+                   "shard dims)",
+                   c->mesh().c_str());
+    }
+    if (m == 0 || v[4] || mismatch) continue;  // the same decision on every rank of this mesh
+    // Every rank's (offset, extent) along the dim sharded over this mesh, as
+    // 31-bit pieces summed into per-rank slots.
+    const int W = c->size(), me = c->rank();
+    const size_t nt = built.size();
+    std::vector<int32_t> buf(nt * static_cast<size_t>(W) * 4, 0);
+    for (size_t i = 0; i < nt; ++i) {
+      const Tensor& t = built[i];
+      const int32_t sd = m == 1 ? t.outer_shard_dim : t.inner_shard_dim;
+      if (sd < 0) continue;
+      int32_t* slot = &buf[(i * static_cast<size_t>(W) + static_cast<size_t>(me)) * 4];
+      slot[0] = static_cast<int32_t>(t.local_offset[sd] & 0x7fffffff);
+      slot[1] = static_cast<int32_t>(t.local_offset[sd] >> 31);
+      slot[2] = static_cast<int32_t>(t.local_shape[sd] & 0x7fffffff);
+      slot[3] = static_cast<int32_t>(t.local_shape[sd] >> 31);
+    }
+    c->all_reduce(buf.data(), static_cast<int64_t>(buf.size()), ReduceOp::kSum);
+    for (size_t i = 0; i < nt && !failed; ++i) {
+      Tensor& t = built[i];
+      const int32_t sd = m == 1 ? t.outer_shard_dim : t.inner_shard_dim;
+      if (sd < 0) continue;
+      std::vector<int64_t>& off = t.shard_off[m - 1];
+      std::vector<int64_t>& ext = t.shard_ext[m - 1];
+      off.resize(static_cast<size_t>(W));
+      ext.resize(static_cast<size_t>(W));
+      int64_t next = 0;
+      std::string seen;
+      bool ok = true;
+      for (int q = 0; q < W; ++q) {
+        const int32_t* slot = &buf[(i * static_cast<size_t>(W) + static_cast<size_t>(q)) * 4];
+        off[static_cast<size_t>(q)] = static_cast<int64_t>(slot[0]) | (static_cast<int64_t>(slot[1]) << 31);
+        ext[static_cast<size_t>(q)] = static_cast<int64_t>(slot[2]) | (static_cast<int64_t>(slot[3]) << 31);
+        ok = ok && off[static_cast<size_t>(q)] == next;
+        next = off[static_cast<size_t>(q)] + ext[static_cast<size_t>(q)];
+        seen += format("%s[%lld, %lld)", q ? " " : "", static_cast<long long>(off[static_cast<size_t>(q)]),
+                       static_cast<long long>(next));
+      }
+      if (!ok || next != t.shape[sd]) {
+        failed = true;
+        why = format("dion_add_group: tensor '%s' (tensors[%zu]): its shards along dim %d (size %lld) over the %d "
+                     "ranks of the %s mesh do not tile it in rank order: %s",
+                     t.name.c_str(), i, sd, static_cast<long long>(t.shape[sd]), W, c->mesh().c_str(), seen.c_str());
+      }
+    }
+  }
+  // Round 2: a failure seen on one mesh reaches every rank of every mesh
+  // (rep, then outer, then inner reach the whole grid).
+  for (int m = 0; m < 3; ++m) {
+    Collectives* c = meshes[m];
+    if (!c) continue;
+    int32_t f = failed ? 1 : 0;
+    c->all_reduce(&f, 1, ReduceOp::kMax);
+    if (f && !failed) {
+      failed = true;
+      why = format("dion_add_group: the call failed on another rank (of the %s mesh or beyond; see that rank's "
+                   "error); nothing was added",
+                   c->mesh().c_str());
+    }
+  }
   if (failed_here) return;  // the caller rethrows its own error
-  if (v[4])
-    fail(DION_ERROR_INVALID_ARGUMENT,
-         "dion_add_group: the call failed on another rank of the replicate mesh (see that rank's error); nothing "
-         "was added");
-  if (v[0] != -v[2] || v[1] != -v[3])
-    fail(DION_ERROR_INVALID_ARGUMENT,
-         "dion_add_group: the group's options or tensor metadata differ between the ranks of the replicate mesh "
-         "(every replica must add the same groups, in the same order, with the same options and shapes)");
+  if (failed) fail(DION_ERROR_INVALID_ARGUMENT, "%s", why.c_str());
 }
 
 void Optimizer::check_tensor_buffers(const void* param, const void* grad, int64_t numel, dion_dtype_t param_dtype,
@@ -609,15 +713,19 @@ static void average_gradients(Optimizer& o) {
 void Optimizer::step() {
   for (Group& g : groups)
     for (Bucket& b : g.buckets) refresh_table(b);
-  if (rep) rep->reset_step();
+  for (Collectives* c : {rep.get(), outer.get(), inner.get()})
+    if (c) c->reset_step();
   backend->zero(&status->skip, sizeof(int32_t));
   if (options.skip_nonfinite)
     for (Group& g : groups)
       for (Bucket& b : g.buckets)
         if (b.active) backend->check_nonfinite(b.table, b.active, b.max_n, kGrad, &status->skip);
-  // Every replica skips together (a NaN on one rank would otherwise reach
-  // the others through the averages).
-  if (rep && options.skip_nonfinite) rep->all_reduce(&status->skip, 1, ReduceOp::kMax);
+  // Every rank skips together (a NaN on one rank would otherwise reach the
+  // others through the collectives): rep, then outer, then inner reach the
+  // whole grid.
+  if (options.skip_nonfinite)
+    for (Collectives* c : {rep.get(), outer.get(), inner.get()})
+      if (c) c->all_reduce(&status->skip, 1, ReduceOp::kMax);
   if (backend->host_memory() && status->skip) {
     ++status->skipped_steps;
     DION_LOG_WARN("step skipped: a gradient holds NaN or Inf");

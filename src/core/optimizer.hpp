@@ -55,6 +55,10 @@ struct Tensor {
   int64_t local_shape[DION_MAX_DIMS] = {1, 1, 1, 1};
   int64_t local_offset[DION_MAX_DIMS] = {0, 0, 0, 0};
   int32_t outer_shard_dim = -1, inner_shard_dim = -1;
+  // For a dim sharded over a multi-rank mesh (0: outer, 1: inner): every
+  // rank's offset and extent along it, in mesh rank order (filled by the
+  // collective check at dion_add_group; empty otherwise).
+  std::vector<int64_t> shard_off[2], shard_ext[2];
   int64_t numel_local = 1;
   MatrixGeom geom;
   // Dion
@@ -136,10 +140,10 @@ struct Optimizer {
   std::vector<StateBuf> states;
   Workspace ws;
   StepStatus* status = nullptr;  // backend memory
-  // The replicate mesh's collectives when it has more than one rank (host
-  // backend over MPI for now), else null.
-  std::unique_ptr<Collectives> rep;
+  // Each mesh's collectives when it has more than one rank, else null.
+  std::unique_ptr<Collectives> rep, outer, inner;
   std::vector<float> host_buf;  // host staging for the replicate averages (grows once)
+  std::vector<int64_t> coll_idx;  // counts/displacements of uneven collectives (capacity reserved at create)
   size_t table_bytes = 0;        // backend memory held by tables and scalars
   std::string last_error;
   uint64_t magic_tail = kMagicTail;
@@ -167,10 +171,14 @@ struct Optimizer {
   // A Dion tensor with a multi-rank replicate mesh and replicate_grad_sync:
   // true when its P and R are averaged instead of its gradient ((m+n) r < m n).
   bool dion_compressed(const Tensor& t) const;
-  // Collective over the replicate mesh: fails on every rank if this rank's
-  // group differs from another rank's, or if the call failed on another rank
+  // Collective over every multi-rank mesh: fails on every rank of every mesh
+  // if this rank's group differs from another rank's, if the shards of a
+  // tensor do not tile its dim, or if the call failed on any rank
   // (failed_here: this rank's own validation failed; it only takes part).
-  void check_same_on_replicas(const dion_group_options_t& go, const std::vector<Tensor>& built, bool failed_here);
+  // Fills Tensor::shard_off/shard_ext.
+  void agree_on_group(const dion_group_options_t& go, std::vector<Tensor>& built, bool failed_here);
+  // True if tensor t is sharded over a multi-rank outer or inner mesh.
+  bool sharded(const Tensor& t) const;
   // Averages every state over the replicate mesh (dion_sync_for_checkpoint).
   void sync_states();
   StepStatus read_status();

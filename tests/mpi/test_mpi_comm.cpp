@@ -35,21 +35,16 @@ TEST(MpiComm, WrapsWorldAndSelf) {
   EXPECT_EQ(dion_create(&opt, &o), DION_SUCCESS) << dion_last_error(nullptr);
   dion_destroy(opt);
 
-  // A multi-rank replicate mesh is accepted on the host backend; a
-  // multi-rank shard mesh is refused on every rank with a message naming it
-  // (not implemented yet).
+  // Multi-rank replicate and shard meshes are accepted on the host backend.
   if (wsize > 1) {
-    o.replicate_comm = world;
-    opt = nullptr;
-    EXPECT_EQ(dion_create(&opt, &o), DION_SUCCESS) << dion_last_error(nullptr);
-    dion_destroy(opt);
-    o.replicate_comm = nullptr;
-    o.outer_comm = world;
-    opt = nullptr;
-    EXPECT_EQ(dion_create(&opt, &o), DION_ERROR_NOT_SUPPORTED);
-    EXPECT_EQ(opt, nullptr);
-    EXPECT_NE(std::string(dion_last_error(nullptr)).find("outer_comm"), std::string::npos);
-    o.outer_comm = nullptr;
+    for (dion_comm_t* mesh : {&o.replicate_comm, &o.outer_comm, &o.inner_comm}) {
+      *mesh = world;
+      opt = nullptr;
+      EXPECT_EQ(dion_create(&opt, &o), DION_SUCCESS) << dion_last_error(nullptr);
+      EXPECT_NE(opt, nullptr);
+      dion_destroy(opt);
+      *mesh = nullptr;
+    }
   }
   // The same communicator for two meshes is an argument error.
   o.replicate_comm = self;

@@ -138,7 +138,8 @@ TEST_P(Replicate, EqualsSingleProcessWithTheAveragedGradient) {
     if (c.algo == DION_ALGO_DION) {
       const int64_t mn = std::min(c.m, c.n);
       const int64_t r = std::min<int64_t>(mn, static_cast<int64_t>(std::ceil(c.rank_fraction * mn)));
-      const uint64_t expect = c.compressed ? 4u * static_cast<uint64_t>((c.m + c.n) * r) + 4u
+      // compressed: P and R, the matrix's all-zero flag and the skip flag
+      const uint64_t expect = c.compressed ? 4u * static_cast<uint64_t>((c.m + c.n) * r) + 4u + 4u
                                            : 4u * static_cast<uint64_t>(n) + 4u;
       EXPECT_EQ(last, expect) << "step " << s;
       if (c.compressed) EXPECT_LT(last, 4u * static_cast<uint64_t>(n));

@@ -223,6 +223,13 @@ class CudaBackend final : public Backend {
     ProfScope ps(prof_, "copy", stream_);
     check(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDefault, stream_), "cudaMemcpyAsync (copy)");
   }
+  void copy2d(void* dst, size_t dpitch, const void* src, size_t spitch, size_t width, size_t height) override {
+    if (!width || !height) return;
+    DeviceScope ds(device_);
+    ProfScope ps(prof_, "copy", stream_);
+    check(cudaMemcpy2DAsync(dst, dpitch, src, spitch, width, height, cudaMemcpyDefault, stream_),
+          "cudaMemcpy2DAsync (copy2d)");
+  }
   // The blocking calls never touch a stream the caller may have destroyed
   // since: they wait for the event end_step() recorded after the last step
   // (also recorded by replays of a captured step), for the stream of the
@@ -525,6 +532,31 @@ class CudaBackend final : public Backend {
     ProfScope ps(prof_, "zero_fixup", stream_);
     void* s = scratch(kReduce, kernels::zero_fixup_scratch(ctx(), m));
     kernels::zero_fixup(ctx(), m, p, r, q, s);
+  }
+  void nonzero_flags(ConstMatBatch m, int32_t* flags) override {
+    if (m.batch <= 0) return;
+    DeviceScope ds(device_);
+    ProfScope ps(prof_, "zero_fixup", stream_);
+    kernels::nonzero_flags(ctx(), m, flags);
+  }
+  void zero_fixup_flagged(const int32_t* flags, MatBatch p, MatBatch r, ConstMatBatch q) override {
+    if (p.batch <= 0) return;
+    DeviceScope ds(device_);
+    ProfScope ps(prof_, "zero_fixup", stream_);
+    kernels::zero_fixup_flagged(ctx(), flags, p, r, q);
+  }
+  void col_sumsq(ConstMatBatch m, float* out) override {
+    if (m.batch <= 0 || m.cols <= 0) return;
+    DeviceScope ds(device_);
+    ProfScope ps(prof_, "col_normalize", stream_);
+    void* s = scratch(kReduce, kernels::col_sumsq_scratch(ctx(), m));
+    kernels::col_sumsq(ctx(), m, out, s);
+  }
+  void col_scale(MatBatch m, const float* sumsq, float eps) override {
+    if (m.batch <= 0 || m.rows <= 0 || m.cols <= 0) return;
+    DeviceScope ds(device_);
+    ProfScope ps(prof_, "col_normalize", stream_);
+    kernels::col_scale(ctx(), m, sumsq, eps);
   }
   void frob_normalize(MatBatch m, float factor, float eps) override {
     if (m.batch <= 0 || m.rows <= 0 || m.cols <= 0) return;

@@ -66,6 +66,11 @@ class HostBackend final : public Backend {
   void copy(void* dst, const void* src, size_t bytes) override {
     if (dst != src && bytes) std::memmove(dst, src, bytes);
   }
+  void copy2d(void* dst, size_t dpitch, const void* src, size_t spitch, size_t width, size_t height) override {
+    if (!width) return;
+    for (size_t i = 0; i < height; ++i)
+      std::memmove(static_cast<char*>(dst) + i * dpitch, static_cast<const char*>(src) + i * spitch, width);
+  }
   void copy_sync(void* dst, const void* src, size_t bytes) override { copy(dst, src, bytes); }
   void synchronize() override {}
 
@@ -294,6 +299,50 @@ class HostBackend final : public Backend {
       const float* qp = at(q, b);
       for (int64_t i = 0; i < r.rows; ++i)
         for (int64_t j = 0; j < r.cols; ++j) rp[i * r.ld + j] = qp[i * q.ld + j];
+    }
+  }
+  void nonzero_flags(ConstMatBatch m, int32_t* flags) override {
+    for (int64_t b = 0; b < m.batch; ++b) {
+      const float* mp = at(m, b);
+      int32_t nz = 0;
+      for (int64_t i = 0; i < m.rows && !nz; ++i)
+        for (int64_t j = 0; j < m.cols; ++j)
+          if (mp[i * m.ld + j] != 0.0f) {
+            nz = 1;
+            break;
+          }
+      flags[b] = nz;
+    }
+  }
+  void zero_fixup_flagged(const int32_t* flags, MatBatch p, MatBatch r, ConstMatBatch q) override {
+    for (int64_t b = 0; b < p.batch; ++b) {
+      if (flags[b]) continue;
+      float* pp = at(p, b);
+      for (int64_t i = 0; i < p.rows; ++i)
+        for (int64_t j = 0; j < p.cols; ++j) pp[i * p.ld + j] = 0.0f;
+      float* rp = at(r, b);
+      const float* qp = at(q, b);
+      for (int64_t i = 0; i < r.rows; ++i)
+        for (int64_t j = 0; j < r.cols; ++j) rp[i * r.ld + j] = qp[i * q.ld + j];
+    }
+  }
+  void col_sumsq(ConstMatBatch m, float* out) override {
+    std::vector<double>& s = col_acc_;
+    for (int64_t b = 0; b < m.batch; ++b) {
+      const float* p = at(m, b);
+      s.assign(static_cast<size_t>(m.cols), 0.0);
+      for (int64_t i = 0; i < m.rows; ++i)
+        for (int64_t j = 0; j < m.cols; ++j) s[j] += static_cast<double>(p[i * m.ld + j]) * p[i * m.ld + j];
+      for (int64_t j = 0; j < m.cols; ++j) out[b * m.cols + j] = static_cast<float>(s[j]);
+    }
+  }
+  void col_scale(MatBatch m, const float* sumsq, float eps) override {
+    for (int64_t b = 0; b < m.batch; ++b) {
+      float* p = at(m, b);
+      for (int64_t i = 0; i < m.rows; ++i)
+        for (int64_t j = 0; j < m.cols; ++j)
+          p[i * m.ld + j] = static_cast<float>(p[i * m.ld + j] *
+                                               (1.0 / (std::sqrt(static_cast<double>(sumsq[b * m.cols + j])) + eps)));
     }
   }
   void frob_normalize(MatBatch m, float factor, float eps) override {
