@@ -12,6 +12,8 @@
 
 namespace dion {
 
+size_t ws_floats_of(int64_t n) { return (static_cast<size_t>(n) + 15) & ~static_cast<size_t>(15); }
+
 float* Workspace::take(int64_t floats) {
   // 16-float alignment keeps every carved buffer 64-byte aligned.
   size_t need = (static_cast<size_t>(floats) + 15) & ~static_cast<size_t>(15);
@@ -421,6 +423,14 @@ void Optimizer::add_group(const dion_group_options_t& go, const dion_tensor_t* d
     GroupScalars zero{};
     backend->copy_sync(g.scalars, &zero, sizeof(zero));
     upload_scalars(g);
+    // The replicate averages (gradients, and states at
+    // dion_sync_for_checkpoint) stage one tensor at a time in the workspace.
+    if (rep)
+      for (const Tensor& t : tensors)
+        if (t.group == gi) {
+          ws_need = std::max(ws_need, ws_floats_of(t.numel_local));
+          for (int32_t si : t.states) ws_need = std::max(ws_need, ws_floats_of(states[static_cast<size_t>(si)].numel));
+        }
     ws.reserve(*backend, ws_need);
   } catch (...) {
     for (size_t s = states_before; s < states.size(); ++s)
@@ -687,13 +697,15 @@ bool Optimizer::dion_compressed(const Tensor& t) const {
 
 // Replaces n typed elements with their average over the replicate mesh.
 // Host backend only (multi-rank meshes are refused on CUDA at dion_create);
-// host_buf grows on first use only.
+// Staged in the workspace (sized for it at dion_add_group), so it runs on
+// backend memory whatever the backend.
 void Optimizer::average_in_place(void* data, dion_dtype_t dt, int64_t n) {
   if (n == 0) return;
-  host_buf.resize(static_cast<size_t>(n));
-  backend->load(host_buf.data(), data, dt, n);
-  rep->all_reduce(host_buf.data(), n, ReduceOp::kAvg);
-  backend->store(data, dt, host_buf.data(), n);
+  ws.reset();
+  float* buf = ws.take(n);
+  backend->load(buf, data, dt, n);
+  rep->all_reduce(buf, n, ReduceOp::kAvg);
+  backend->store(data, dt, buf, n);
 }
 
 void Optimizer::sync_states() {

@@ -116,6 +116,9 @@ struct Algorithm {
 };
 const Algorithm& algorithm_for(dion_algorithm_t algo);
 
+// Floats Workspace::take(n) uses (rounded up to keep 64-byte alignment).
+size_t ws_floats_of(int64_t n);
+
 // Bump allocator over the workspace reserved at dion_add_group, so that a
 // step allocates nothing.
 class Workspace {
@@ -142,7 +145,6 @@ struct Optimizer {
   StepStatus* status = nullptr;  // backend memory
   // Each mesh's collectives when it has more than one rank, else null.
   std::unique_ptr<Collectives> rep, outer, inner;
-  std::vector<float> host_buf;  // host staging for the replicate averages (grows once)
   std::vector<int64_t> coll_idx;  // counts/displacements of uneven collectives (capacity reserved at create)
   size_t table_bytes = 0;        // backend memory held by tables and scalars
   std::string last_error;
