@@ -273,13 +273,14 @@ typedef struct dion_optimizer_s* dion_optimizer_t;
  * Collective over the given meshes. On failure *optimizer is set to NULL and
  * dion_last_error(NULL) holds the message. Errors: INVALID_ARGUMENT (NULL
  * optimizer, bad struct_size/abi_version, unknown backend, the same
- * communicator given for two meshes), NOT_SUPPORTED (CUDA backend in a build
- * without CUDA, multi-rank meshes on a backend that cannot use them yet: in
- * this version a multi-rank replicate mesh works over MPI on the host backend;
- * multi-rank shard meshes and NCCL meshes return NOT_SUPPORTED). With a
- * multi-rank replicate mesh and replicate_grad_sync = 1, dion_step averages
- * the gradients in place (in their buffers, as DDP does), except for Dion
- * tensors where (m + n) r < m n, whose P and R are averaged instead. */
+ * communicator given for two meshes, a multi-rank communicator of the wrong
+ * kind: the host backend needs MPI communicators, the CUDA backend NCCL ones),
+ * NOT_SUPPORTED (CUDA backend in a build without CUDA). With a multi-rank
+ * replicate mesh and replicate_grad_sync = 1, dion_step averages the
+ * gradients in place (in their buffers, as DDP does), except for Dion
+ * tensors where (m + n) r < m n, whose P and R are averaged instead. On the
+ * CUDA backend the NCCL collectives are enqueued on the stream of the call
+ * (dion_step's, ...), in order with the optimizer's kernels. */
 DION_API dion_status_t dion_create(dion_optimizer_t* optimizer, const dion_options_t* options);
 
 /* Destroys the optimizer and frees everything libdion allocated for it. Waits
@@ -439,7 +440,8 @@ DION_API dion_status_t dion_step(dion_optimizer_t optimizer, dion_stream_t strea
 /* Averages the decoupled optimizer states (Dion's momenta, ...) over the
  * replicate mesh, so that every replica holds the same state before a
  * checkpoint is written. A no-op without a replicate mesh or with
- * replicate_grad_sync = 0. Collective. */
+ * replicate_grad_sync = 0. Collective. Enqueued on `stream` (CUDA backend);
+ * dion_state_read waits for it. */
 DION_API dion_status_t dion_sync_for_checkpoint(dion_optimizer_t optimizer, dion_stream_t stream);
 
 /* Number of steps skipped for non-finite gradients since creation, and

@@ -3,12 +3,17 @@
 # suites (ctest -L gpu), the unit suites, and the benchmarks, writing every
 # log under the folder given as $1 (default: gpu-logs).
 #
-#   tools/gpu_check.sh OUTDIR [all|build|test|bench]
+#   tools/gpu_check.sh OUTDIR [all|build|test|bench|nccl]
 #
+# `nccl` runs the NCCL suites (ctest -L nccl: 2 and 4 ranks, one GPU each;
+# on a 2-GPU machine the 4-rank runs are skipped) and the op tests.
 # Environment: BUILD_DIR (default build-gpu), BENCH_ARGS (extra dion-bench
 # arguments for a partial benchmark run, e.g. "--workload gpt-160m").
 set -uo pipefail
 cd "$(dirname "$0")/.."
+# NVLink multicast stays off on the lent machines (it can take shared GPUs
+# out of service); mpiexec passes the environment on to the ranks.
+export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 out=${1:-gpu-logs}
 what=${2:-all}
 mkdir -p "$out"
@@ -34,6 +39,14 @@ if [ "$what" = all ] || [ "$what" = test ]; then
   ctest --test-dir "$build" -L unit -j "$(nproc)" > "$out/ctest-unit.log" 2>&1 || rc=1
   grep -E "tests passed|tests failed" "$out/ctest-unit.log"
   echo "unit suites: $(( $(date +%s) - t0 )) s"
+fi
+if [ "$what" = nccl ]; then
+  t0=$(date +%s)
+  ctest --test-dir "$build" -L nccl --output-on-failure --timeout 300 > "$out/ctest-nccl.log" 2>&1 || rc=1
+  grep -E "tests passed|tests failed|\(Failed\)|\(Timeout\)|Skipped|Failure|Which is|Expected" "$out/ctest-nccl.log" | head -60
+  echo "nccl suites: $(( $(date +%s) - t0 )) s"
+  ctest --test-dir "$build" -R "^ops_" --output-on-failure > "$out/ctest-ops.log" 2>&1 || rc=1
+  grep -E "tests passed|tests failed|\(Failed\)" "$out/ctest-ops.log"
 fi
 if [ "$what" = all ] || [ "$what" = bench ]; then
   t0=$(date +%s)

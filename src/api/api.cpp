@@ -135,10 +135,12 @@ namespace {
 // never keeps a stream the caller might destroy afterwards.
 class StreamScope {
  public:
-  StreamScope(Optimizer& o, dion_stream_t s) : o_(o) { o_.backend->set_stream(s); }
+  // The mesh collectives (NCCL) are enqueued on the same stream as the
+  // backend's work, so they are ordered with it and with the caller's work.
+  StreamScope(Optimizer& o, dion_stream_t s) : o_(o) { set(s); }
   ~StreamScope() {
     try {
-      o_.backend->set_stream(nullptr);
+      set(nullptr);
     } catch (...) {
     }
   }
@@ -146,6 +148,11 @@ class StreamScope {
   StreamScope& operator=(const StreamScope&) = delete;
 
  private:
+  void set(dion_stream_t s) {
+    o_.backend->set_stream(s);
+    for (Collectives* c : {o_.rep.get(), o_.outer.get(), o_.inner.get()})
+      if (c) c->set_stream(o_.backend->stream());
+  }
   Optimizer& o_;
 };
 }  // namespace
@@ -269,13 +276,14 @@ DION_API dion_status_t dion_create(dion_optimizer_t* out, const dion_options_t* 
         if (comms[j] == comms[i])
           fail(DION_ERROR_INVALID_ARGUMENT, "dion_create: options->%s and options->%s are the same communicator",
                names[j], names[i]);
-      // Multi-rank meshes work over MPI on the host backend.
-      const bool mesh_ok = o.backend == DION_BACKEND_HOST && comms[i]->kind == CommKind::kMpi;
+      // Multi-rank meshes: MPI carries host buffers, NCCL device buffers.
+      const bool mpi = comms[i]->kind == CommKind::kMpi;
+      const bool mesh_ok = o.backend == DION_BACKEND_HOST ? mpi : !mpi;
       if (comms[i]->size > 1 && !mesh_ok)
-        fail(DION_ERROR_NOT_SUPPORTED,
-             "dion_create: options->%s has %d ranks; multi-rank meshes are implemented only over MPI "
-             "communicators on the host backend in this version of libdion",
-             names[i], comms[i]->size);
+        fail(DION_ERROR_INVALID_ARGUMENT,
+             "dion_create: options->%s has %d ranks over %s, which cannot carry the %s backend's buffers (the host "
+             "backend needs an MPI communicator, the CUDA backend an NCCL one)",
+             names[i], comms[i]->size, mpi ? "MPI" : "NCCL", o.backend == DION_BACKEND_HOST ? "host" : "CUDA");
     }
     auto opt = std::make_unique<Optimizer>();
     opt->options = o;
@@ -418,10 +426,13 @@ DION_API dion_status_t dion_step(dion_optimizer_t h, dion_stream_t stream) {
 }
 
 DION_API dion_status_t dion_sync_for_checkpoint(dion_optimizer_t h, dion_stream_t stream) {
-  (void)stream;
   // Without a multi-rank replicate mesh every state is already the replica's
   // only copy: averaging over one rank is the identity.
-  return handle_call(h, "dion_sync_for_checkpoint", [&](Optimizer& o) { o.sync_states(); });
+  return handle_call(h, "dion_sync_for_checkpoint", [&](Optimizer& o) {
+    StreamScope ss(o, stream);
+    o.sync_states();
+    o.backend->end_step();
+  });
 }
 
 DION_API dion_status_t dion_get_skipped_steps(dion_optimizer_t h, int64_t* skipped, int32_t* last_skipped,

@@ -13,6 +13,10 @@ namespace dion {
 // mpi_collectives.cpp
 std::unique_ptr<Collectives> make_mpi_collectives(dion_comm_t comm, const char* mesh_name);
 #endif
+#if DION_WITH_NCCL
+// nccl_collectives.cpp
+std::unique_ptr<Collectives> make_nccl_collectives(dion_comm_t comm, const char* mesh_name);
+#endif
 
 const char* coll_kind_name(CollKind k) {
   switch (k) {
@@ -119,6 +123,18 @@ void Collectives::all_reduce(int32_t* buf, int64_t n, ReduceOp op) {
     throw Error(DION_ERROR_INTERNAL, format("%s mesh: %s: avg is not defined on integers", mesh_.c_str(), what));
   if (n == 0) return;
   do_all_reduce(buf, n, op);
+  count(CollKind::kAllReduce, static_cast<uint64_t>(n) * sizeof(int32_t));
+}
+
+void Collectives::all_reduce_host(int32_t* buf, int64_t n, ReduceOp op) {
+  const char* what = "all_reduce(int32, host)";
+  check_usable(what);
+  check_count(*this, what, "n", n);
+  check_ptr(*this, what, "buf", buf, n);
+  if (op == ReduceOp::kAvg)
+    throw Error(DION_ERROR_INTERNAL, format("%s mesh: %s: avg is not defined on integers", mesh_.c_str(), what));
+  if (n == 0) return;
+  do_all_reduce_host(buf, n, op);
   count(CollKind::kAllReduce, static_cast<uint64_t>(n) * sizeof(int32_t));
 }
 
@@ -230,7 +246,11 @@ std::unique_ptr<Collectives> make_collectives(dion_comm_t comm, const char* mesh
 #endif
     case CommKind::kNcclOwned:
     case CommKind::kNcclAdopted:
-      throw Error(DION_ERROR_NOT_SUPPORTED, format("%s mesh: NCCL collectives are not implemented yet", mesh));
+#if DION_WITH_NCCL
+      return make_nccl_collectives(comm, mesh);
+#else
+      throw Error(DION_ERROR_NOT_SUPPORTED, format("%s mesh: this libdion was built without NCCL", mesh));
+#endif
   }
   throw Error(DION_ERROR_INTERNAL, format("%s mesh: make_collectives: unknown communicator kind %d", mesh,
                                           static_cast<int>(comm->kind)));

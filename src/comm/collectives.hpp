@@ -1,7 +1,7 @@
 // SPDX-License-Identifier: MIT
 // dion::Collectives: the collectives the algorithms need, one instance per
 // mesh communicator (replicate, outer, inner), behind one interface whatever
-// carries them (MPI for the host backend; NCCL for the CUDA backend later).
+// carries them (MPI for the host backend, NCCL for the CUDA backend).
 //
 // The public entry points here are non-virtual: they check the arguments and
 // the communicator's aborted flag, call the transport's do_* hook, and count
@@ -18,8 +18,14 @@
 //    above INT_MAX per count or displacement) refuses it with
 //    DION_ERROR_NOT_SUPPORTED before communicating.
 //  * Buffers must not overlap except in the documented in-place forms.
+//  * Buffers are host memory for MPI, and every call has completed when it
+//    returns. For NCCL they are device memory of the communicator's device,
+//    and every call is enqueued on the stream given by set_stream and returns
+//    without waiting: buffers are read and written in that stream's order.
 //  * Errors are dion::Error: DION_ERROR_MPI / DION_ERROR_NCCL for transport
-//    failures and aborted communicators, DION_ERROR_NOT_SUPPORTED for counts
+//    failures (NCCL: the call's result or an asynchronous error of the
+//    communicator) and aborted communicators, DION_ERROR_CUDA for a failed
+//    copy of the NCCL transport, DION_ERROR_NOT_SUPPORTED for counts
 //    the transport cannot carry, DION_ERROR_INTERNAL for misuse (negative
 //    counts, NULL buffers, bad root): a bug in libdion, not in the caller.
 //    Messages start with "<mesh> mesh: <collective>:".
@@ -61,13 +67,27 @@ class Collectives {
   int32_t size() const { return size_; }
   int32_t rank() const { return rank_; }
 
+  // The CUDA stream (a cudaStream_t, passed as void* so that this header
+  // needs no CUDA) the following calls are enqueued on, until the next
+  // set_stream; nullptr is the legacy default stream, the initial one. The
+  // MPI transport works on host buffers and ignores it.
+  void set_stream(void* stream) { do_set_stream(stream); }
+
   // In place: buf[0..n) becomes the element-wise reduction over the ranks.
-  // kAvg is the sum divided by size() (a division, not a multiplication by
-  // 1/size, so it rounds once).
+  // kAvg is the sum divided by size(). MPI: a division, not a multiplication
+  // by 1/size, so it rounds once. NCCL (ncclAvg): every contribution is
+  // multiplied by 1/size before the sum; when size() is a power of two that
+  // scaling is exact and the result is the same, otherwise it may differ in
+  // the last bit.
   void all_reduce(float* buf, int64_t n, ReduceOp op);
   // Flags and small counters (e.g. "this rank saw a non-finite gradient":
   // kMax makes every rank skip the step together). kSum or kMax only.
   void all_reduce(int32_t* buf, int64_t n, ReduceOp op);
+
+  // The same on a HOST buffer, complete on return (NCCL stages it through
+  // device memory and waits for its stream): for the collective checks of
+  // dion_add_group, never for a step.
+  void all_reduce_host(int32_t* buf, int64_t n, ReduceOp op);
 
   // send holds size()*block elements, block r going to rank r; recv (block
   // elements) receives the reduction of every rank's block rank(). kSum or
@@ -118,11 +138,16 @@ class Collectives {
  protected:
   Collectives(dion_comm_t comm, std::string mesh);
 
+  // The stream of set_stream; a transport without streams keeps the default.
+  virtual void do_set_stream(void* /*stream*/) {}
+
   // Transport hooks: arguments already checked (non-negative, non-NULL where
   // the count is positive, root in range, communicator not aborted). Throw
   // dion::Error through fail_transport on failure.
   virtual void do_all_reduce(float* buf, int64_t n, ReduceOp op) = 0;
   virtual void do_all_reduce(int32_t* buf, int64_t n, ReduceOp op) = 0;
+  // Host buffer; transports on host memory need not override it.
+  virtual void do_all_reduce_host(int32_t* buf, int64_t n, ReduceOp op) { do_all_reduce(buf, n, op); }
   virtual void do_reduce_scatter(const float* send, float* recv, int64_t block, ReduceOp op) = 0;
   virtual void do_all_gather(const float* send, float* recv, int64_t block) = 0;
   virtual void do_all_gather_v(const float* send, float* recv, const int64_t* counts, const int64_t* displs) = 0;
@@ -149,10 +174,14 @@ class Collectives {
 };
 
 // The Collectives for one mesh. mesh_name names it in error messages
-// ("replicate", "outer", "inner"). Collective over comm (the MPI transport
-// duplicates the communicator, so the library's traffic has its own context
-// and returns errors). MPI communicators get the MPI transport; NCCL ones are
-// DION_ERROR_NOT_SUPPORTED for now.
+// ("replicate", "outer", "inner"). MPI communicators get the MPI transport,
+// which duplicates the communicator (a collective call), so the library's
+// traffic has its own context and returns errors. NCCL communicators get the
+// NCCL transport (DION_ERROR_NOT_SUPPORTED in a build without NCCL), which
+// uses the ncclComm_t itself: the library's NCCL operations and the caller's
+// share its one sequence, so the caller must order them the same way on
+// every rank and never issue NCCL calls on that communicator from another
+// thread while the library uses it.
 std::unique_ptr<Collectives> make_collectives(dion_comm_t comm, const char* mesh_name);
 
 }  // namespace dion

@@ -84,6 +84,8 @@ class Backend {
   virtual bool host_memory() const = 0;
   // The stream the following calls are enqueued on (a cudaStream_t for CUDA; ignored by the host).
   virtual void set_stream(void* stream) = 0;
+  // The stream set last (nullptr: the legacy default stream; always nullptr on the host).
+  virtual void* stream() const { return nullptr; }
 
   // ---- memory (backend-owned buffers) ----
   virtual void* alloc(size_t bytes) = 0;

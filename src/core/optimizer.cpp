@@ -603,7 +603,7 @@ void Optimizer::agree_on_group(const dion_group_options_t& go, std::vector<Tenso
     // max and -min of two 30-bit pieces: equal on every rank iff the hashes agree.
     const int32_t a = static_cast<int32_t>(h & 0x3fffffff), b = static_cast<int32_t>((h >> 30) & 0x3fffffff);
     int32_t v[5] = {a, b, -a, -b, failed ? 1 : 0};
-    c->all_reduce(v, 5, ReduceOp::kMax);
+    c->all_reduce_host(v, 5, ReduceOp::kMax);
     const bool mismatch = v[0] != -v[2] || v[1] != -v[3];
     if (!failed && v[4]) {
       failed = true;
@@ -633,7 +633,7 @@ void Optimizer::agree_on_group(const dion_group_options_t& go, std::vector<Tenso
       slot[2] = static_cast<int32_t>(t.local_shape[sd] & 0x7fffffff);
       slot[3] = static_cast<int32_t>(t.local_shape[sd] >> 31);
     }
-    c->all_reduce(buf.data(), static_cast<int64_t>(buf.size()), ReduceOp::kSum);
+    c->all_reduce_host(buf.data(), static_cast<int64_t>(buf.size()), ReduceOp::kSum);
     for (size_t i = 0; i < nt && !failed; ++i) {
       Tensor& t = built[i];
       const int32_t sd = m == 1 ? t.outer_shard_dim : t.inner_shard_dim;
@@ -668,7 +668,7 @@ void Optimizer::agree_on_group(const dion_group_options_t& go, std::vector<Tenso
     Collectives* c = meshes[m];
     if (!c) continue;
     int32_t f = failed ? 1 : 0;
-    c->all_reduce(&f, 1, ReduceOp::kMax);
+    c->all_reduce_host(&f, 1, ReduceOp::kMax);
     if (f && !failed) {
       failed = true;
       why = format("dion_add_group: the call failed on another rank (of the %s mesh or beyond; see that rank's "

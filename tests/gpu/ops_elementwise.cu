@@ -270,6 +270,77 @@ TEST_F(OpsTest, ZeroFixup) {
   EXPECT_EQ(r.h[r.stride + 2 * r.ld], q.h[q.stride + 2 * q.ld]);
 }
 
+// The sharded halves of zero_fixup (flags, then the fix-up) agree with the
+// host and with the one-call form.
+TEST_F(OpsTest, NonzeroFlagsAndFlaggedFixup) {
+  const int64_t B = 3;
+  Mat m = Mat::padded(20, 30, B), p = Mat::padded(20, 6, B), r = Mat::padded(30, 6, B, 2, 1),
+      q = Mat::padded(30, 6, B, 1, 0);
+  m.fill([&] { return uni(); });
+  for (int64_t i = 0; i < m.rows; ++i)
+    for (int64_t j = 0; j < m.cols; ++j) m.at(1, i, j) = (i + j) % 2 ? 0.0f : -0.0f;  // all zero
+  m.sync();
+  p.fill([&] { return uni(); });
+  r.fill([&] { return uni(); });
+  q.fill([&] { return uni(); });
+  Dev<int32_t> dflags(static_cast<size_t>(B));
+  std::vector<int32_t> hflags(static_cast<size_t>(B), -5);
+  cuda->nonzero_flags(m.D(), dflags.p());
+  host->nonzero_flags(m.H(), hflags.data());
+  EXPECT_EQ(hflags, dflags.get());
+  EXPECT_EQ(hflags, (std::vector<int32_t>{1, 0, 1}));
+  Mat p2 = Mat::padded(20, 6, B), r2 = Mat::padded(30, 6, B, 2, 1);
+  p2.h = p.h;
+  r2.h = r.h;
+  cuda->zero_fixup_flagged(dflags.p(), p.D(), r.D(), q.D());
+  host->zero_fixup_flagged(hflags.data(), p.H(), r.H(), q.H());
+  EXPECT_TRUE(same_bits(p.h, p.dev()));
+  EXPECT_TRUE(same_bits(r.h, r.dev()));
+  host->zero_fixup(m.H(), p2.H(), r2.H(), q.H());
+  EXPECT_TRUE(same_bits(p.h, p2.h));
+  EXPECT_TRUE(same_bits(r.h, r2.h));
+}
+
+// Column sums of squares then scaling (the row-sharded column norm) match
+// the host, and compose to col_normalize; zero rows give zero sums.
+TEST_F(OpsTest, ColSumsqAndScale) {
+  for (int64_t rows : {70, 1, 700, 0}) {
+    SCOPED_TRACE(rows);
+    Mat m = Mat::padded(rows, 50, 3);
+    m.fill([&] { return gauss(); });
+    Dev<float> ds(150);
+    std::vector<float> hs(150, -1.0f);
+    cuda->col_sumsq(m.D(), ds.p());
+    host->col_sumsq(m.H(), hs.data());
+    EXPECT_TRUE(close(hs, ds.get(), kUlps));
+    if (rows == 0) {
+      EXPECT_EQ(hs, std::vector<float>(150, 0.0f));
+      continue;
+    }
+    Mat c = Mat::padded(rows, 50, 3);
+    c.h = m.h;
+    c.sync();
+    cuda->col_scale(m.D(), ds.p(), 1e-7f);
+    host->col_scale(m.H(), hs.data(), 1e-7f);
+    EXPECT_TRUE(close(m.h, m.dev(), kUlps));
+    host->col_normalize(c.H(), 1e-7f);
+    EXPECT_TRUE(close(c.h, m.h, 4e-7));  // the sums rounded to fp32 in between
+  }
+}
+
+// copy2d moves a strided block and leaves the rest of the destination alone.
+TEST_F(OpsTest, Copy2d) {
+  const std::vector<float> src = univ(7 * 9);
+  std::vector<float> hdst(5 * 12, kPad);
+  Dev<float> dsrc(src), ddst(hdst);
+  // rows 1..4 (4 rows) of src, columns 2..7 (6 floats), to dst at column 3
+  cuda->copy2d(ddst.p() + 3, 12 * 4, dsrc.p() + 9 + 2, 9 * 4, 6 * 4, 4);
+  host->copy2d(hdst.data() + 3, 12 * 4, src.data() + 9 + 2, 9 * 4, 6 * 4, 4);
+  EXPECT_TRUE(same_bits(hdst, ddst.get()));
+  EXPECT_EQ(hdst[12 + 3], src[2 * 9 + 2]);
+  EXPECT_EQ(hdst[2], kPad);
+}
+
 TEST_F(OpsTest, FrobAndColumnNormalize) {
   for (int64_t rows : {70, 1, 700}) {
     SCOPED_TRACE(rows);

@@ -1,9 +1,8 @@
 // SPDX-License-Identifier: MIT
 // MPI communicators on the host backend (run under mpiexec with 2 ranks):
 // wrapping MPI_COMM_WORLD and MPI_COMM_SELF, size/rank, the caller's
-// communicator left untouched, a multi-rank replicate mesh accepted and
-// multi-rank shard meshes rejected with NOT_SUPPORTED on every rank (not a
-// hang) until they are implemented.
+// communicator left untouched, multi-rank replicate and shard meshes
+// accepted.
 #include <gtest/gtest.h>
 #include <mpi.h>
 

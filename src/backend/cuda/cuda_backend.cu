@@ -200,6 +200,7 @@ class CudaBackend final : public Backend {
     stream_ = static_cast<cudaStream_t>(stream);
     bind_stream();
   }
+  void* stream() const override { return stream_; }
 
   // ---- memory ----
   void* alloc(size_t bytes) override {

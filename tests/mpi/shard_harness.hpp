@@ -1,0 +1,509 @@
+// SPDX-License-Identifier: MIT
+// The shard-mesh harness shared by tests/mpi/test_mpi_shard.cpp (host
+// backend, MPI communicators) and tests/nccl/test_nccl_shard.cpp (CUDA
+// backend, NCCL communicators): the same layouts, tensors, references and
+// tolerances on both (see test_mpi_shard.cpp for what is asserted and why).
+// The including file defines g_rank, g_size and g_env (and fills g_env in
+// main, before the tests run).
+#pragma once
+#include <gtest/gtest.h>
+#include <mpi.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "dion_mpi.h"
+
+// What differs between the backends.
+struct ShardEnv {
+  dion_backend_t backend = DION_BACKEND_HOST;
+  int32_t device = 0;
+  // A mesh communicator over the ranks of an MPI communicator.
+  dion_comm_t (*make_comm)(MPI_Comm) = nullptr;
+  // Device memory (all null on the host backend: buffers are host vectors).
+  void* (*alloc)(size_t) = nullptr;
+  void (*free)(void*) = nullptr;
+  void (*h2d)(void*, const void*, size_t) = nullptr;
+  void (*d2h)(void*, const void*, size_t) = nullptr;
+};
+extern ShardEnv g_env;
+extern int g_rank, g_size;
+
+namespace {
+
+
+float hash_uniform(uint64_t seed, uint64_t i) {
+  uint64_t z = seed * 0x9E3779B97F4A7C15ull + i + 0x632BE59BD9B4E019ull;
+  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+  z ^= z >> 31;
+  return static_cast<float>(static_cast<double>(z >> 40) / static_cast<double>(1ull << 23) - 1.0);
+}
+
+// The gradient replica w sees at step s for tensor k, global element i.
+float grad_of(int w, int s, int k, int64_t i) {
+  return hash_uniform(1000 + 37 * w + 7919 * s + 104729 * k, static_cast<uint64_t>(i));
+}
+float init_of(int k, int64_t i) { return 0.1f * hash_uniform(5 + k, static_cast<uint64_t>(i)); }
+
+struct Layout {
+  int R, O, I;
+};
+
+// One tensor of the test group: global m x n, and which logical dim each
+// shard mesh splits (-1: none).
+struct Spec {
+  int64_t m, n;
+  int outer_dim, inner_dim;
+};
+
+struct Config {
+  const char* name;
+  double rank_fraction;
+  dion_qr_method_t qr;
+  int power_iters;
+};
+
+void PrintTo(const Config& c, std::ostream* os) { *os << c.name; }
+
+// This rank's place in the grid and its meshes.
+struct Grid {
+  Layout L{1, 1, 1};
+  int r = 0, o = 0, i = 0;
+  MPI_Comm mc[3] = {MPI_COMM_NULL, MPI_COMM_NULL, MPI_COMM_NULL};
+  dion_comm_t dc[3] = {nullptr, nullptr, nullptr};
+  dion_comm_t self[2] = {nullptr, nullptr};  // 1-rank outer and inner meshes for the reference
+  explicit Grid(Layout l) : L(l) {
+    r = g_rank / (L.O * L.I);
+    o = (g_rank / L.I) % L.O;
+    i = g_rank % L.I;
+    MPI_Comm_split(MPI_COMM_WORLD, o * L.I + i, r, &mc[0]);
+    MPI_Comm_split(MPI_COMM_WORLD, r * L.I + i, o, &mc[1]);
+    MPI_Comm_split(MPI_COMM_WORLD, r * L.O + o, i, &mc[2]);
+    const int sizes[3] = {L.R, L.O, L.I};
+    for (int k = 0; k < 3; ++k)
+      if (sizes[k] > 1) dc[k] = g_env.make_comm(mc[k]);
+    for (auto& c : self) EXPECT_EQ(dion_comm_from_mpi(&c, MPI_COMM_SELF), DION_SUCCESS) << dion_last_error(nullptr);
+  }
+  ~Grid() {
+    for (auto& c : self) dion_comm_destroy(c);
+    for (int k = 0; k < 3; ++k) {
+      if (dc[k]) dion_comm_destroy(dc[k]);
+      MPI_Comm_free(&mc[k]);
+    }
+  }
+};
+
+// FSDP chunking over the outer mesh, an even split over the inner mesh.
+void outer_shard(int64_t full, int W, int q, int64_t* off, int64_t* ext) {
+  const int64_t chunk = (full + W - 1) / W;
+  *off = std::min(full, q * chunk);
+  *ext = std::min(chunk, full - *off);
+}
+void inner_shard(int64_t full, int W, int q, int64_t* off, int64_t* ext) {
+  *off = q * full / W;
+  *ext = (q + 1) * full / W - *off;
+}
+
+struct Local {
+  int64_t off[2] = {0, 0}, ext[2] = {0, 0};  // per logical dim
+  std::vector<float> x, g;
+  float *dx = nullptr, *dg = nullptr;  // device copies (CUDA backend)
+  int64_t numel() const { return ext[0] * ext[1]; }
+  // index of local element (a, b) in the global row-major m x n matrix
+  int64_t global(int64_t a, int64_t b, int64_t n) const { return (off[0] + a) * n + off[1] + b; }
+};
+
+// A zero-filled buffer of n floats in the backend's memory.
+struct Buf {
+  std::vector<float> h;
+  float* d = nullptr;
+  explicit Buf(int64_t n) : h(static_cast<size_t>(std::max<int64_t>(n, 1)), 0.0f) {
+    if (g_env.alloc) {
+      d = static_cast<float*>(g_env.alloc(sizeof(float) * h.size()));
+      g_env.h2d(d, h.data(), sizeof(float) * h.size());
+    }
+  }
+  ~Buf() {
+    if (d) g_env.free(d);
+  }
+  float* ptr() { return d ? d : h.data(); }
+};
+
+struct OptRun {
+  dion_optimizer_t opt = nullptr;
+  std::vector<Local> loc;
+  ~OptRun() {
+    dion_destroy(opt);
+    for (Local& l : loc) {
+      if (l.dx) g_env.free(l.dx);
+      if (l.dg) g_env.free(l.dg);
+    }
+  }
+  // Gradients to the device before a step; parameters back after.
+  void upload_grads() {
+    for (Local& l : loc)
+      if (l.dg) g_env.h2d(l.dg, l.g.data(), sizeof(float) * l.g.size());
+  }
+  void download_params() {
+    for (Local& l : loc)
+      if (l.dx) g_env.d2h(l.x.data(), l.dx, sizeof(float) * l.x.size());
+  }
+  dion_status_t step() {
+    upload_grads();
+    dion_status_t st = dion_step(opt, nullptr);
+    download_params();
+    return st;
+  }
+};
+
+const std::vector<Spec>& specs() {
+  // 18 x 12 over 8 outer ranks: chunks of 3 rows, the last two empty. Two
+  // tensors of each sharded shape make batches of two.
+  static const std::vector<Spec> s = {
+      {18, 12, 0, 1}, {18, 12, 0, 1}, {12, 20, 1, 0}, {12, 20, 1, 0}, {16, 16, -1, 0},
+      {24, 10, 1, 0}, {10, 24, 0, -1}, {8, 6, -1, -1},
+  };
+  return s;
+}
+
+void build(OptRun& run, const Grid& G, const Config& c, bool distributed) {
+  dion_options_t o;
+  dion_options_init(&o);
+  o.seed = 7;
+  o.backend = g_env.backend;
+  o.device = g_env.device;
+  if (distributed) {
+    o.replicate_comm = G.dc[0];
+    o.outer_comm = G.dc[1];
+    o.inner_comm = G.dc[2];
+  } else {
+    // Dion's working orientation follows the shard dims (spec §2.2), so the
+    // reference declares the same dims, whole, over 1-rank meshes.
+    o.outer_comm = G.self[0];
+    o.inner_comm = G.self[1];
+  }
+  ASSERT_EQ(dion_create(&run.opt, &o), DION_SUCCESS) << dion_last_error(nullptr);
+  const auto& S = specs();
+  run.loc.resize(S.size());
+  std::vector<dion_tensor_t> ts(S.size());
+  std::vector<std::string> names(S.size());
+  for (size_t k = 0; k < S.size(); ++k) {
+    const Spec& sp = S[k];
+    Local& l = run.loc[k];
+    l.ext[0] = sp.m;
+    l.ext[1] = sp.n;
+    dion_tensor_t& t = ts[k];
+    dion_tensor_init(&t);
+    names[k] = "w" + std::to_string(k);
+    t.name = names[k].c_str();
+    t.param_dtype = DION_DTYPE_FP32;
+    t.ndim = 2;
+    t.shape[0] = sp.m;
+    t.shape[1] = sp.n;
+    if (G.L.O > 1 && sp.outer_dim >= 0) {
+      const int d = sp.outer_dim;
+      if (distributed) outer_shard(d ? sp.n : sp.m, G.L.O, G.o, &l.off[d], &l.ext[d]);
+      t.outer_shard_dim = d;
+      t.outer_offset = l.off[d];
+      t.outer_extent = l.ext[d];
+    }
+    if (G.L.I > 1 && sp.inner_dim >= 0) {
+      const int d = sp.inner_dim;
+      if (distributed) inner_shard(d ? sp.n : sp.m, G.L.I, G.i, &l.off[d], &l.ext[d]);
+      t.inner_shard_dim = d;
+      t.inner_offset = l.off[d];
+      t.inner_extent = l.ext[d];
+    }
+    l.x.resize(static_cast<size_t>(std::max<int64_t>(l.numel(), 1)));
+    l.g.resize(l.x.size());
+    for (int64_t a = 0; a < l.ext[0]; ++a)
+      for (int64_t b = 0; b < l.ext[1]; ++b)
+        l.x[static_cast<size_t>(a * l.ext[1] + b)] = init_of(static_cast<int>(k), l.global(a, b, sp.n));
+    t.param = l.x.data();
+    t.grad = l.g.data();
+    if (g_env.alloc) {
+      l.dx = static_cast<float*>(g_env.alloc(sizeof(float) * l.x.size()));
+      l.dg = static_cast<float*>(g_env.alloc(sizeof(float) * l.g.size()));
+      g_env.h2d(l.dx, l.x.data(), sizeof(float) * l.x.size());
+      t.param = l.dx;
+      t.grad = l.dg;
+    }
+  }
+  dion_group_options_t go;
+  dion_group_options_init(&go, DION_ALGO_DION);
+  go.lr = 0.02;
+  go.weight_decay = 0.01;
+  go.rank_fraction = c.rank_fraction;
+  go.qr_method = c.qr;
+  go.cqr_warmup_steps = 0;
+  go.power_iters = c.power_iters;
+  ASSERT_EQ(dion_add_group(run.opt, &go, ts.data(), ts.size(), nullptr), DION_SUCCESS) << dion_last_error(run.opt);
+}
+
+void fill_grads(OptRun& dist, OptRun& ref, const Grid& G, int step) {
+  const auto& S = specs();
+  for (size_t k = 0; k < S.size(); ++k) {
+    Local& l = dist.loc[k];
+    for (int64_t a = 0; a < l.ext[0]; ++a)
+      for (int64_t b = 0; b < l.ext[1]; ++b)
+        l.g[static_cast<size_t>(a * l.ext[1] + b)] = grad_of(G.r, step, static_cast<int>(k), l.global(a, b, S[k].n));
+    Local& f = ref.loc[k];
+    for (int64_t i = 0; i < S[k].m * S[k].n; ++i) {
+      double avg = 0;
+      for (int w = 0; w < G.L.R; ++w) avg += grad_of(w, step, static_cast<int>(k), i);
+      f.g[static_cast<size_t>(i)] = static_cast<float>(avg / G.L.R);
+    }
+  }
+}
+
+double rel_diff(const std::vector<double>& a, const std::vector<double>& b) {
+  double num = 0, den = 0;
+  for (size_t i = 0; i < a.size(); ++i) {
+    num += (a[i] - b[i]) * (a[i] - b[i]);
+    den += b[i] * b[i];
+  }
+  return den > 0 ? std::sqrt(num / den) : std::sqrt(num);
+}
+
+std::vector<float> read_state(dion_optimizer_t opt, int32_t tensor, const char* name, dion_state_info_t* info) {
+  int32_t idx = -1;
+  EXPECT_EQ(dion_state_find(opt, tensor, name, &idx), DION_SUCCESS) << dion_last_error(opt);
+  std::memset(info, 0, sizeof *info);
+  info->struct_size = sizeof *info;
+  EXPECT_EQ(dion_state_info(opt, idx, info), DION_SUCCESS);
+  std::vector<float> b(std::max<size_t>(1, info->local_bytes / sizeof(float)));
+  EXPECT_EQ(dion_state_read(opt, idx, b.data(), info->local_bytes, nullptr), DION_SUCCESS);
+  return b;
+}
+
+// The local window [off, off + ext) of a 2-D global row-major state.
+std::vector<double> window(const std::vector<float>& global, int64_t gcols, const int64_t* off, const int64_t* ext) {
+  std::vector<double> w;
+  for (int64_t a = 0; a < ext[0]; ++a)
+    for (int64_t b = 0; b < ext[1]; ++b) w.push_back(global[static_cast<size_t>((off[0] + a) * gcols + off[1] + b)]);
+  return w;
+}
+
+std::vector<Layout> layouts() {
+  std::vector<Layout> out;
+  for (int R = 1; R <= g_size; R *= 2)
+    for (int O = 1; O * R <= g_size; O *= 2) {
+      const int I = g_size / (R * O);
+      if (R * O * I != g_size || (O == 1 && I == 1)) continue;
+      out.push_back({R, O, I});
+    }
+  return out;
+}
+
+class Shard : public ::testing::TestWithParam<Config> {};
+
+TEST_P(Shard, EqualsSingleProcessOnTheGlobalMatrices) {
+  const Config c = GetParam();
+  const auto& S = specs();
+  for (const Layout& L : layouts()) {
+    SCOPED_TRACE("layout R=" + std::to_string(L.R) + " O=" + std::to_string(L.O) + " I=" + std::to_string(L.I));
+    Grid G(L);
+    OptRun dist, ref;
+    build(dist, G, c, true);
+    build(ref, G, c, false);
+    if (HasFatalFailure()) return;
+    std::vector<std::vector<float>> x0(S.size());
+    for (size_t k = 0; k < S.size(); ++k) x0[k] = dist.loc[k].x;
+    for (int s = 0; s < 3; ++s) {
+      fill_grads(dist, ref, G, s);
+      ASSERT_EQ(dist.step(), DION_SUCCESS) << dion_last_error(dist.opt);
+      ASSERT_EQ(ref.step(), DION_SUCCESS) << dion_last_error(ref.opt);
+    }
+    // Traffic: compressed replicate sync moves P and R, not the gradients.
+    uint64_t rep_bytes = 0, outer_bytes = 0, inner_bytes = 0;
+    ASSERT_EQ(dion_get_comm_bytes(dist.opt, DION_MESH_REPLICATE, &rep_bytes, nullptr), DION_SUCCESS);
+    ASSERT_EQ(dion_get_comm_bytes(dist.opt, DION_MESH_OUTER, &outer_bytes, nullptr), DION_SUCCESS);
+    ASSERT_EQ(dion_get_comm_bytes(dist.opt, DION_MESH_INNER, &inner_bytes, nullptr), DION_SUCCESS);
+    if (L.O > 1) EXPECT_GT(outer_bytes, 0u);
+    if (L.I > 1) EXPECT_GT(inner_bytes, 0u);
+    if (L.R > 1) {
+      uint64_t grad_bytes = 0;
+      for (const Local& l : dist.loc) grad_bytes += 4u * static_cast<uint64_t>(l.numel());
+      // rank_fraction 1 never compresses; at 1/4 every tensor here does.
+      if (c.rank_fraction <= 0.25)
+        EXPECT_LT(rep_bytes, grad_bytes) << "compressed sync should move less than the gradients";
+      if (c.rank_fraction == 1.0)
+        EXPECT_GE(rep_bytes, grad_bytes) << "uncompressed sync averages the gradients";
+    }
+    ASSERT_EQ(dion_sync_for_checkpoint(dist.opt, nullptr), DION_SUCCESS) << dion_last_error(dist.opt);
+    double worst = 0;
+    for (size_t k = 0; k < S.size(); ++k) {
+      SCOPED_TRACE("tensor w" + std::to_string(k));
+      const Local& l = dist.loc[k];
+      // parameters: the update, shard vs the reference's window
+      std::vector<double> du, dr;
+      const std::vector<double> r1 = window(ref.loc[k].x, S[k].n, l.off, l.ext);
+      for (int64_t e = 0; e < l.numel(); ++e) du.push_back(static_cast<double>(l.x[static_cast<size_t>(e)]) - x0[k][static_cast<size_t>(e)]);
+      std::vector<double> ref_x0;
+      for (int64_t a = 0; a < l.ext[0]; ++a)
+        for (int64_t b = 0; b < l.ext[1]; ++b) ref_x0.push_back(init_of(static_cast<int>(k), l.global(a, b, S[k].n)));
+      for (size_t e = 0; e < r1.size(); ++e) dr.push_back(r1[e] - ref_x0[e]);
+      if (l.numel() > 0) {
+        const double d = rel_diff(du, dr);
+        worst = std::max(worst, d);
+        EXPECT_LT(d, 1e-4) << "parameter update";
+      }
+      // states: momentum is the parameter's window; Q's rows follow B's columns
+      for (const char* name : {"momentum", "Q"}) {
+        dion_state_info_t di, ri;
+        const std::vector<float> ds = read_state(dist.opt, static_cast<int32_t>(k), name, &di);
+        const std::vector<float> rs = read_state(ref.opt, static_cast<int32_t>(k), name, &ri);
+        ASSERT_EQ(di.global_shape[0], ri.global_shape[0]);
+        ASSERT_EQ(di.global_shape[1], ri.global_shape[1]);
+        const int64_t n_loc = di.local_shape[0] * di.local_shape[1];
+        if (n_loc == 0) continue;
+        const std::vector<double> want = window(rs, ri.global_shape[1], di.local_offset, di.local_shape);
+        std::vector<double> got(ds.begin(), ds.begin() + n_loc);
+        const double d = rel_diff(got, want);
+        worst = std::max(worst, d);
+        EXPECT_LT(d, 1e-4) << name;
+      }
+    }
+    if (g_rank == 0) RecordProperty("worst_rel_diff_R" + std::to_string(L.R) + "O" + std::to_string(L.O) + "I" + std::to_string(L.I), std::to_string(worst));
+  }
+}
+
+const Config kConfigs[] = {
+    {"rcqr_full_rank", 1.0, DION_QR_RCQR, 1},
+    {"rcqr_half_rank", 0.5, DION_QR_RCQR, 1},
+    {"rcqr_quarter_rank", 0.25, DION_QR_RCQR, 1},
+    {"cqr_quarter_rank", 0.25, DION_QR_CQR, 1},
+    {"householder_half_rank", 0.5, DION_QR_QR, 1},
+    {"rcqr_two_power_iters", 0.5, DION_QR_RCQR, 2},
+};
+
+INSTANTIATE_TEST_SUITE_P(All, Shard, ::testing::ValuesIn(kConfigs),
+                         [](const ::testing::TestParamInfo<Config>& i) { return std::string(i.param.name); });
+
+// A rank whose shard leaves a gap fails add_group on every rank of every
+// mesh; so does a rank that shards another dim.
+TEST(ShardErrors, BadTilingAndMismatchedMetadataFailEverywhere) {
+  for (const Layout& L : layouts()) {
+    if (L.O < 2) continue;
+    Grid G(L);
+    {
+      OptRun run;
+      dion_options_t o;
+      dion_options_init(&o);
+      o.backend = g_env.backend;
+      o.device = g_env.device;
+      o.replicate_comm = G.dc[0];
+      o.outer_comm = G.dc[1];
+      o.inner_comm = G.dc[2];
+      ASSERT_EQ(dion_create(&run.opt, &o), DION_SUCCESS);
+      // 12 x 20 sharded on dim 1 over the outer mesh: outer rank 0 (on every
+      // replica and inner rank, so the replicas agree) claims one column too
+      // few.
+      const int64_t m = 12, n = 20;
+      int64_t off = 0, ext = 0;
+      outer_shard(n, L.O, G.o, &off, &ext);
+      if (G.o == 0) ext -= 1;
+      Buf x(m * ext), g(m * ext);
+      dion_tensor_t t;
+      dion_tensor_init(&t);
+      t.name = "gappy";
+      t.param = x.ptr();
+      t.grad = g.ptr();
+      t.ndim = 2;
+      t.shape[0] = m;
+      t.shape[1] = n;
+      t.outer_shard_dim = 1;
+      t.outer_offset = off;
+      t.outer_extent = ext;
+      dion_group_options_t go;
+      dion_group_options_init(&go, DION_ALGO_DION);
+      EXPECT_EQ(dion_add_group(run.opt, &go, &t, 1, nullptr), DION_ERROR_INVALID_ARGUMENT);
+      const std::string msg = dion_last_error(run.opt);
+      EXPECT_NE(msg.find("do not tile"), std::string::npos) << msg;
+      EXPECT_NE(msg.find("gappy"), std::string::npos) << msg;
+      int32_t count = -1;
+      EXPECT_EQ(dion_tensor_count(run.opt, &count), DION_SUCCESS);
+      EXPECT_EQ(count, 0);
+      // The optimizer is still usable: a consistent group goes in.
+      t.outer_extent = ext + (G.o == 0 ? 1 : 0);
+      Buf x2(m * t.outer_extent), g2(m * t.outer_extent);
+      t.param = x2.ptr();
+      t.grad = g2.ptr();
+      EXPECT_EQ(dion_add_group(run.opt, &go, &t, 1, nullptr), DION_SUCCESS) << dion_last_error(run.opt);
+      EXPECT_EQ(dion_step(run.opt, nullptr), DION_SUCCESS) << dion_last_error(run.opt);
+    }
+    {
+      OptRun run;
+      dion_options_t o;
+      dion_options_init(&o);
+      o.backend = g_env.backend;
+      o.device = g_env.device;
+      o.replicate_comm = G.dc[0];
+      o.outer_comm = G.dc[1];
+      o.inner_comm = G.dc[2];
+      ASSERT_EQ(dion_create(&run.opt, &o), DION_SUCCESS);
+      // The last world rank gives a different global shape.
+      const int64_t m = 16, n = g_rank == g_size - 1 ? 17 : 16;
+      int64_t off = 0, ext = 0;
+      outer_shard(m, L.O, G.o, &off, &ext);
+      Buf x(n * ext), g(n * ext);
+      dion_tensor_t t;
+      dion_tensor_init(&t);
+      t.name = "odd";
+      t.param = x.ptr();
+      t.grad = g.ptr();
+      t.ndim = 2;
+      t.shape[0] = m;
+      t.shape[1] = n;
+      t.outer_shard_dim = 0;
+      t.outer_offset = off;
+      t.outer_extent = ext;
+      dion_group_options_t go;
+      dion_group_options_init(&go, DION_ALGO_DION);
+      EXPECT_EQ(dion_add_group(run.opt, &go, &t, 1, nullptr), DION_ERROR_INVALID_ARGUMENT);
+      const std::string msg = dion_last_error(run.opt);
+      EXPECT_TRUE(msg.find("differ between the ranks") != std::string::npos ||
+                  msg.find("another rank") != std::string::npos)
+          << msg;
+    }
+  }
+}
+
+// A NaN in one element of one rank's gradient shard makes every rank of
+// every mesh skip the step, and nothing moves.
+TEST(ShardErrors, NonFiniteOnOneRankSkipsEverywhere) {
+  for (const Layout& L : layouts()) {
+    Grid G(L);
+    Config c{"x", 0.5, DION_QR_RCQR, 1};
+    OptRun dist, ref;
+    build(dist, G, c, true);
+    build(ref, G, c, false);
+    if (HasFatalFailure()) return;
+    fill_grads(dist, ref, G, 0);
+    ASSERT_EQ(dist.step(), DION_SUCCESS) << dion_last_error(dist.opt);
+    std::vector<std::vector<float>> before;
+    for (const Local& l : dist.loc) before.push_back(l.x);
+    fill_grads(dist, ref, G, 1);
+    if (g_rank == g_size - 1) {
+      for (Local& l : dist.loc)
+        if (l.numel() > 0) {
+          l.g[0] = std::nanf("");
+          break;
+        }
+    }
+    ASSERT_EQ(dist.step(), DION_SUCCESS) << dion_last_error(dist.opt);
+    int64_t skipped = 0;
+    int32_t last = 0;
+    ASSERT_EQ(dion_get_skipped_steps(dist.opt, &skipped, &last, nullptr), DION_SUCCESS);
+    EXPECT_EQ(last, 1);
+    EXPECT_EQ(skipped, 1);
+    for (size_t k = 0; k < dist.loc.size(); ++k)
+      EXPECT_EQ(std::memcmp(before[k].data(), dist.loc[k].x.data(), sizeof(float) * before[k].size()), 0);
+  }
+}
+
+}  // namespace
