@@ -3,10 +3,12 @@
 # suites (ctest -L gpu), the unit suites, and the benchmarks, writing every
 # log under the folder given as $1 (default: gpu-logs).
 #
-#   tools/gpu_check.sh OUTDIR [all|build|test|bench|nccl]
+#   tools/gpu_check.sh OUTDIR [all|build|test|bench|nccl|mesh-bench]
 #
 # `nccl` runs the NCCL suites (ctest -L nccl: 2 and 4 ranks, one GPU each;
-# on a 2-GPU machine the 4-rank runs are skipped) and the op tests.
+# on a 2-GPU machine the 4-rank runs are skipped) and the op tests;
+# `mesh-bench` runs bench/run_mesh.sh (dion-bench-mesh over the layouts that
+# fit the visible GPUs).
 # Environment: BUILD_DIR (default build-gpu), BENCH_ARGS (extra dion-bench
 # arguments for a partial benchmark run, e.g. "--workload gpt-160m").
 set -uo pipefail
@@ -47,6 +49,9 @@ if [ "$what" = nccl ]; then
   echo "nccl suites: $(( $(date +%s) - t0 )) s"
   ctest --test-dir "$build" -R "^ops_" --output-on-failure > "$out/ctest-ops.log" 2>&1 || rc=1
   grep -E "tests passed|tests failed|\(Failed\)" "$out/ctest-ops.log"
+fi
+if [ "$what" = mesh-bench ]; then
+  DION_BENCH_MESH="$build/dion-bench-mesh" bash bench/run_mesh.sh "$out" "${MESH_ALGOS:-dion muon}" || rc=1
 fi
 if [ "$what" = all ] || [ "$what" = bench ]; then
   t0=$(date +%s)
