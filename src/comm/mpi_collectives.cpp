@@ -4,8 +4,11 @@
 #if DION_WITH_MPI
 #include <mpi.h>
 
+#include <chrono>
 #include <climits>
 #include <cstdio>
+#include <cstdlib>
+#include <thread>
 #include <vector>
 
 #include "collectives.hpp"
@@ -43,7 +46,7 @@ class MpiCollectives final : public Collectives {
     const char* what = "all_reduce";
     require_mpi_running(what);
     int cnt = to_int(n, what, "n");
-    check(MPI_Allreduce(MPI_IN_PLACE, buf, cnt, MPI_FLOAT, mpi_op(op), mc_), what, "MPI_Allreduce");
+    run(MPI_Iallreduce(MPI_IN_PLACE, buf, cnt, MPI_FLOAT, mpi_op(op), mc_, &req_), what, "MPI_Iallreduce");
     if (op == ReduceOp::kAvg) divide(buf, n);
   }
 
@@ -52,14 +55,15 @@ class MpiCollectives final : public Collectives {
     require_mpi_running(what);
     static_assert(sizeof(int) == sizeof(int32_t), "MPI_INT is int32_t");
     int cnt = to_int(n, what, "n");
-    check(MPI_Allreduce(MPI_IN_PLACE, buf, cnt, MPI_INT, mpi_op(op), mc_), what, "MPI_Allreduce");
+    run(MPI_Iallreduce(MPI_IN_PLACE, buf, cnt, MPI_INT, mpi_op(op), mc_, &req_), what, "MPI_Iallreduce");
   }
 
   void do_reduce_scatter(const float* send, float* recv, int64_t block, ReduceOp op) override {
     const char* what = "reduce_scatter";
     require_mpi_running(what);
     int cnt = to_int(block, what, "block");
-    check(MPI_Reduce_scatter_block(send, recv, cnt, MPI_FLOAT, mpi_op(op), mc_), what, "MPI_Reduce_scatter_block");
+    run(MPI_Ireduce_scatter_block(send, recv, cnt, MPI_FLOAT, mpi_op(op), mc_, &req_), what,
+        "MPI_Ireduce_scatter_block");
     if (op == ReduceOp::kAvg) divide(recv, block);
   }
 
@@ -68,7 +72,7 @@ class MpiCollectives final : public Collectives {
     require_mpi_running(what);
     int cnt = to_int(block, what, "block");
     const void* s = send == recv + block * rank() ? MPI_IN_PLACE : send;
-    check(MPI_Allgather(s, cnt, MPI_FLOAT, recv, cnt, MPI_FLOAT, mc_), what, "MPI_Allgather");
+    run(MPI_Iallgather(s, cnt, MPI_FLOAT, recv, cnt, MPI_FLOAT, mc_, &req_), what, "MPI_Iallgather");
   }
 
   void do_all_gather_v(const float* send, float* recv, const int64_t* counts, const int64_t* displs) override {
@@ -81,8 +85,9 @@ class MpiCollectives final : public Collectives {
     // dummies (never read or written).
     float dummy_s = 0.f, dummy_r = 0.f;
     const void* s = send == recv + displs[rank()] ? MPI_IN_PLACE : (send ? send : &dummy_s);
-    check(MPI_Allgatherv(s, c0_[rank()], MPI_FLOAT, recv ? recv : &dummy_r, c0_.data(), d0_.data(), MPI_FLOAT, mc_),
-          what, "MPI_Allgatherv");
+    run(MPI_Iallgatherv(s, c0_[rank()], MPI_FLOAT, recv ? recv : &dummy_r, c0_.data(), d0_.data(), MPI_FLOAT, mc_,
+                       &req_),
+        what, "MPI_Iallgatherv");
   }
 
   void do_all_to_all_v(const float* send, const int64_t* send_counts, const int64_t* send_displs, float* recv,
@@ -94,19 +99,61 @@ class MpiCollectives final : public Collectives {
     to_ints(recv_counts, "recv_counts", what, c1_);
     to_ints(recv_displs, "recv_displs", what, d1_);
     float dummy_s = 0.f, dummy_r = 0.f;
-    check(MPI_Alltoallv(send ? send : &dummy_s, c0_.data(), d0_.data(), MPI_FLOAT, recv ? recv : &dummy_r, c1_.data(),
-                        d1_.data(), MPI_FLOAT, mc_),
-          what, "MPI_Alltoallv");
+    run(MPI_Ialltoallv(send ? send : &dummy_s, c0_.data(), d0_.data(), MPI_FLOAT, recv ? recv : &dummy_r, c1_.data(),
+                       d1_.data(), MPI_FLOAT, mc_, &req_),
+        what, "MPI_Ialltoallv");
   }
 
   void do_broadcast(float* buf, int64_t n, int32_t root) override {
     const char* what = "broadcast";
     require_mpi_running(what);
     int cnt = to_int(n, what, "n");
-    check(MPI_Bcast(buf, cnt, MPI_FLOAT, root, mc_), what, "MPI_Bcast");
+    run(MPI_Ibcast(buf, cnt, MPI_FLOAT, root, mc_, &req_), what, "MPI_Ibcast");
   }
 
  private:
+  // Every collective is started non-blocking and waited for here, with a
+  // deadline: a rank that died, hung or stopped calling the library would
+  // otherwise leave the others blocked forever. On timeout the communicator
+  // is marked failed (as dion_comm_abort does), so every later call through
+  // it, on any optimizer, fails at once; the pending request cannot be
+  // cancelled (MPI has no cancel for collectives) and is abandoned. A
+  // dion_comm_abort from another thread also ends the wait.
+  void run(int err, const char* what, const char* fn) {
+    check(err, what, fn);
+    using clock = std::chrono::steady_clock;
+    const clock::time_point start = clock::now();
+    int done = 0;
+    for (long polls = 0;; ++polls) {
+      check(MPI_Test(&req_, &done, MPI_STATUS_IGNORE), what, fn);
+      if (done) return;
+      if (comm_->aborted.load(std::memory_order_acquire))
+        fail_coll(DION_ERROR_MPI, what, format("%s: the communicator was aborted (dion_comm_abort) while waiting", fn));
+      // Spin while a collective is likely to finish quickly, then yield the core.
+      if (polls < 20000) continue;
+      const double waited = std::chrono::duration<double>(clock::now() - start).count();
+      if (timeout_s_ > 0 && waited > timeout_s_) {
+        comm_->aborted.store(true, std::memory_order_release);
+        fail_coll(DION_ERROR_MPI, what,
+                  format("%s did not complete within %g s (DION_COMM_TIMEOUT): a rank of the mesh may have died, hung "
+                         "or stopped calling the library; the communicator is now marked failed and every later call "
+                         "through it fails at once",
+                         fn, timeout_s_));
+      }
+      std::this_thread::sleep_for(std::chrono::microseconds(50));
+    }
+  }
+
+  // DION_COMM_TIMEOUT (seconds; 0 or negative: wait forever), default 600 s
+  // as torch.distributed's default collective timeout.
+  static double timeout_from_env() {
+    const char* v = std::getenv("DION_COMM_TIMEOUT");
+    if (!v || !*v) return 600.0;
+    char* end = nullptr;
+    const double t = std::strtod(v, &end);
+    return end && *end == '\0' ? t : 600.0;
+  }
+
   void check(int err, const char* what, const char* fn) const {
     if (err == MPI_SUCCESS) return;
     char msg[MPI_MAX_ERROR_STRING] = {};
@@ -150,6 +197,8 @@ class MpiCollectives final : public Collectives {
   static MPI_Op mpi_op(ReduceOp op) { return op == ReduceOp::kMax ? MPI_MAX : MPI_SUM; }
 
   MPI_Comm mc_ = MPI_COMM_NULL;
+  MPI_Request req_ = MPI_REQUEST_NULL;
+  double timeout_s_ = timeout_from_env();
   // Scratch for the int counts/displacements, kept to avoid an allocation per call.
   std::vector<int> c0_, d0_, c1_, d1_;
 };
