@@ -305,6 +305,12 @@ DION_API dion_status_t dion_create(dion_optimizer_t* out, const dion_options_t* 
     if (o.replicate_comm && o.replicate_comm->size > 1) opt->rep = make_collectives(o.replicate_comm, "replicate");
     if (o.outer_comm && o.outer_comm->size > 1) opt->outer = make_collectives(o.outer_comm, "outer");
     if (o.inner_comm && o.inner_comm->size > 1) opt->inner = make_collectives(o.inner_comm, "inner");
+    // Blocking waits on the device must not hang on a dead peer's NCCL kernels.
+    if (o.backend == DION_BACKEND_CUDA && (opt->rep || opt->outer || opt->inner)) {
+      opt->wait_guard.opt = opt.get();
+      opt->wait_guard.timeout_s = comm_timeout_s();
+      opt->backend->set_wait_guard(&opt->wait_guard);
+    }
     int32_t max_mesh = 1;
     for (dion_comm_t c : comms)
       if (c) max_mesh = std::max(max_mesh, c->size);

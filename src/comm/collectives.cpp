@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <cstdlib>
 #include <limits>
 
 namespace dion {
@@ -57,6 +58,16 @@ void Collectives::check_usable(const char* what) const {
     fail_coll(transport_status(), what,
               "the communicator was aborted (dion_comm_abort); no communication was attempted");
 }
+
+double comm_timeout_s() {
+  const char* v = std::getenv("DION_COMM_TIMEOUT");
+  if (!v || !*v) return 600.0;
+  char* end = nullptr;
+  const double t = std::strtod(v, &end);
+  return end && *end == '\0' ? t : 600.0;
+}
+
+void Collectives::abort_comm() { comm_->aborted.store(true, std::memory_order_release); }
 
 void Collectives::count(CollKind k, uint64_t bytes) {
   step_[static_cast<int>(k)] += bytes;

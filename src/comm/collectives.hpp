@@ -114,6 +114,14 @@ class Collectives {
   // buf[0..n) on root is copied to every rank.
   void broadcast(float* buf, int64_t n, int32_t root);
 
+  // ---- health ----
+  // Throws DION_ERROR_NCCL if the transport reports an asynchronous error
+  // (NCCL: ncclCommGetAsyncError); never blocks. MPI reports errors per call.
+  virtual void check_async() {}
+  // Marks the communicator failed, as dion_comm_abort does (NCCL: aborts a
+  // communicator libdion created, which ends its kernels in flight).
+  virtual void abort_comm();
+
   // ---- byte counters ----
   // Convention: the bytes of payload this rank hands to a collective, i.e.
   // its send buffer, whatever the transport does on the wire (a ring
@@ -183,5 +191,10 @@ class Collectives {
 // every rank and never issue NCCL calls on that communicator from another
 // thread while the library uses it.
 std::unique_ptr<Collectives> make_collectives(dion_comm_t comm, const char* mesh_name);
+
+// How long a wait on a mesh may last before the library gives up with an
+// error: DION_COMM_TIMEOUT in seconds (0 or negative: forever), default 600
+// as torch.distributed's default collective timeout.
+double comm_timeout_s();
 
 }  // namespace dion

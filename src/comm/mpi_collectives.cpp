@@ -144,16 +144,6 @@ class MpiCollectives final : public Collectives {
     }
   }
 
-  // DION_COMM_TIMEOUT (seconds; 0 or negative: wait forever), default 600 s
-  // as torch.distributed's default collective timeout.
-  static double timeout_from_env() {
-    const char* v = std::getenv("DION_COMM_TIMEOUT");
-    if (!v || !*v) return 600.0;
-    char* end = nullptr;
-    const double t = std::strtod(v, &end);
-    return end && *end == '\0' ? t : 600.0;
-  }
-
   void check(int err, const char* what, const char* fn) const {
     if (err == MPI_SUCCESS) return;
     char msg[MPI_MAX_ERROR_STRING] = {};
@@ -198,7 +188,7 @@ class MpiCollectives final : public Collectives {
 
   MPI_Comm mc_ = MPI_COMM_NULL;
   MPI_Request req_ = MPI_REQUEST_NULL;
-  double timeout_s_ = timeout_from_env();
+  double timeout_s_ = comm_timeout_s();
   // Scratch for the int counts/displacements, kept to avoid an allocation per call.
   std::vector<int> c0_, d0_, c1_, d1_;
 };

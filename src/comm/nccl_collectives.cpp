@@ -45,6 +45,17 @@ class NcclCollectives final : public Collectives {
     if (state != ncclSuccess) fail_nccl(state, what, "the communicator is in error");
   }
 
+  void check_async() override {
+    if (comm_->aborted.load(std::memory_order_acquire)) return;
+    ncclResult_t state = ncclSuccess;
+    if (ncclCommGetAsyncError(nc_, &state) == ncclSuccess && state != ncclSuccess && state != ncclInProgress)
+      fail_nccl(state, "wait", "ncclCommGetAsyncError");
+  }
+
+  void abort_comm() override {
+    if (!comm_->aborted.exchange(true) && comm_->kind == CommKind::kNcclOwned) ncclCommAbort(nc_);
+  }
+
  protected:
   void do_set_stream(void* stream) override { stream_ = static_cast<cudaStream_t>(stream); }
 

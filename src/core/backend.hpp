@@ -76,6 +76,18 @@ struct StepStatus {
   int64_t skipped_steps;  // total skipped
 };
 
+// What a blocking wait does while the device has not finished (optimizers
+// with NCCL meshes install one): poll() may throw to end the wait (a
+// communicator reported an asynchronous error); after timeout_s seconds
+// (<= 0: never) on_timeout() runs (it aborts the communicators so hung
+// kernels end) and the wait throws DION_ERROR_NCCL.
+struct WaitGuard {
+  virtual ~WaitGuard() = default;
+  virtual void poll() = 0;
+  virtual void on_timeout() = 0;
+  double timeout_s = 0;
+};
+
 class Backend {
  public:
   virtual ~Backend() = default;
@@ -103,6 +115,13 @@ class Backend {
   // Waits for the last step (see end_step), for the current stream if one
   // was set, and for the backend's own work.
   virtual void synchronize() = 0;
+  // Writes *flag = value (backend memory) at once, without waiting for the
+  // work in flight (which may be hung): work already enqueued that reads the
+  // flag later sees the value.
+  virtual void poke_flag(int32_t* flag, int32_t value) = 0;
+  // Installs (or, with nullptr, removes) the guard of the blocking waits;
+  // backends whose waits cannot hang ignore it.
+  virtual void set_wait_guard(WaitGuard* guard) { (void)guard; }
   // Marks the end of a step's work on the current stream: the blocking calls
   // (copy_sync, synchronize) wait for it, so they never need the step's stream.
   virtual void end_step() {}

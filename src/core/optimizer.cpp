@@ -39,6 +39,20 @@ void Workspace::free(Backend& be) {
   cap_ = used_ = 0;
 }
 
+void MeshWaitGuard::poll() {
+  for (Collectives* c : {opt->rep.get(), opt->outer.get(), opt->inner.get()})
+    if (c) c->check_async();
+}
+
+void MeshWaitGuard::on_timeout() {
+  // The step in flight is treated as skipped before its hung collectives are
+  // aborted: its parameter and state writes still queued behind them read
+  // the flag and write nothing (writes that ran before the hang stay).
+  opt->backend->poke_flag(&opt->status->skip, 1);
+  for (Collectives* c : {opt->rep.get(), opt->outer.get(), opt->inner.get()})
+    if (c) c->abort_comm();
+}
+
 Optimizer::~Optimizer() {
   if (backend) {
     // Work in flight may still read these buffers: wait for it, and never

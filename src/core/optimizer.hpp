@@ -134,6 +134,14 @@ class Workspace {
   size_t cap_ = 0, used_ = 0;
 };
 
+struct Optimizer;
+// The wait guard of an optimizer with NCCL meshes (see WaitGuard).
+struct MeshWaitGuard final : WaitGuard {
+  Optimizer* opt = nullptr;
+  void poll() override;
+  void on_timeout() override;
+};
+
 struct Optimizer {
   uint64_t magic_head = kMagicHead;
   dion_options_t options{};
@@ -145,6 +153,7 @@ struct Optimizer {
   StepStatus* status = nullptr;  // backend memory
   // Each mesh's collectives when it has more than one rank, else null.
   std::unique_ptr<Collectives> rep, outer, inner;
+  MeshWaitGuard wait_guard;  // installed in the backend when a mesh runs on the device (NCCL)
   std::vector<int64_t> coll_idx;  // counts/displacements of uneven collectives (capacity reserved at create)
   size_t table_bytes = 0;        // backend memory held by tables and scalars
   std::string last_error;

@@ -4,9 +4,10 @@
 #   run_kill_rank.sh MPIEXEC BINARY N
 set -u
 mpiexec=$1 bin=$2 n=$3
-log=$(DION_COMM_TIMEOUT=3 OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 \
+log=$(NCCL_NVLS_ENABLE=0 DION_COMM_TIMEOUT=3 OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 \
   timeout 120 "$mpiexec" --oversubscribe --enable-recovery -n "$n" "$bin" 2>&1)
 echo "$log"
+if grep -q "needs one GPU per rank" <<< "$log"; then exit 0; fi
 pass=$(grep -c "KILL-TEST PASS" <<< "$log")
 if [ "$pass" -ne $((n - 1)) ]; then
   echo "expected $((n - 1)) survivors to pass, got $pass"

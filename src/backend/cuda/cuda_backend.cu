@@ -13,6 +13,8 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <chrono>
+#include <thread>
 #include <climits>
 #include <vector>
 #include <string>
@@ -182,6 +184,7 @@ class CudaBackend final : public Backend {
       blas_ws_ = cuda::device_malloc(kCublasWorkspaceBytes, device_, "cuBLAS workspace");
       check(cudaStreamCreateWithFlags(&own_, cudaStreamNonBlocking), "cudaStreamCreateWithFlags");
       check(cudaEventCreateWithFlags(&done_, cudaEventDisableTiming), "cudaEventCreateWithFlags");
+      check(cudaEventCreateWithFlags(&mark_, cudaEventDisableTiming), "cudaEventCreateWithFlags");
       bind_stream();
     } catch (...) {
       destroy();
@@ -733,9 +736,51 @@ class CudaBackend final : public Backend {
     return cm;
   }
 
+  void set_wait_guard(WaitGuard* guard) override { guard_ = guard; }
+
+  // On the backend's own non-blocking stream, which never waits for the
+  // caller's: lands even while the step's kernels are stuck.
+  void poke_flag(int32_t* flag, int32_t value) override {
+    DeviceScope ds(device_);
+    poke_ = value;
+    check(cudaMemcpyAsync(flag, &poke_, sizeof(int32_t), cudaMemcpyHostToDevice, own_), "cudaMemcpyAsync (poke_flag)");
+    check(cudaStreamSynchronize(own_), "cudaStreamSynchronize (poke_flag)");
+  }
+
   void wait_for_work() {
-    check(cudaEventSynchronize(done_), "cudaEventSynchronize (last step)");
-    if (stream_) check(cudaStreamSynchronize(stream_), "cudaStreamSynchronize");
+    wait_event(done_, "cudaEventSynchronize (last step)");
+    if (stream_) {
+      check(cudaEventRecord(mark_, stream_), "cudaEventRecord (wait)");
+      wait_event(mark_, "cudaStreamSynchronize");
+    }
+  }
+
+  // Without a guard, a plain blocking wait. With one (NCCL meshes), a poll
+  // with a deadline: a peer that died leaves NCCL kernels spinning forever,
+  // and the guard turns that into an error instead of a hang.
+  void wait_event(cudaEvent_t ev, const char* what) {
+    if (!guard_) {
+      check(cudaEventSynchronize(ev), what);
+      return;
+    }
+    using clock = std::chrono::steady_clock;
+    const clock::time_point start = clock::now();
+    for (long polls = 0;; ++polls) {
+      const cudaError_t e = cudaEventQuery(ev);
+      if (e == cudaSuccess) return;
+      if (e != cudaErrorNotReady) check(e, what);
+      if (polls < 1000) continue;
+      guard_->poll();
+      const double waited = std::chrono::duration<double>(clock::now() - start).count();
+      if (guard_->timeout_s > 0 && waited > guard_->timeout_s) {
+        guard_->on_timeout();
+        throw Error(DION_ERROR_NCCL,
+                    format("the optimizer's work did not finish within %g s (DION_COMM_TIMEOUT): a rank of a mesh may "
+                           "have died, hung or stopped calling the library; its NCCL communicators were aborted",
+                           guard_->timeout_s));
+      }
+      std::this_thread::sleep_for(std::chrono::microseconds(100));
+    }
   }
 
   void destroy() noexcept {
@@ -745,6 +790,8 @@ class CudaBackend final : public Backend {
     if (done_) (void)cudaEventSynchronize(done_);
     if (own_) (void)cudaStreamSynchronize(own_);
     if (done_) (void)cudaEventDestroy(done_);
+    if (mark_) (void)cudaEventDestroy(mark_);
+    mark_ = nullptr;
     if (own_) (void)cudaStreamDestroy(own_);
     done_ = nullptr;
     own_ = nullptr;
@@ -768,6 +815,9 @@ class CudaBackend final : public Backend {
   cudaStream_t stream_ = nullptr;  // the current API call's stream; nullptr: the legacy default stream
   cudaStream_t own_ = nullptr;     // for blocking copies
   cudaEvent_t done_ = nullptr;     // recorded at the end of each step
+  cudaEvent_t mark_ = nullptr;     // recorded on the caller's stream by a wait
+  WaitGuard* guard_ = nullptr;
+  int32_t poke_ = 0;
   Profiler prof_;
   // Largest n factored by potrfBatched (larger: potrf per matrix);
   // DION_POTRF_BATCHED_MAX overrides it (a tuning knob for the benchmarks).

@@ -72,6 +72,7 @@ class HostBackend final : public Backend {
       std::memmove(static_cast<char*>(dst) + i * dpitch, static_cast<const char*>(src) + i * spitch, width);
   }
   void copy_sync(void* dst, const void* src, size_t bytes) override { copy(dst, src, bytes); }
+  void poke_flag(int32_t* flag, int32_t value) override { *flag = value; }
   void synchronize() override {}
 
   void load(float* dst, const void* src, dion_dtype_t dt, int64_t n) override {
