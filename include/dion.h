@@ -229,7 +229,14 @@ DION_API dion_status_t dion_comm_from_mpi_fint(dion_comm_t* comm, int32_t fortra
 DION_API dion_status_t dion_comm_size(dion_comm_t comm, int32_t* size);
 DION_API dion_status_t dion_comm_rank(dion_comm_t comm, int32_t* rank);
 
-/* Aborts the communicator (ncclCommAbort for a communicator libdion created;
+/* Waits on a mesh are bounded: the environment variable DION_COMM_TIMEOUT
+ * (seconds, default 600; 0 waits forever) limits how long a collective (MPI)
+ * or a blocking call waiting for the device (NCCL) may wait for the other
+ * ranks. Past it the call returns DION_ERROR_MPI / DION_ERROR_NCCL, the step
+ * in flight writes nothing more, and the communicator is marked failed
+ * (libdion's own NCCL communicators are aborted).
+ *
+ * Aborts the communicator (ncclCommAbort for a communicator libdion created;
  * for an adopted or MPI communicator it only marks it failed). Any later
  * collective through it, and any dion_step of an optimizer using it, returns
  * DION_ERROR_NCCL / DION_ERROR_MPI instead of hanging. */
