@@ -10,7 +10,7 @@ cd "$(dirname "$0")/.."
 BUILD_DIR=${BUILD_DIR:-build}
 
 PACKAGES=(cmake ninja-build g++ gcc gfortran pkg-config libgtest-dev libopenblas-dev liblapack-dev
-          libopenmpi-dev openmpi-bin python3 python3-numpy python3-pytest python3-torch cbindgen
+          libopenmpi-dev openmpi-bin python3 python3-numpy python3-pytest python3-torch python3-mpi4py cbindgen
           clang llvm libclang-rt-dev)
 
 deps() {

@@ -10,7 +10,8 @@
 # python3-pytest). Exits non-zero when the library is missing, a test fails,
 # or no test ran. The libdion.torch tests (tests/test_torch_*.py) need
 # PyTorch (Debian's python3-torch); without it they are skipped, with a
-# message here and in pytest's summary. Those needing a GPU skip themselves.
+# message here and in pytest's summary. Those needing a GPU skip themselves;
+# tests/test_torch_mpi.py (mpirun -n 2 and 4) needs mpi4py (python3-mpi4py).
 set -euo pipefail
 
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
@@ -44,6 +45,13 @@ if torch_version="$("$python" -c 'import torch; print(torch.__version__)' 2>/dev
 else
   echo "ci.sh: torch is not importable by $python (apt-get install python3-torch): the libdion.torch tests" \
        "(tests/test_torch_*.py) will be SKIPPED"
+fi
+
+if "$python" -c 'import mpi4py' 2>/dev/null; then
+  echo "ci.sh: mpi4py found: running libdion.torch over MPI too (tests/test_torch_mpi.py: mpirun -n 2 and -n 4)"
+else
+  echo "ci.sh: mpi4py is not importable by $python (apt-get install python3-mpi4py): the MPI tests of" \
+       "libdion.torch (tests/test_torch_mpi.py) will be SKIPPED"
 fi
 
 export LIBDION_PATH="$lib"

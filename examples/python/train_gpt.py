@@ -314,8 +314,8 @@ def parse_args(argv=None):
     p.add_argument("--no-amp", dest="amp", action="store_false", help="no bf16 autocast on CUDA")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", default="train_gpt_out", help="directory for losses.csv and losses.png")
-    p.add_argument("--ddp", action="store_true", help="DistributedDataParallel (not yet supported)")
-    p.add_argument("--fsdp", action="store_true", help="FSDP2 sharding (not yet supported)")
+    p.add_argument("--ddp", action="store_true", help="DistributedDataParallel (not yet supported by this example)")
+    p.add_argument("--fsdp", action="store_true", help="FSDP2 sharding (not yet supported by this example)")
     args = p.parse_args(argv)
     if args.heads is None:
         args.heads = max(1, args.d_model // 64)
@@ -331,9 +331,9 @@ def parse_args(argv=None):
 def main(argv=None) -> int:
     args = parse_args(argv)
     if args.ddp or args.fsdp:
-        print("train_gpt.py: --%s is not yet supported: libdion's PyTorch front end runs on one device for now "
-              "(multi-rank meshes come with the library's NCCL support)" % ("ddp" if args.ddp else "fsdp"),
-              file=sys.stderr)
+        print("train_gpt.py: --%s is not yet supported by this example, which trains on one device; libdion.torch "
+              "itself takes DDP, FSDP2 and tensor-parallel meshes (bindings/python/README.md, 'Several ranks'; "
+              "tests/torchrun has small programs for each)" % ("ddp" if args.ddp else "fsdp"), file=sys.stderr)
         return 2
     device = torch.device(args.device)
     train_data, val_data, what = load_data(args.data, args.val_fraction, args.context)

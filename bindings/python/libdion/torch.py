@@ -75,12 +75,37 @@ CUDA graphs
     other hyperparameters (``mu``, ``epsilon``, ...) are captured by value:
     after changing one, ``sync_hparams()`` and capture again.
 
-Not yet supported (clear ``NotImplementedError``): meshes or process groups
-with more than one rank (``replicate_mesh``, ``outer_shard_mesh``,
-``inner_shard_mesh``, ``distributed_mesh``), DTensor parameters, a Python
-``newton_schulz_func`` and ``use_gram_newton_schulz``. ``use_triton``,
-``triton_post_ortho`` and ``verbose`` are accepted and ignored (libdion has
-its own kernels).
+Several ranks (DDP, FSDP2, tensor parallel; ``_torch_dist.py`` has the details)
+    Meshes are torch ProcessGroups, 1-D DeviceMeshes or mpi4py communicators.
+    ``Dion(replicate_mesh=, outer_shard_mesh=, inner_shard_mesh=,
+    replicate_mesh_grad_sync=)`` map one to one to libdion's replicate, outer
+    shard (FSDP) and inner shard (TP) meshes. The megabatch family's
+    ``distributed_mesh`` (microsoft/dion spec §7) is libdion's outer mesh when
+    some parameter is sharded over it (FSDP2), else its replicate mesh with
+    ``replicate_grad_sync=0`` (DDP averaged the gradients already; the mesh
+    splits the orthogonalizations). CUDA parameters get NCCL communicators
+    (rank 0 of each group draws the unique id, broadcast with
+    ``torch.distributed``), CPU parameters MPI ones (mpi4py: the communicator
+    given, or one split from ``MPI.COMM_WORLD`` with the group's ranks);
+    communicators are shared per group and destroyed by ``close()`` of the
+    last optimizer using them. Creating an optimizer, ``step()`` and
+    ``synchronize_for_checkpoint()`` are collective over the meshes.
+
+    DTensor parameters (``fully_shard``, ``parallelize_module``) are passed as
+    their local shards with the global shape and, for each ``Shard(d)``
+    placement on a mesh dim whose group is one of the optimizer's meshes,
+    that mesh's shard dim and this rank's offset/extent (torch's chunking).
+    ``Replicate`` needs nothing; ``_StridedShard``, ``Partial``, a shard over a
+    mesh the optimizer was not given, and one dim sharded over two meshes are
+    refused with a message saying what to change. ``state_dict()`` returns the
+    states of DTensor parameters as DTensors over the parameter's mesh
+    (momentum placed like the parameter, Dion's Q Shard(0) on the outer mesh
+    dim), so torch.distributed.checkpoint saves and reshards them;
+    ``load_state_dict()`` takes them back (or local or global plain tensors).
+
+Not supported (clear ``NotImplementedError``): a Python ``newton_schulz_func``
+and ``use_gram_newton_schulz``. ``use_triton``, ``triton_post_ortho`` and
+``verbose`` are accepted and ignored (libdion has its own kernels).
 """
 from __future__ import annotations
 
@@ -96,6 +121,7 @@ except ImportError as e:  # libdion itself needs no torch; only this module does
 
 from . import _lib as L
 from ._lib import DionInvalidArgument, DionInvalidUsage, DionNotSupported
+from . import _torch_dist as _D
 from .core import _GROUP_FIELDS, HPARAMS, Optimizer as _LibOptimizer, TensorSpec
 
 __all__ = ["Dion", "Dion2", "Muon", "NorMuon", "NorDion2", "Dion3", "DionMixedPrecisionConfig"]
@@ -197,32 +223,32 @@ def _check_betas(betas, where: str) -> Tuple[float, float]:
     return b1, b2
 
 
-def _mesh_size(mesh, name: str, where: str) -> int:
-    """Ranks in a DeviceMesh or ProcessGroup (None: 1)."""
-    if mesh is None:
-        return 1
-    size = getattr(mesh, "size", None)
-    if not callable(size):
-        raise TypeError("%s: %s must be None, a torch DeviceMesh or a ProcessGroup, got %s" %
-                        (where, name, type(mesh).__name__))
-    return int(size())
+def _materialize(params) -> List[Any]:
+    """``params`` as torch.optim takes it, with every group's ``params`` made a list (generators are read once)."""
+    if isinstance(params, torch.Tensor):
+        return params  # torch.optim.Optimizer explains that this is an error
+    out = list(params)
+    for i, g in enumerate(out):
+        if isinstance(g, dict) and "params" in g and not isinstance(g["params"], (torch.Tensor, list)):
+            out[i] = dict(g, params=list(g["params"]))
+    return out
 
 
-def _check_meshes(meshes: Dict[str, Any], where: str) -> None:
-    """Single-process meshes (None or one rank) are accepted; larger ones are not supported yet."""
-    for name, mesh in meshes.items():
-        n = _mesh_size(mesh, name, where)
-        if n > 1:
-            raise DionNotSupported(
-                "%s: %s has %d ranks, but the PyTorch front end of libdion does not support multi-rank meshes "
-                "yet (distributed Dion/Muon over DDP, FSDP2 or TP comes with the library's NCCL meshes); pass "
-                "None, or a mesh of one rank, and run one process per model replica without a mesh for now"
-                % (where, name, n), L.DION_ERROR_NOT_SUPPORTED)
+def _all_params(params: List[Any]) -> List[torch.Tensor]:
+    if isinstance(params, torch.Tensor):
+        return []
+    out = []
+    for g in params:
+        if isinstance(g, dict):
+            ps = g.get("params", [])
+            out.extend([ps] if isinstance(ps, torch.Tensor) else list(ps))
+        else:
+            out.append(g)
+    return out
 
 
 def _is_dtensor(t: torch.Tensor) -> bool:
-    return type(t).__name__ == "DTensor" or hasattr(t, "_local_tensor")
-
+    return _D.is_dtensor(t)
 
 # --------------------------------------------------------------------------
 # Bookkeeping
@@ -239,6 +265,7 @@ class _Binding:
     dtype: torch.dtype
     param_ptr: int
     grad_ptr: Optional[int]
+    shard: Optional[_D.ShardInfo] = None   # a DTensor parameter: its layout over the meshes
 
 
 @dataclasses.dataclass
@@ -268,16 +295,59 @@ class _LibdionOptimizer(torch.optim.Optimizer):
     _matrix_ndim: Tuple[int, int] = (2, L.DION_MAX_DIMS)
 
     def _setup(self, params, defaults: Dict[str, Any], *, lib_options: Dict[str, Any],
-               replicate_grad_sync: bool, seed: int, skip_nonfinite: bool) -> None:
+               replicate_grad_sync: bool, seed: int, skip_nonfinite: bool,
+               meshes: Optional[Dict[str, Tuple[Any, str]]] = None, distributed_mesh: Any = None) -> None:
+        """``meshes``: role -> (mesh, argument name) (Dion); ``distributed_mesh``: the megabatch family's mesh."""
+        self._comms: List[int] = []  # libdion communicators acquired for this optimizer (released by close())
+        self._core: Optional[_LibOptimizer] = None
+        params = _materialize(params)
+        where = self._name
+        specs: Dict[str, Optional[_D.MeshSpec]] = {}
+        if meshes is not None:
+            for role, (obj, arg) in meshes.items():
+                specs[role] = _D.mesh_spec(obj, role, arg, where, keep_one_rank=True)
+        spec = _D.mesh_spec(distributed_mesh, "outer", "distributed_mesh", where)
+        if spec is not None:
+            # microsoft/dion's distributed_mesh (spec §7.1-7.2) is the mesh the parameters are sharded over
+            # (FSDP2: libdion's outer mesh), or, when none is sharded over it (DDP), the group that splits the
+            # work while the gradients arrive averaged already (libdion's replicate mesh, no gradient sync).
+            if not any(self._sharded_over(p, spec) for p in _all_params(params)):
+                spec.role = "replicate"
+                replicate_grad_sync = False
+            specs[spec.role] = spec
+        _D.check_distinct(specs, where)
+        self._meshes: Dict[str, Optional[_D.MeshSpec]] = {r: specs.get(r) for r in _D.ROLES}
         self._lib_options = dict(lib_options)  # optimizer-wide libdion fields (groups may override them)
         self._lib_args = dict(seed=seed, skip_nonfinite=bool(skip_nonfinite),
                               replicate_grad_sync=bool(replicate_grad_sync))
-        self._core: Optional[_LibOptimizer] = None
         self._device: Optional[torch.device] = None
         self._groups: List[_GroupBinding] = []
         self._tensor_params: List[torch.Tensor] = []  # libdion tensor index -> parameter
+        self._tensor_bindings: List[_Binding] = []    # libdion tensor index -> its binding
         self._captured = False  # a step was captured in a CUDA graph
         super().__init__(params, defaults)
+
+    @staticmethod
+    def _sharded_over(p, spec: "_D.MeshSpec") -> bool:
+        """True if DTensor `p` has a Shard placement over `spec`'s group."""
+        if not _is_dtensor(p):
+            return False
+        mesh = p.device_mesh
+        for i, pl in enumerate(p.placements):
+            if _D.placement_kind(pl)[0] in ("shard", "strided") and int(mesh.size(i)) > 1 and \
+                    _D.same_group(mesh.get_group(i), spec):
+                return True
+        return False
+
+    @property
+    def meshes(self) -> Dict[str, Optional[str]]:
+        """Which argument serves each libdion mesh (``replicate``, ``outer``, ``inner``; None: absent).
+
+        A Dion mesh of one rank is listed too (with a one-rank communicator: MPI_COMM_SELF or NCCL): a DTensor
+        sharded over it gets its shard dim in the descriptor (full extent), so that Dion's orientation (spec §2.2)
+        is that of the run over several ranks. Where no communicator can be made for it (CPU tensors without
+        mpi4py, a libdion built without MPI) it is dropped when the first parameters are added."""
+        return {r: (None if m is None else m.arg) for r, m in self._meshes.items()}
 
     @property
     def _name(self) -> str:
@@ -307,9 +377,20 @@ class _LibdionOptimizer(torch.optim.Optimizer):
         return self._groups[group].lib_group
 
     def close(self) -> None:
-        """Frees the library optimizer now (dion_destroy); the object cannot step afterwards."""
-        if self._core is not None:
-            self._core.close()
+        """Frees the library optimizer now (dion_destroy), then its communicators (NCCL/MPI) unless another
+        optimizer over the same group still uses them; the object cannot step afterwards."""
+        core = getattr(self, "_core", None)
+        if core is not None:
+            core.close()
+        comms, self._comms = getattr(self, "_comms", []), []
+        for h in comms:
+            _D.COMMS.release(h)
+
+    def __del__(self):
+        try:
+            self.close()
+        except Exception:  # noqa: BLE001 - never raise from a finalizer
+            pass
 
     # ---- groups ----
 
@@ -348,66 +429,113 @@ class _LibdionOptimizer(torch.optim.Optimizer):
         _check_hparams(values, where)
         params: List[torch.Tensor] = group["params"]
         wheres = ["%s['params'][%d]" % (where, i) for i in range(len(params))]
-        device = self._device if self._device is not None else (params[0].device if params else None)
+        device = self._device if self._device is not None else (_D.local_of(params[0]).device if params else None)
         labels = [self._check_param(p, w, algorithm, device) for p, w in zip(params, wheres)]
         live = {k: _as_float(v, "%s: %s" % (where, k)) for k, v in values.items() if k in _LIVE_KEYS}
         frozen = {k: v for k, v in values.items() if k in _FROZEN_KEYS}
         if not params:
             return _GroupBinding(None, algorithm, [], live, frozen)
         if self._core is None:
-            self._create_core(params[0].device)
+            self._create_core(_D.local_of(params[0]).device)  # first: it settles the meshes of one rank
+        shards = [_D.describe_dtensor(p, self._meshes, lb) if _is_dtensor(p) else None
+                  for p, lb in zip(params, labels)]
         base = len(self._tensor_params)
         specs = []
         for i, p in enumerate(params):
             g = p.grad
             gp = None
             if g is not None:
-                self._check_grad(p, g, labels[i])
-                gp = g.data_ptr()
-            specs.append(TensorSpec(param=p.data_ptr(), grad=gp, name=labels[i], shape=tuple(p.shape),
-                                    dtype=_DTYPE_NAMES[p.dtype]))
+                gp = self._check_grad(p, g, labels[i]).data_ptr()
+            fields = shards[i].fields() if shards[i] is not None else {}
+            specs.append(TensorSpec(param=_D.local_of(p).data_ptr(), grad=gp, name=labels[i], shape=tuple(p.shape),
+                                    dtype=_DTYPE_NAMES[p.dtype], **fields))
         opts = dict(live)
         opts.update(frozen)
-        lib_group = self._core.add_group(algorithm, specs, **opts)
-        bindings = [_Binding(base + i, wheres[i], labels[i], tuple(p.shape), p.dtype, s.param, s.grad)
+        try:
+            lib_group = self._core.add_group(algorithm, specs, **opts)
+        except DionNotSupported as e:
+            meshes = [m.describe() for m in self._meshes.values() if m is not None and m.size > 1]
+            if not meshes:
+                raise
+            sharded = [lb for lb, sh in zip(labels, shards) if sh is not None and sh.dims]
+            raise DionNotSupported(
+                "%s: libdion does not support this group on the optimizer's multi-rank meshes (%s)%s: %s" %
+                (where, ", ".join(meshes), "" if not sharded else
+                 "; sharded parameters: %s" % ", ".join("%s over %s" % (lb, sh.dims) for lb, sh in zip(labels, shards)
+                                                        if sh is not None and sh.dims), e.message),
+                e.status) from e
+        bindings = [_Binding(base + i, wheres[i], labels[i], tuple(p.shape), p.dtype, s.param, s.grad, shards[i])
                     for i, (p, s) in enumerate(zip(params, specs))]
         self._tensor_params.extend(params)
+        self._tensor_bindings.extend(bindings)
+        for p in params:
+            # Every parameter has libdion state from now on: say so to torch.distributed.checkpoint, whose
+            # state_dict helpers would otherwise "initialise" an empty optimizer.state with a zero-gradient step.
+            self.state[p] = self.state.get(p) or {}
         return _GroupBinding(lib_group, algorithm, bindings, live, frozen)
 
     def _create_core(self, device: torch.device) -> None:
         if device.type == "cuda":
             index = device.index if device.index is not None else torch.cuda.current_device()
-            self._core = _LibOptimizer(backend="cuda", device=index, **self._lib_args)
-            self._device = torch.device("cuda", index)
+            backend, dev = "cuda", torch.device("cuda", index)
         elif device.type == "cpu":
-            self._core = _LibOptimizer(backend="host", **self._lib_args)
-            self._device = torch.device("cpu")
+            index, backend, dev = 0, "host", torch.device("cpu")
         else:
             raise DionNotSupported("%s: parameters on %s are not supported (libdion has a host backend for CPU "
                                    "tensors and a CUDA backend)" % (self._name, device), L.DION_ERROR_NOT_SUPPORTED)
+        # One libdion communicator per multi-rank mesh, in a fixed order on every rank (their creation is
+        # collective): NCCL for CUDA parameters, MPI for CPU ones.
+        comms: Dict[str, int] = {}
+        acquired: List[int] = []
+        try:
+            for role in _D.ROLES:
+                spec = self._meshes.get(role)
+                if spec is None:
+                    continue
+                try:
+                    h = _D.COMMS.acquire(spec, "cuda" if backend == "cuda" else "host", index, self._name)
+                except DionNotSupported:
+                    if spec.size > 1:
+                        raise
+                    # A mesh of one rank only carries Dion's orientation: without a communicator for it (CPU
+                    # tensors without mpi4py, a libdion without MPI or NCCL) it is dropped.
+                    self._meshes[role] = None
+                    continue
+                acquired.append(h)
+                comms[_D.COMM_FIELDS[role]] = h
+            self._core = _LibOptimizer(backend=backend, device=index, **self._lib_args, **comms)
+        except BaseException:
+            for h in acquired:
+                _D.COMMS.release(h)
+            raise
+        self._comms = acquired
+        self._device = dev
 
     def _check_param(self, p: torch.Tensor, label: str, algorithm: str, device: Optional[torch.device]) -> str:
-        """Validates a parameter for libdion (on `device`) and returns its description for messages."""
-        desc = "%s (shape %s, %s)" % (label, tuple(p.shape), str(p.dtype).replace("torch.", ""))
-        if _is_dtensor(p):
-            raise DionNotSupported("%s is a DTensor: sharded parameters (FSDP2, tensor parallel) are not supported "
-                                   "by the PyTorch front end yet" % desc, L.DION_ERROR_NOT_SUPPORTED)
-        if p.is_sparse:
+        """Validates a parameter for libdion (on `device`) and returns its description for messages.
+
+        A DTensor's global shape and dtype are described; its local shard is what must be dense.
+        """
+        dt = _is_dtensor(p)
+        desc = "%s (%sshape %s, %s)" % (label, "DTensor, global " if dt else "", tuple(p.shape),
+                                        str(p.dtype).replace("torch.", ""))
+        t = _D.local_of(p)
+        if t.is_sparse:
             raise DionInvalidArgument("%s is sparse; libdion takes dense tensors" % desc)
-        if device is not None and p.device != device:
+        if device is not None and t.device != device:
             raise DionInvalidArgument(
                 "%s is on %s but the optimizer's parameters are on %s: all parameters of one libdion optimizer "
-                "must be on one device (create one optimizer per device)" % (desc, p.device, device))
+                "must be on one device (create one optimizer per device)" % (desc, t.device, device))
         if p.dtype not in _DTYPE_NAMES:
             raise DionInvalidArgument("%s: dtype %s is not supported by libdion (float32, bfloat16 or float16; "
                                       "convert the model, e.g. model.float())" % (desc, p.dtype))
         if p.dim() > L.DION_MAX_DIMS:
             raise DionInvalidArgument("%s has %d dims; libdion takes at most %d" % (desc, p.dim(), L.DION_MAX_DIMS))
-        if not p.is_contiguous():
+        if not t.is_contiguous():
             raise DionInvalidArgument(
-                "%s is not contiguous (strides %s): libdion updates parameters in place through their data "
+                "%s%s is not contiguous (strides %s): libdion updates parameters in place through their data "
                 "pointer, so a strided view cannot be optimized; make it contiguous before creating the optimizer "
-                "(p.data = p.data.contiguous())" % (desc, tuple(p.stride())))
+                "(p.data = p.data.contiguous())" % (desc, ": its local shard" if dt else "", tuple(t.stride())))
         if algorithm not in _SCALAR_ALGORITHMS:
             lo, hi = self._matrix_ndim
             if not lo <= p.dim() <= hi:
@@ -419,17 +547,34 @@ class _LibdionOptimizer(torch.optim.Optimizer):
                     % (desc, p.dim(), "" if p.dim() == 1 else "s", algorithm, need))
         return desc
 
-    def _check_grad(self, p: torch.Tensor, g: torch.Tensor, label: str) -> None:
-        if g.is_sparse:
+    def _check_grad(self, p: torch.Tensor, g: torch.Tensor, label: str) -> torch.Tensor:
+        """Validates a gradient and returns the tensor whose buffer libdion reads (a DTensor's local shard).
+
+        A DTensor gradient placed otherwise than its parameter (a Partial sum, say) is redistributed to the
+        parameter's placements first (a collective over its mesh, as every rank holds the same parameters) and
+        becomes ``p.grad``.
+        """
+        if _is_dtensor(g) and _is_dtensor(p):
+            kinds = tuple(_D.placement_kind(x) for x in p.placements)
+            if not _D.same_placements(g.placements, kinds):
+                if not hasattr(g, "redistribute"):
+                    raise DionInvalidArgument("%s: the gradient's placements %s differ from the parameter's %s" %
+                                              (label, tuple(g.placements), tuple(p.placements)))
+                g = g.redistribute(p.device_mesh, p.placements)
+                p.grad = g
+        pl, gl = _D.local_of(p), _D.local_of(g)
+        if gl.is_sparse:
             raise DionInvalidArgument("%s: the gradient is sparse; libdion takes dense gradients" % label)
-        if g.device != p.device or g.dtype != p.dtype or g.shape != p.shape:
-            raise DionInvalidArgument("%s: the gradient (%s, %s, shape %s) does not match the parameter" %
-                                      (label, g.device, g.dtype, tuple(g.shape)))
-        if not g.is_contiguous():
+        if gl.device != pl.device or gl.dtype != pl.dtype or gl.shape != pl.shape:
+            raise DionInvalidArgument("%s: the gradient%s (%s, %s, shape %s) does not match the parameter%s" %
+                                      (label, "'s local shard" if gl is not g else "", gl.device, gl.dtype,
+                                       tuple(gl.shape), "'s (%s)" % (tuple(pl.shape),) if pl is not p else ""))
+        if not gl.is_contiguous():
             raise DionInvalidArgument(
                 "%s: the gradient is not contiguous (strides %s); libdion reads dense gradients through their data "
                 "pointer (assign p.grad = p.grad.contiguous(), or keep the parameter contiguous so that autograd "
-                "produces contiguous gradients)" % (label, tuple(g.stride())))
+                "produces contiguous gradients)" % (label, tuple(gl.stride())))
+        return gl
 
     # ---- per-step synchronisation ----
 
@@ -499,18 +644,22 @@ class _LibdionOptimizer(torch.optim.Optimizer):
     def _bind_tensors(self, capturing: bool) -> None:
         for group, gb in zip(self.param_groups, self._groups):
             for p, b in zip(group["params"], gb.bindings):
-                pp = p.data_ptr()
+                pp = _D.local_of(p).data_ptr()
                 if pp != b.param_ptr:  # p.data was replaced: check the new storage like a new parameter
                     self._check_param(p, b.where, gb.algorithm, self._device)
                     if tuple(p.shape) != b.shape or p.dtype != b.dtype:
                         raise DionInvalidArgument("%s: the parameter became %s %s; libdion keeps the shape and "
                                                   "dtype given when the group was created" %
                                                   (b.label, tuple(p.shape), p.dtype))
+                    if (b.shard is None) != (not _is_dtensor(p)) or (
+                            b.shard is not None and
+                            _D.describe_dtensor(p, self._meshes, b.label).key() != b.shard.key()):
+                        raise DionInvalidArgument("%s: the parameter's sharding changed; libdion keeps the layout "
+                                                  "given when the group was created" % b.label)
                 g = p.grad
                 gp = None
                 if g is not None:
-                    self._check_grad(p, g, b.label)
-                    gp = g.data_ptr()
+                    gp = self._check_grad(p, g, b.label).data_ptr()
                 if pp == b.param_ptr and gp == b.grad_ptr:
                     continue
                 if capturing:
@@ -551,7 +700,12 @@ class _LibdionOptimizer(torch.optim.Optimizer):
         return {"state_bytes": 0, "workspace_bytes": 0} if self._core is None else self._core.memory_usage()
 
     def synchronize_for_checkpoint(self) -> None:
-        """Averages decoupled states over the replicate mesh (a no-op without one, as here for now)."""
+        """Averages the decoupled states over the replicate mesh (``dion_sync_for_checkpoint``; collective).
+
+        Call it on every rank before ``state_dict()`` when saving a checkpoint of a run with a replicate mesh:
+        under compressed Dion each replica's momentum is its own, and a DCP checkpoint keeps one replica's copy.
+        A no-op without a replicate mesh or with ``replicate_mesh_grad_sync=False`` (microsoft/dion's rule).
+        """
         if self._core is not None:
             self._core.sync_for_checkpoint(self._stream())
 
@@ -564,11 +718,59 @@ class _LibdionOptimizer(torch.optim.Optimizer):
         for info in self._core.states():
             t = torch.empty(info["local_shape"], dtype=_TORCH_DTYPES[info["dtype_code"]], device=self._device)
             self._core.read_state_into(info["index"], t.data_ptr(), info["local_bytes"], stream)
-            out.setdefault(info["tensor"], {})[info["name"]] = t
+            out.setdefault(info["tensor"], {})[info["name"]] = self._as_saved(info, t)
         return out
 
+    def _as_saved(self, info: Dict[str, Any], local: torch.Tensor) -> torch.Tensor:
+        """A state as state_dict() gives it: the local tensor, or for a DTensor parameter a DTensor over its mesh."""
+        sh = self._tensor_bindings[info["tensor"]].shard
+        if sh is None:
+            return local
+        kinds = _D.state_kinds(sh, info["name"], info)
+        return _D.to_dtensor(sh, local, kinds, info["global_shape"])
+
+    def _state_local(self, value: torch.Tensor, info: Dict[str, Any], fn: str, label: str) -> torch.Tensor:
+        """This rank's part of a checkpointed state, as a dense tensor of the state's local shape and dtype.
+
+        Accepted: a DTensor of the state's global shape (from ``state_dict()`` of a sharded run, or DCP),
+        redistributed when it is placed otherwise on the parameter's mesh, gathered (``full_tensor()``) when it
+        comes from another mesh; a tensor of the local shape (``torch.save`` per rank); a tensor of the global
+        shape (a full state dict, or a run on fewer ranks), of which this rank's window is taken.
+        """
+        name, lshape, gshape = info["name"], tuple(info["local_shape"]), tuple(info["global_shape"])
+        sh = self._tensor_bindings[info["tensor"]].shard
+        if _is_dtensor(value):
+            if tuple(value.shape) != gshape:
+                raise DionInvalidArgument("%s: state %r of %s has global shape %s in the checkpoint, %s here" %
+                                          (fn, name, label, tuple(value.shape), gshape))
+            if sh is not None and value.device_mesh is sh.mesh:
+                kinds = _D.state_kinds(sh, name, info)
+                if not _D.same_placements(value.placements, kinds):
+                    if not hasattr(value, "redistribute"):
+                        raise DionInvalidArgument("%s: state %r of %s has placements %s in the checkpoint, %s here" %
+                                                  (fn, name, label, tuple(value.placements),
+                                                   _D.placements_of(sh, kinds)))
+                    value = value.redistribute(sh.mesh, _D.placements_of(sh, kinds))
+            local = _D.local_of(value)
+            if tuple(local.shape) not in (lshape, gshape) and hasattr(value, "full_tensor"):
+                local = value.full_tensor()  # placed on another mesh: collective over that mesh
+            value = local
+        if tuple(value.shape) != lshape and tuple(value.shape) == gshape:
+            for d, (off, n) in enumerate(zip(info["local_offset"], lshape)):
+                value = value.narrow(d, off, n)
+        if tuple(value.shape) != lshape:
+            raise DionInvalidArgument("%s: state %r of %s has shape %s in the checkpoint, %s here" %
+                                      (fn, name, label, tuple(value.shape), lshape))
+        return value.detach().to(device=self._device, dtype=_TORCH_DTYPES[info["dtype_code"]],
+                                 copy=True).contiguous()
+
     def state_dict(self) -> Dict[str, Any]:
-        """torch's state_dict with ``state[p]`` = copies of libdion's states and ``param_groups[i]["step"]``."""
+        """torch's state_dict with ``state[p]`` = copies of libdion's states and ``param_groups[i]["step"]``.
+
+        Rank-symmetric and without communication. States of a DTensor parameter are DTensors over its mesh
+        (``_torch_dist.state_kinds`` gives their placements), so that torch.distributed.checkpoint saves each
+        shard once and can reshard on load; other states are this rank's tensors.
+        """
         if self._core is not None:
             for ti, states in self._read_states().items():
                 self.state[self._tensor_params[ti]] = states
@@ -620,14 +822,11 @@ class _LibdionOptimizer(torch.optim.Optimizer):
                 if not isinstance(value, torch.Tensor):
                     raise DionInvalidArgument("%s: the checkpoint has no %r state tensor for %s" %
                                               (fn, info["name"], label))
-                if tuple(value.shape) != info["local_shape"]:
-                    raise DionInvalidArgument("%s: state %r of %s has shape %s in the checkpoint, %s here" %
-                                              (fn, info["name"], label, tuple(value.shape), info["local_shape"]))
-                v = value.detach().to(device=self._device, dtype=_TORCH_DTYPES[info["dtype_code"]],
-                                      copy=True).contiguous()
-                writes.append((info, p, v))
+                writes.append((info, p, self._state_local(value, info, fn, label)))
 
-        super().load_state_dict(state_dict)
+        # The states are libdion's: torch's loader gets none of them (it would cast them to the parameter's
+        # dtype and device, and keep what libdion does not hold).
+        super().load_state_dict(dict(state_dict, state={}))
         if self._core is None:
             return
         stream = self._stream()
@@ -635,7 +834,7 @@ class _LibdionOptimizer(torch.optim.Optimizer):
             self.state[p] = {}
         for info, p, v in writes:
             self._core.write_state_from(info["index"], v.data_ptr(), info["local_bytes"], stream)
-            self.state[p][info["name"]] = v
+            self.state[p][info["name"]] = self._as_saved(info, v)
         for group, gb in zip(self.param_groups, self._groups):
             if gb.lib_group is not None and group.get("step") is not None:
                 self._core.set_step(gb.lib_group, int(group["step"]))
@@ -690,7 +889,11 @@ class Dion(_LibdionOptimizer):
     ``qr_method`` (``"rcqr"``, ``"qr"`` or ``"cqr"``; upstream's fast Dion
     accepts only rcqr and one power iteration, its reference all three) and
     ``cqr_warmup_steps`` apply to every group. ``mixed_precision_config``
-    sets the state dtypes. Only single-rank meshes are accepted for now.
+    sets the state dtypes. Meshes (torch ProcessGroup, 1-D DeviceMesh or
+    mpi4py communicator): ``replicate_mesh`` (DDP; with
+    ``replicate_mesh_grad_sync`` libdion averages the gradients, or P and R
+    when compressed), ``outer_shard_mesh`` (FSDP), ``inner_shard_mesh`` (TP);
+    the working orientation follows the shard dims (spec §2.2).
     """ + _COMMON_DOC
 
     _algorithm = "dion"
@@ -715,8 +918,6 @@ class Dion(_LibdionOptimizer):
                  mixed_precision_config: Optional[DionMixedPrecisionConfig] = None,
                  *, seed: int = 0, skip_nonfinite: bool = True, matmul_precision: str = "fp32"):
         where = "libdion.torch.Dion"
-        _check_meshes(dict(replicate_mesh=replicate_mesh, outer_shard_mesh=outer_shard_mesh,
-                           inner_shard_mesh=inner_shard_mesh), where)
         beta1, beta2 = _check_betas(betas, where)
         defaults = dict(rank_fraction=rank_fraction, rank_multiple_of=rank_multiple_of, lr=lr, mu=mu, beta1=beta1,
                         beta2=beta2, weight_decay=weight_decay, epsilon=epsilon, oversample=rcqr_oversample,
@@ -731,7 +932,10 @@ class Dion(_LibdionOptimizer):
         _check_hparams(dict(defaults, **lib), where)
         self.mixed_precision_config = mixed_precision_config
         self._setup(params, defaults, lib_options=lib, replicate_grad_sync=replicate_mesh_grad_sync, seed=seed,
-                    skip_nonfinite=skip_nonfinite)
+                    skip_nonfinite=skip_nonfinite,
+                    meshes=dict(replicate=(replicate_mesh, "replicate_mesh"),
+                                outer=(outer_shard_mesh, "outer_shard_mesh"),
+                                inner=(inner_shard_mesh, "inner_shard_mesh")))
 
 
 class Muon(_LibdionOptimizer):
@@ -746,7 +950,9 @@ class Muon(_LibdionOptimizer):
     ``adjust_lr``: ``"spectral_norm"`` (lr sqrt(fan_out/fan_in)), ``"rms_norm"``
     (lr 0.2 sqrt(max(fan_out, fan_in))) or None. Group keys: lr, mu, beta1,
     beta2, weight_decay, cautious_wd, algorithm, step, epsilon, nesterov,
-    flatten, adjust_lr. Only a single-rank ``distributed_mesh`` is accepted for now.
+    flatten, adjust_lr. ``distributed_mesh``: the FSDP mesh the parameters
+    are sharded over (libdion's outer mesh), or a DDP group (its replicate
+    mesh, gradients already averaged); NorMuon, Dion2 and NorDion2 alike.
     """ + _COMMON_DOC
 
     _algorithm = "muon"
@@ -768,7 +974,6 @@ class Muon(_LibdionOptimizer):
                  newton_schulz_func: Optional[Callable] = None,
                  *, seed: int = 0, skip_nonfinite: bool = True, matmul_precision: str = "fp32"):
         where = "libdion.torch.%s" % type(self).__name__
-        _check_meshes(dict(distributed_mesh=distributed_mesh), where)
         beta1, beta2 = _check_betas(betas, where)
         defaults = dict(lr=lr, mu=mu, beta1=beta1, beta2=beta2, weight_decay=weight_decay, cautious_wd=cautious_wd,
                         algorithm="muon", step=0, epsilon=epsilon, nesterov=nesterov, flatten=flatten,
@@ -778,7 +983,7 @@ class Muon(_LibdionOptimizer):
                    matmul_precision=matmul_precision)
         _check_hparams(dict(defaults, **lib), where)
         self._setup(params, defaults, lib_options=lib, replicate_grad_sync=True, seed=seed,
-                    skip_nonfinite=skip_nonfinite)
+                    skip_nonfinite=skip_nonfinite, distributed_mesh=distributed_mesh)
 
 
 class NorMuon(_LibdionOptimizer):
@@ -809,7 +1014,6 @@ class NorMuon(_LibdionOptimizer):
                  newton_schulz_func: Optional[Callable] = None,
                  *, seed: int = 0, skip_nonfinite: bool = True, matmul_precision: str = "fp32"):
         where = "libdion.torch.%s" % type(self).__name__
-        _check_meshes(dict(distributed_mesh=distributed_mesh), where)
         beta1, beta2 = _check_betas(betas, where)
         defaults = dict(lr=lr, mu=mu, muon_beta2=muon_beta2, beta1=beta1, beta2=beta2, weight_decay=weight_decay,
                         cautious_wd=cautious_wd, algorithm="normuon", step=0, epsilon=epsilon, nesterov=nesterov,
@@ -819,7 +1023,7 @@ class NorMuon(_LibdionOptimizer):
                    matmul_precision=matmul_precision)
         _check_hparams(dict(defaults, **lib), where)
         self._setup(params, defaults, lib_options=lib, replicate_grad_sync=True, seed=seed,
-                    skip_nonfinite=skip_nonfinite)
+                    skip_nonfinite=skip_nonfinite, distributed_mesh=distributed_mesh)
 
 
 class Dion2(_LibdionOptimizer):
@@ -853,7 +1057,6 @@ class Dion2(_LibdionOptimizer):
                  selection_scope: str = "local",
                  *, seed: int = 0, skip_nonfinite: bool = True, matmul_precision: str = "fp32"):
         where = "libdion.torch.%s" % type(self).__name__
-        _check_meshes(dict(distributed_mesh=distributed_mesh), where)
         beta1, beta2 = _check_betas(betas, where)
         defaults = dict(lr=lr, ef_decay=ef_decay, fraction=_as_float(fraction, where + ": fraction"), beta1=beta1,
                         beta2=beta2, weight_decay=weight_decay, epsilon=epsilon, flatten=flatten, adjust_lr=adjust_lr,
@@ -863,7 +1066,7 @@ class Dion2(_LibdionOptimizer):
                    matmul_precision=matmul_precision)
         _check_hparams(dict(defaults, **lib), where)
         self._setup(params, defaults, lib_options=lib, replicate_grad_sync=True, seed=seed,
-                    skip_nonfinite=skip_nonfinite)
+                    skip_nonfinite=skip_nonfinite, distributed_mesh=distributed_mesh)
 
 
 class NorDion2(_LibdionOptimizer):
@@ -896,7 +1099,6 @@ class NorDion2(_LibdionOptimizer):
                  selection_scope: str = "local",
                  *, seed: int = 0, skip_nonfinite: bool = True, matmul_precision: str = "fp32"):
         where = "libdion.torch.%s" % type(self).__name__
-        _check_meshes(dict(distributed_mesh=distributed_mesh), where)
         beta1, beta2 = _check_betas(betas, where)
         defaults = dict(lr=lr, fraction=_as_float(fraction, where + ": fraction"), mu=mu, muon_beta2=muon_beta2,
                         beta1=beta1, beta2=beta2, weight_decay=weight_decay, epsilon=epsilon, flatten=flatten,
@@ -906,7 +1108,7 @@ class NorDion2(_LibdionOptimizer):
                    matmul_precision=matmul_precision)
         _check_hparams(dict(defaults, **lib), where)
         self._setup(params, defaults, lib_options=lib, replicate_grad_sync=True, seed=seed,
-                    skip_nonfinite=skip_nonfinite)
+                    skip_nonfinite=skip_nonfinite, distributed_mesh=distributed_mesh)
 
 
 Dion3 = NorDion2  # microsoft/dion exports Dion3 as the same class object

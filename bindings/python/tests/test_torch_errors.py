@@ -16,7 +16,7 @@ def gen():
 
 
 class FakeMesh:
-    """Anything with size(): a DeviceMesh or ProcessGroup stand-in (no process group is needed)."""
+    """Anything with size() and nothing else: neither a DeviceMesh, a ProcessGroup nor an mpi4py communicator."""
 
     def __init__(self, n):
         self.n = n
@@ -198,7 +198,7 @@ def test_a_replaced_parameter_is_checked_like_a_new_one(gen):
 
 
 # --------------------------------------------------------------------------
-# Not supported yet
+# Meshes (more in test_torch_dist.py)
 # --------------------------------------------------------------------------
 
 @pytest.mark.parametrize("cls,kw,name", [
@@ -210,16 +210,15 @@ def test_a_replaced_parameter_is_checked_like_a_new_one(gen):
     (lt.Dion2, dict(distributed_mesh=FakeMesh(2)), "distributed_mesh has 2 ranks"),
     (lt.NorDion2, dict(distributed_mesh=FakeMesh(2)), "distributed_mesh has 2 ranks"),
 ])
-def test_multi_rank_meshes_are_not_supported_yet(gen, cls, kw, name):
-    with pytest.raises(NotImplementedError, match=name + ", but the PyTorch front end of libdion does not support "
-                                                         "multi-rank meshes yet"):
-        cls([param((4, 4), gen)], **kw)
-    with pytest.raises(libdion.DionNotSupported):
+def test_a_multi_rank_mesh_must_be_a_group(gen, cls, kw, name):
+    with pytest.raises(TypeError, match=name + " but is neither a torch DeviceMesh, a ProcessGroup nor an mpi4py "
+                                               "communicator"):
         cls([param((4, 4), gen)], **kw)
 
 
 def test_a_mesh_must_have_a_size(gen):
-    with pytest.raises(TypeError, match="replicate_mesh must be None, a torch DeviceMesh or a ProcessGroup"):
+    with pytest.raises(TypeError, match="replicate_mesh must be None, a torch DeviceMesh, a ProcessGroup or an mpi4py "
+                                        "communicator"):
         lt.Dion([param((4, 4), gen)], replicate_mesh="dp")
 
 
