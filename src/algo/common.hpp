@@ -49,6 +49,8 @@ size_t muon_family_workspace(const Group& g, const Tensor& t, int64_t count);
 // Dion2 and NorDion2 share theirs (dion2.cpp).
 void dion2_family_step(Optimizer& opt, Group& g, const Batch& b, bool normalize);
 size_t dion2_family_workspace(const Group& g, const Tensor& t, int64_t count);
+// Refuses (NOT_SUPPORTED) a tensor whose sharding the selection cannot follow.
+void dion2_family_check(const Group& g, const Tensor& t);
 // The "variance_neuron" state of NorMuon / NorDion2: one value per logical row.
 void add_variance_neuron(Optimizer& opt, const Group& g, Tensor& t);
 }  // namespace dion

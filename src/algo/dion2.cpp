@@ -1,51 +1,174 @@
 // SPDX-License-Identifier: MIT
-// Dion2 (spec §5.3, local selection scope): orthogonalize only the fraction
-// of rows (or columns) of the momentum with the largest L1 norms.
+// Dion2 (spec §5): orthogonalize only the fraction of rows (or columns) of
+// the momentum with the largest L1 norms.
 //   M += G;  I = top-k slices of M by L1 norm, k = max(1, ceil(fraction * N));
 //   S = M[I];  M[I] = ef_decay * S;  X = (1 - lr wd) X;  X[I] -= lr_adj orth(S)
 // Slices are rows when the matrix is wide or square, columns when it is tall
 // (the shorter dim is selected, so orth works on k x long). NorDion2 always
 // selects rows (neurons), uses mu as the decay and normalises the selected
 // rows with the "variance_neuron" state (spec §6.2).
+//
+// On matrices sharded over a multi-rank mesh (megabatch.hpp) the selection
+// scope matters:
+//  - global: every rank sends its whole shard of M to the matrix's owner,
+//    which selects, decays and orthogonalizes exactly as one device would on
+//    the whole matrix (so the result does not depend on the layout), and
+//    sends back M and the update (zero outside the selected slices). The
+//    selected dim is the single-device one; the reference selects along the
+//    shard dim instead, which differs for a matrix sharded along its longer
+//    dim.
+//  - local (default, spec §5.3's sharded path): every rank selects among the
+//    slices of its own shard of the selected dim, k = min(cap, its slices)
+//    with cap = max(1, ceil(fraction ceil(N / W))) (W: that mesh's size), and
+//    only the selected slices travel; the owner orthogonalizes their union
+//    (the reference's zero padding to W cap slices changes nothing, spec §1.2
+//    (i)). Dion2 selects along the sharded dim (the outer mesh's for a matrix
+//    sharded over both meshes), NorDion2 rows. Beyond the reference: a
+//    matrix also sharded over the other mesh sums its slices' L1 norms over
+//    that mesh, so all of a slice's pieces select alike; and NorDion2 on a
+//    matrix whose rows are whole (sharded along its columns only, which the
+//    reference refuses) has one shard of the rows, so local is global there.
+//  NorDion2's normalization runs on the owner over all the selected rows of
+//  the matrix (the reference normalizes each rank's rows after the return,
+//  with a per-shard Frobenius rescale), like NorMuon's.
 #include <algorithm>
 #include <cmath>
 
-#include "common.hpp"
+#include "megabatch.hpp"
 
 namespace dion {
 
 namespace {
 
-struct Sel {
-  Axis axis;     // storage axis of the selected slices
-  int64_t N;     // slices per matrix
-  int64_t len;   // length of a slice
-  int64_t k;
+// How a batch of tensor t is selected and moved.
+struct Dion2Plan {
+  MbPlan mb;
+  bool whole = false;  // the owners select on whole matrices
+  bool rows = true;    // logical rows are selected, else logical columns
+  int sel = -1;        // local scope on a sharded matrix: the level sharding the selected dim
 };
 
-Sel selection(const Group& g, const Tensor& t, bool nor) {
-  // Logical selection: rows if rows <= cols (Dion2), always rows (NorDion2).
-  bool logical_rows = nor || t.geom.m <= t.geom.n;
+Dion2Plan dion2_plan(const Optimizer* opt, const Group& g, const Tensor& t, int64_t slots) {
+  const bool nor = g.opt.algorithm == DION_ALGO_NORDION2, flatten = g.opt.flatten != 0;
+  Dion2Plan p;
+  p.mb = megabatch_plan(opt, t, flatten, slots);
+  p.rows = nor || t.geom.m <= t.geom.n;  // the single-device rule
+  if (!p.mb.sharded()) return p;         // whole matrices on every rank: local is global
+  if (g.opt.selection_scope == DION_SELECTION_GLOBAL) {
+    p.whole = true;
+    return p;
+  }
+  if (nor) {
+    for (int l = 0; l < p.mb.levels; ++l)
+      if (is_row_dim(t, flatten, p.mb.lv[l].tdim)) p.sel = l;
+    if (p.sel < 0) p.whole = true;  // the rows are whole: one shard of them
+  } else {
+    p.sel = p.mb.levels - 1;  // the outer mesh's level when there are two
+    p.rows = is_row_dim(t, flatten, p.mb.lv[p.sel].tdim);
+  }
+  const int other = p.mb.levels == 2 ? 1 - p.sel : -1;
+  if (p.sel >= 0 && other >= 0 && is_row_dim(t, flatten, p.mb.lv[other].tdim) == p.rows)
+    fail(DION_ERROR_NOT_SUPPORTED,
+         "%s with selection_scope local and flatten on a tensor whose dims %d and %d both index the flattened "
+         "matrix's columns and are sharded over multi-rank meshes: use selection_scope global",
+         g.opt.algorithm == DION_ALGO_NORDION2 ? "nordion2" : "dion2", p.mb.lv[0].tdim, p.mb.lv[1].tdim);
+  return p;
+}
+
+struct Sel {
+  Axis axis;    // storage axis of the selected slices
+  int64_t N;    // slices per matrix
+  int64_t len;  // length of a slice
+  int64_t k;    // slices selected per matrix
+  int64_t cap;  // local scope, sharded: every rank selects min(cap, its slices)
+};
+
+// The selection on (srows x scols) storage matrices: the local shard's or,
+// for whole-matrix selection, the whole matrix's.
+Sel selection(const dion_group_options_t& o, const Dion2Plan& p, const Tensor& t, int64_t srows, int64_t scols) {
   Sel s;
-  s.axis = (logical_rows != t.geom.storage_transposed) ? kRows : kCols;
-  s.N = s.axis == kRows ? t.geom.srows : t.geom.scols;
-  s.len = s.axis == kRows ? t.geom.scols : t.geom.srows;
-  double kd = std::ceil(g.opt.fraction * static_cast<double>(s.N));
-  s.k = std::min<int64_t>(s.N, std::max<int64_t>(1, static_cast<int64_t>(kd)));
+  s.axis = (p.rows != t.geom.storage_transposed) ? kRows : kCols;
+  s.N = s.axis == kRows ? srows : scols;
+  s.len = s.axis == kRows ? scols : srows;
+  // k in double arithmetic, as the reference computes it.
+  double n = static_cast<double>(s.N);
+  if (p.sel >= 0) {
+    const int64_t W = p.mb.lv[p.sel].size, global = p.rows ? t.geom.m : t.geom.n;
+    n = static_cast<double>((global + W - 1) / W);
+  }
+  s.cap = std::max<int64_t>(1, static_cast<int64_t>(std::ceil(o.fraction * n)));
+  s.k = std::min(s.N, s.cap);
   return s;
 }
+
+// Local scope: the piece of the selected slices S (k x len, or len x k) of
+// one matrix, sharded along the selected slices over the selecting mesh and
+// along their length over the other one.
+MbPiece selected_piece(const Dion2Plan& p, const Tensor& t, bool flatten, const Sel& s) {
+  MbPiece sp = matrix_piece(t, p.mb, flatten);
+  if (flatten && t.ndim >= 3 && !p.rows) {
+    // Columns of a flattened tensor: one dim of k columns; the selecting
+    // mesh's shard holds mult columns per index of its dim, the other mesh
+    // (if any) shards the rows (dim 0).
+    int64_t mult = 1;
+    for (int d = 1; d < t.ndim; ++d)
+      if (p.sel < 0 || d != p.mb.lv[p.sel].tdim) mult *= t.local_shape[d];
+    sp.nd = 2;
+    sp.dims[0] = t.local_shape[0];
+    sp.dims[1] = s.k;
+    for (int l = 0; l < p.mb.levels; ++l)
+      if (sp.axis[l] >= 0) sp.axis[l] = l == p.sel ? 1 : 0;
+    if (p.sel >= 0) sp.mult[p.sel] = mult;
+  } else {
+    sp.dims[flatten && t.ndim >= 3 ? 0 : s.axis] = s.k;
+  }
+  if (p.sel >= 0) sp.cap[p.sel] = s.cap;
+  return sp;
+}
+
+// NorDion2, local scope: the variances of the selected rows.
+MbPiece selected_neuron_piece(const Dion2Plan& p, const Tensor& t, const Sel& s) {
+  MbPiece vp;
+  vp.nd = 1;
+  vp.dims[0] = s.k;
+  if (p.sel >= 0) {
+    vp.axis[p.sel] = 0;
+    vp.ext[p.sel] = &t.shard_ext[p.mb.lv[p.sel].mesh];
+    vp.cap[p.sel] = s.cap;
+  }
+  return vp;
+}
+
+MatBatch mat(float* p, int64_t rows, int64_t cols, int64_t batch) { return {p, rows, cols, cols, rows * cols, batch}; }
 
 }  // namespace
 
 size_t dion2_family_workspace(const Group& g, const Tensor& t, int64_t count) {
-  const bool nor = g.opt.algorithm == DION_ALGO_NORDION2;
-  Sel s = selection(g, t, nor);
-  const int64_t B = t.geom.batch * count;
-  size_t w = 2 * ws_floats(t.numel_local * count) + ws_floats(B * s.N) + ws_floats(B * s.k) +
-             ws_floats(B * s.k * s.len);
-  int64_t sr = s.axis == kRows ? s.k : s.len, sc = s.axis == kRows ? s.len : s.k;
-  w += orthogonalize_ws_floats(sr, sc, B);
-  if (nor) w += ws_floats(B * s.N);
+  // Rank-independent (megabatch.hpp): the largest shard of any rank.
+  const bool nor = g.opt.algorithm == DION_ALGO_NORDION2, flatten = g.opt.flatten != 0;
+  const int64_t N = max_local_numel(t) * count, B = max_local_batch(t, flatten) * count;
+  const Dion2Plan p = dion2_plan(nullptr, g, t, B);
+  const int64_t rows = max_local_extent(t, flatten && t.ndim >= 3 ? 0 : t.ndim - 2);  // variances per matrix
+  const MbPiece mp = largest_piece(p.mb, matrix_piece(t, p.mb, flatten));
+  if (p.whole) {
+    // M, G (then the update), X; the exchange of M; on the owner the
+    // scores, indices and selected slices of its whole matrices.
+    const MbSizes u = megabatch_sizes(p.mb, matrix_piece(t, p.mb, flatten), B);
+    const Sel s = selection(g.opt, p, t, u.whole.rows(), u.whole.cols());
+    const int64_t c = u.owned;
+    size_t w = 3 * ws_floats(N) + u.ws_floats + ws_floats(c * s.N) + ws_floats(c * s.k) + ws_floats(c * s.k * s.len);
+    w += orthogonalize_ws_floats(s.axis == kRows ? s.k : s.len, s.axis == kRows ? s.len : s.k, c);
+    if (nor) w += ws_floats(B * rows) + megabatch_sizes(p.mb, neuron_piece(t, p.mb, flatten), B).ws_floats;
+    return w;
+  }
+  // M, G (then X); the local scores, indices and selected slices; their
+  // exchange and orthogonalization.
+  const Sel s = selection(g.opt, p, t, mp.rows(), mp.cols());
+  const MbSizes u = megabatch_sizes(p.mb, selected_piece(p, t, flatten, s), B);
+  size_t w = 2 * ws_floats(N) + ws_floats(B * s.N) + ws_floats(B * s.k) + ws_floats(B * s.k * s.len) + u.ws_floats;
+  w += orthogonalize_ws_floats(u.whole.rows(), u.whole.cols(), u.owned);
+  if (nor)
+    w += ws_floats(B * rows) + ws_floats(B * s.k) + megabatch_sizes(p.mb, selected_neuron_piece(p, t, s), B).ws_floats;
   return w;
 }
 
@@ -53,40 +176,105 @@ void dion2_family_step(Optimizer& opt, Group& g, const Batch& bt, bool nor) {
   Backend& be = *opt.backend;
   const dion_group_options_t& o = g.opt;
   const Tensor& t = bt.t;
+  const bool flatten = o.flatten != 0;
   const int64_t n = t.numel_local, T = bt.count;
-  const Sel s = selection(g, t, nor);
   const int64_t B = t.geom.batch * T;  // matrices in the batch
+  const Dion2Plan p = dion2_plan(&opt, g, t, B);
+  const float decay = static_cast<float>(nor ? o.mu : o.ef_decay);
+  const double lr_mult = adjusted_lr(o, 1.0, t.geom.m, t.geom.n);  // from the FULL matrix shape
   float* M = load_ws(opt, bt, kState0, n);
-  float* W = load_ws(opt, bt, kGrad, n);  // G, later X
+  float* W = load_ws(opt, bt, kGrad, n);  // G, later X (local scope) or the update (whole)
   be.axpby(1.0f, W, 1.0f, M, n * T);       // M += G (no decay here)
-  MatBatch Mm{M, t.geom.srows, t.geom.scols, t.geom.scols, t.geom.srows * t.geom.scols, B};
+
+  if (p.whole) {
+    Unshard um(opt, p.mb, matrix_piece(t, p.mb, flatten), B);
+    float* Mo = um.forward(M);
+    const int64_t c = um.count(), wr = um.whole().rows(), wc = um.whole().cols();
+    MatBatch Mw = mat(Mo, wr, wc, c);
+    const Sel s = selection(o, p, t, wr, wc);
+    float* scores = opt.ws.take(c * s.N);
+    int32_t* idx = reinterpret_cast<int32_t*>(opt.ws.take(c * s.k));
+    MatBatch S = s.axis == kRows ? mat(opt.ws.take(c * s.k * s.len), s.k, s.len, c)
+                                 : mat(opt.ws.take(c * s.k * s.len), s.len, s.k, c);
+    if (c > 0) {
+      be.slice_l1(Mw, s.axis, scores);
+      be.topk(scores, c, s.N, s.k, idx);
+      be.gather_slices(Mw, s.axis, idx, s.k, S);
+      be.scale_slices(Mw, s.axis, idx, s.k, decay);  // error feedback on the selected slices only
+    }
+    um.backward(M);
+    store_ws(opt, bt, kState0, M, n);
+    orthogonalize(opt, o, S);
+    if (nor) {
+      const StateBuf& Vs = state_of(opt, t, 1);
+      float* V = load_ws(opt, bt, kState1, Vs.numel);
+      Unshard uv(opt, p.mb, neuron_piece(t, p.mb, flatten), B);
+      float* Vo = uv.forward(V);
+      be.neuron_normalize(S, s.axis, Vo, s.N, static_cast<float>(o.muon_beta2), idx);
+      uv.backward(V);
+      store_ws(opt, bt, kState1, V, Vs.numel);
+    }
+    // The update: the orthogonalized slices in place, zero elsewhere.
+    be.zero(Mo, sizeof(float) * static_cast<size_t>(c * wr * wc));
+    if (c > 0) be.add_slices(Mw, s.axis, idx, s.k, S, nullptr, 1.0f);
+    um.backward(W);
+    float* X = load_ws(opt, bt, kParam, n);
+    be.apply_update(X, W, n * T, g.scalars, static_cast<float>(lr_mult), false);
+    store_ws(opt, bt, kParam, X, n);
+    return;
+  }
+
+  // Selection on this rank's shard (or whole matrices).
+  MatBatch Mm = mat(M, t.geom.srows, t.geom.scols, B);
+  const Sel s = selection(o, p, t, t.geom.srows, t.geom.scols);
   float* scores = opt.ws.take(B * s.N);
   int32_t* idx = reinterpret_cast<int32_t*>(opt.ws.take(B * s.k));
+  MatBatch S = s.axis == kRows ? mat(opt.ws.take(B * s.k * s.len), s.k, s.len, B)
+                               : mat(opt.ws.take(B * s.k * s.len), s.len, s.k, B);
   be.slice_l1(Mm, s.axis, scores);
-  be.topk(scores, B, s.N, s.k, idx);
-  const int64_t sr = s.axis == kRows ? s.k : s.len, sc = s.axis == kRows ? s.len : s.k;
-  MatBatch S{opt.ws.take(B * s.k * s.len), sr, sc, sc, sr * sc, B};
-  be.gather_slices(Mm, s.axis, idx, s.k, S);
-  const float decay = static_cast<float>(nor ? o.mu : o.ef_decay);
-  be.scale_slices(Mm, s.axis, idx, s.k, decay);  // error feedback on the selected slices only
+  // A matrix sharded over the other mesh too: every piece of a slice must
+  // see the slice's whole norm (the ranks of that mesh then select alike).
+  if (p.sel >= 0 && p.mb.levels == 2) p.mb.lv[1 - p.sel].comm->all_reduce(scores, B * s.N, ReduceOp::kSum);
+  if (B > 0 && s.k > 0) {
+    be.topk(scores, B, s.N, s.k, idx);
+    be.gather_slices(Mm, s.axis, idx, s.k, S);
+    be.scale_slices(Mm, s.axis, idx, s.k, decay);  // error feedback on the selected slices only
+  }
   store_ws(opt, bt, kState0, M, n);
-  orthogonalize(opt, o, S);
+  Unshard us(opt, p.mb, selected_piece(p, t, flatten, s), B);
+  float* So = us.forward(S.p);
+  MatBatch Sw = mat(So, us.whole().rows(), us.whole().cols(), us.count());
+  orthogonalize(opt, o, Sw);
   if (nor) {
+    // The selected rows' variances travel with them (compact), and are
+    // written back in place: V[I] = 0, then V[I] += the new values (exact).
     const StateBuf& Vs = state_of(opt, t, 1);
     float* V = load_ws(opt, bt, kState1, Vs.numel);
-    be.neuron_normalize(S, s.axis, V, s.N, static_cast<float>(o.muon_beta2), idx);
+    MatBatch Vm = mat(V, s.N, 1, B), Vsel = mat(opt.ws.take(B * s.k), s.k, 1, B);
+    if (B > 0 && s.k > 0) be.gather_slices(Vm, kRows, idx, s.k, Vsel);
+    Unshard uv(opt, p.mb, selected_neuron_piece(p, t, s), B);
+    float* Vo = uv.forward(Vsel.p);
+    be.neuron_normalize(Sw, s.axis, Vo, uv.whole().dims[0], static_cast<float>(o.muon_beta2), nullptr);
+    uv.backward(Vsel.p);
+    if (B > 0 && s.k > 0) {
+      be.scale_slices(Vm, kRows, idx, s.k, 0.0f);
+      be.add_slices(Vm, kRows, idx, s.k, Vsel, nullptr, 1.0f);
+    }
     store_ws(opt, bt, kState1, V, Vs.numel);
   }
+  us.backward(S.p);
   be.load_multi(W, bt.list, T, kParam, n);
-  MatBatch X{W, t.geom.srows, t.geom.scols, t.geom.scols, t.geom.srows * t.geom.scols, B};
+  MatBatch X = mat(W, t.geom.srows, t.geom.scols, B);
   be.decay(W, n * T, g.scalars);
-  const double lr_mult = adjusted_lr(o, 1.0, t.geom.m, t.geom.n);  // from the FULL matrix shape
-  be.add_slices(X, s.axis, idx, s.k, S, g.scalars, static_cast<float>(-lr_mult));
+  if (B > 0 && s.k > 0) be.add_slices(X, s.axis, idx, s.k, S, g.scalars, static_cast<float>(-lr_mult));
   store_ws(opt, bt, kParam, W, n);
 }
 
+void dion2_family_check(const Group& g, const Tensor& t) { dion2_plan(nullptr, g, t, 1); }
+
 namespace {
 void init_state(Optimizer& opt, Group& g, Tensor& t) {
+  dion2_family_check(g, t);
   add_momentum(opt, g, t);
 }
 void step(Optimizer& opt, Group& g, const Batch& b) { dion2_family_step(opt, g, b, false); }

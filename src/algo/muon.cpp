@@ -4,23 +4,34 @@
 //   X = (1 - lr wd) X - lr_adj O   (cautious: decay only where X O >= 0)
 // Leading dims of a tensor are a batch of independent matrices (flatten=1
 // makes each tensor one shape[0] x prod(rest) matrix, per tensor).
-#include "common.hpp"
+#include "megabatch.hpp"
 
 namespace dion {
 
 size_t muon_family_workspace(const Group& g, const Tensor& t, int64_t count) {
-  const int64_t n = t.numel_local * count;
-  size_t w = 4 * ws_floats(n) + orthogonalize_ws_floats(t.geom.srows, t.geom.scols, t.geom.batch * count);
-  if (g.opt.algorithm == DION_ALGO_NORMUON)
-    w += ws_floats(count * t.geom.batch * (t.geom.storage_transposed ? t.geom.scols : t.geom.srows));
+  // Rank-independent (megabatch.hpp): the largest shard of any rank.
+  const bool flatten = g.opt.flatten != 0;
+  const int64_t N = max_local_numel(t) * count, B = max_local_batch(t, flatten) * count;
+  const MbPlan plan = megabatch_plan(nullptr, t, flatten, B);
+  const MbSizes u = megabatch_sizes(plan, matrix_piece(t, plan, flatten), B);
+  // M, G, U, X; the exchange; the orthogonalization of the owned matrices
+  size_t w = 4 * ws_floats(N) + u.ws_floats + orthogonalize_ws_floats(u.whole.rows(), u.whole.cols(), u.owned);
+  if (g.opt.algorithm == DION_ALGO_NORMUON) {
+    const int64_t rows = max_local_extent(t, flatten && t.ndim >= 3 ? 0 : t.ndim - 2);
+    w += ws_floats(B * rows) + megabatch_sizes(plan, neuron_piece(t, plan, flatten), B).ws_floats;
+  }
   return w;
 }
 
+// Each rank orthogonalizes whole matrices: those of its share of the batch
+// when they are sharded or replicated over a multi-rank mesh (megabatch.hpp),
+// else all of its own.
 void muon_family_step(Optimizer& opt, Group& g, const Batch& bt, bool normalize) {
   Backend& be = *opt.backend;
   const dion_group_options_t& o = g.opt;
   const Tensor& t = bt.t;
-  const int64_t n = t.numel_local, T = bt.count, N = n * T;
+  const bool flatten = o.flatten != 0;
+  const int64_t n = t.numel_local, T = bt.count, N = n * T, B = t.geom.batch * T;
   float* M = load_ws(opt, bt, kState0, n);
   float* G = load_ws(opt, bt, kGrad, n);
   const float mu = static_cast<float>(o.mu);
@@ -31,16 +42,25 @@ void muon_family_step(Optimizer& opt, Group& g, const Batch& bt, bool normalize)
     be.lincomb(mu, M, 1.0f, G, U, N);
   else
     be.copy(U, M, sizeof(float) * static_cast<size_t>(N));
-  MatBatch Um{U, t.geom.srows, t.geom.scols, t.geom.scols, t.geom.srows * t.geom.scols, t.geom.batch * T};
+  const MbPlan plan = megabatch_plan(&opt, t, flatten, B);
+  Unshard uu(opt, plan, matrix_piece(t, plan, flatten), B);
+  float* Uo = uu.forward(U);
+  const MbPiece& w = uu.whole();
+  MatBatch Um{Uo, w.rows(), w.cols(), w.cols(), w.rows() * w.cols(), uu.count()};
   orthogonalize(opt, o, Um);
   if (normalize) {
+    // On the owner, over whole rows and the whole matrix: the single-device
+    // statistics (the reference normalizes each rank's row shard after the
+    // return, with a per-shard Frobenius rescale, spec §4.2).
     const StateBuf& Vs = state_of(opt, t, 1);
     float* V = load_ws(opt, bt, kState1, Vs.numel);
-    const Axis ax = logical_rows_axis(t);
-    const int64_t per = ax == kRows ? t.geom.srows : t.geom.scols;
-    be.neuron_normalize(Um, ax, V, per, static_cast<float>(o.muon_beta2), nullptr);
+    Unshard uv(opt, plan, neuron_piece(t, plan, flatten), B);
+    float* Vo = uv.forward(V);
+    be.neuron_normalize(Um, logical_rows_axis(t), Vo, t.geom.m, static_cast<float>(o.muon_beta2), nullptr);
+    uv.backward(V);
     store_ws(opt, bt, kState1, V, Vs.numel);
   }
+  uu.backward(U);
   float* X = load_ws(opt, bt, kParam, n);
   const double lr_mult = adjusted_lr(o, 1.0, t.geom.m, t.geom.n);
   be.apply_update(X, U, N, g.scalars, static_cast<float>(lr_mult), o.cautious_wd != 0);

@@ -8,6 +8,7 @@ namespace dion {
 
 namespace {
 void init_state(Optimizer& opt, Group& g, Tensor& t) {
+  dion2_family_check(g, t);
   add_momentum(opt, g, t);
   add_variance_neuron(opt, g, t);
 }

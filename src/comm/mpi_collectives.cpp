@@ -98,7 +98,20 @@ class MpiCollectives final : public Collectives {
     to_ints(send_displs, "send_displs", what, d0_);
     to_ints(recv_counts, "recv_counts", what, c1_);
     to_ints(recv_displs, "recv_displs", what, d1_);
+    // Open MPI 4.1 treats sendbuf == recvbuf as MPI_IN_PLACE even when every
+    // count is zero (and then waits for a matching in-place call): a rank
+    // that moves nothing may pass two equal (or NULL) pointers, so give it
+    // distinct dummies.
     float dummy_s = 0.f, dummy_r = 0.f;
+    if (send && send == recv) {
+      // The base class refused overlapping extents, so one side is empty.
+      bool sends = false;
+      for (int32_t p = 0; p < size(); ++p) sends = sends || c0_[static_cast<size_t>(p)] > 0;
+      if (sends)
+        recv = &dummy_r;
+      else
+        send = &dummy_s;
+    }
     run(MPI_Ialltoallv(send ? send : &dummy_s, c0_.data(), d0_.data(), MPI_FLOAT, recv ? recv : &dummy_r, c1_.data(),
                        d1_.data(), MPI_FLOAT, mc_, &req_),
         what, "MPI_Ialltoallv");

@@ -314,10 +314,6 @@ void build_tensor(const Optimizer& opt, const dion_group_options_t& go, const di
   if (dims[0] >= 0 && dims[0] == dims[1])
     fail(DION_ERROR_INVALID_ARGUMENT, "%s: %s: dim %d is sharded over both the outer and the inner mesh", fn, L.c_str(),
          dims[0]);
-  if (is_matrix_algo(go.algorithm) && go.algorithm != DION_ALGO_DION &&
-      ((dims[0] >= 0 && comms[0]->size > 1) || (dims[1] >= 0 && comms[1]->size > 1)))
-    fail(DION_ERROR_NOT_SUPPORTED, "%s: %s: %s on a tensor sharded over a multi-rank mesh is not implemented yet", fn,
-         L.c_str(), algo_name(go.algorithm));
   t.numel_local = 1;
   for (int k = 0; k < d.ndim; ++k) t.numel_local = mul_checked(t.numel_local, t.local_shape[k], L);
   int64_t global_numel = 1;
@@ -480,6 +476,11 @@ void Optimizer::plan_buckets(Group& g, const Algorithm& algo) {
         a.outer_shard_dim != b.outer_shard_dim || a.inner_shard_dim != b.inner_shard_dim || a.rank != b.rank ||
         a.dion_transposed != b.dion_transposed || a.numel_local != b.numel_local || a.states.size() != b.states.size())
       return false;
+    // Equal on every rank only if the whole tilings are equal: two tensors
+    // whose shards match here but not on another rank must not share a batch
+    // here (the ranks would issue different collectives).
+    for (int m = 0; m < 2; ++m)
+      if (a.shard_off[m] != b.shard_off[m] || a.shard_ext[m] != b.shard_ext[m]) return false;
     for (int d = 0; d < a.ndim; ++d)
       if (a.shape[d] != b.shape[d] || a.local_shape[d] != b.local_shape[d] || a.local_offset[d] != b.local_offset[d])
         return false;
@@ -501,10 +502,23 @@ void Optimizer::plan_buckets(Group& g, const Algorithm& algo) {
       }
     if (!placed) classes.push_back({ti});
   }
-  for (auto& c : classes) {
-    const Tensor& t0 = tensors[static_cast<size_t>(c[0])];
-    const size_t one = algo.workspace_floats(g, t0, 1);
+  // A batch's size is capped by its workspace, which depends on the local
+  // shard; every rank must cut the same batches, so the caps are agreed on
+  // (the smallest over the meshes' ranks: rep, then outer, then inner reach
+  // the whole grid).
+  std::vector<int32_t> neg_cap(classes.size());
+  for (size_t k = 0; k < classes.size(); ++k) {
+    const size_t one = algo.workspace_floats(g, tensors[static_cast<size_t>(classes[k][0])], 1);
     const size_t cap = std::max<size_t>(1, kBatchWorkspaceFloats / std::max<size_t>(one, 1));
+    neg_cap[k] = -static_cast<int32_t>(std::min<size_t>(cap, size_t(1) << 30));
+  }
+  if (!neg_cap.empty())
+    for (Collectives* c : {rep.get(), outer.get(), inner.get()})
+      if (c) c->all_reduce_host(neg_cap.data(), static_cast<int64_t>(neg_cap.size()), ReduceOp::kMax);
+  for (size_t k = 0; k < classes.size(); ++k) {
+    const std::vector<int32_t>& c = classes[k];
+    const Tensor& t0 = tensors[static_cast<size_t>(c[0])];
+    const size_t cap = static_cast<size_t>(-neg_cap[k]);
     for (size_t i = 0; i < c.size(); i += cap) {
       Bucket b;
       b.tensors.assign(c.begin() + static_cast<std::ptrdiff_t>(i),

@@ -323,16 +323,22 @@ TEST_P(Shard, EqualsSingleProcessOnTheGlobalMatrices) {
     ASSERT_EQ(dion_get_comm_bytes(dist.opt, DION_MESH_REPLICATE, &rep_bytes, nullptr), DION_SUCCESS);
     ASSERT_EQ(dion_get_comm_bytes(dist.opt, DION_MESH_OUTER, &outer_bytes, nullptr), DION_SUCCESS);
     ASSERT_EQ(dion_get_comm_bytes(dist.opt, DION_MESH_INNER, &inner_bytes, nullptr), DION_SUCCESS);
-    if (L.O > 1) EXPECT_GT(outer_bytes, 0u);
-    if (L.I > 1) EXPECT_GT(inner_bytes, 0u);
+    if (L.O > 1) {
+      EXPECT_GT(outer_bytes, 0u);
+    }
+    if (L.I > 1) {
+      EXPECT_GT(inner_bytes, 0u);
+    }
     if (L.R > 1) {
       uint64_t grad_bytes = 0;
       for (const Local& l : dist.loc) grad_bytes += 4u * static_cast<uint64_t>(l.numel());
       // rank_fraction 1 never compresses; at 1/4 every tensor here does.
-      if (c.rank_fraction <= 0.25)
+      if (c.rank_fraction <= 0.25) {
         EXPECT_LT(rep_bytes, grad_bytes) << "compressed sync should move less than the gradients";
-      if (c.rank_fraction == 1.0)
+      }
+      if (c.rank_fraction == 1.0) {
         EXPECT_GE(rep_bytes, grad_bytes) << "uncompressed sync averages the gradients";
+      }
     }
     ASSERT_EQ(dion_sync_for_checkpoint(dist.opt, nullptr), DION_SUCCESS) << dion_last_error(dist.opt);
     double worst = 0;

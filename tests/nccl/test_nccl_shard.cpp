@@ -24,7 +24,9 @@ dion_comm_t nccl_comm(MPI_Comm c) {
   MPI_Comm_size(c, &n);
   dion_nccl_unique_id_t id;
   std::memset(&id, 0, sizeof id);
-  if (r == 0) EXPECT_EQ(dion_nccl_get_unique_id(&id), DION_SUCCESS) << dion_last_error(nullptr);
+  if (r == 0) {
+    EXPECT_EQ(dion_nccl_get_unique_id(&id), DION_SUCCESS) << dion_last_error(nullptr);
+  }
   MPI_Bcast(&id, sizeof id, MPI_BYTE, 0, c);
   dion_comm_t out = nullptr;
   EXPECT_EQ(dion_comm_init_nccl(&out, &id, n, r, g_env.device), DION_SUCCESS) << dion_last_error(nullptr);
