@@ -3,12 +3,13 @@
 # suites (ctest -L gpu), the unit suites, and the benchmarks, writing every
 # log under the folder given as $1 (default: gpu-logs).
 #
-#   tools/gpu_check.sh OUTDIR [all|build|test|bench|nccl|mesh-bench]
+#   tools/gpu_check.sh OUTDIR [all|build|test|bench|nccl|mesh-bench|torchrun]
 #
 # `nccl` runs the NCCL suites (ctest -L nccl: 2 and 4 ranks, one GPU each;
 # on a 2-GPU machine the 4-rank runs are skipped) and the op tests;
 # `mesh-bench` runs bench/run_mesh.sh (dion-bench-mesh over the layouts that
-# fit the visible GPUs).
+# fit the visible GPUs); `torchrun` runs tests/torchrun/run_all.sh (the
+# PyTorch front end with FSDP2, TP, DCP and DDP on 2 and 4 GPUs).
 # Environment: BUILD_DIR (default build-gpu), BENCH_ARGS (extra dion-bench
 # arguments for a partial benchmark run, e.g. "--workload gpt-160m").
 set -uo pipefail
@@ -49,6 +50,10 @@ if [ "$what" = nccl ]; then
   echo "nccl suites: $(( $(date +%s) - t0 )) s"
   ctest --test-dir "$build" -R "^ops_" --output-on-failure > "$out/ctest-ops.log" 2>&1 || rc=1
   grep -E "tests passed|tests failed|\(Failed\)" "$out/ctest-ops.log"
+fi
+if [ "$what" = torchrun ]; then
+  LIBDION_PATH="$PWD/$build/libdion.so" bash tests/torchrun/run_all.sh "$out/torchrun" > "$out/torchrun.log" 2>&1 || rc=1
+  tail -40 "$out/torchrun.log"
 fi
 if [ "$what" = mesh-bench ]; then
   DION_BENCH_MESH="$build/dion-bench-mesh" bash bench/run_mesh.sh "$out" "${MESH_ALGOS:-dion muon}" || rc=1
