@@ -3,8 +3,9 @@
 // backend, MPI communicators) and tests/nccl/test_nccl_shard.cpp (CUDA
 // backend, NCCL communicators): the same layouts, tensors, references and
 // tolerances on both (see test_mpi_shard.cpp for what is asserted and why).
-// The including file defines g_rank, g_size and g_env (and fills g_env in
-// main, before the tests run).
+// The including file defines g_rank, g_size and g_env (ShardEnv, in
+// shard_env.hpp, with the grid and helpers shared with megabatch_harness.hpp)
+// and fills g_env in main, before the tests run.
 #pragma once
 #include <gtest/gtest.h>
 #include <mpi.h>
@@ -16,42 +17,15 @@
 #include <vector>
 
 #include "dion_mpi.h"
-
-// What differs between the backends.
-struct ShardEnv {
-  dion_backend_t backend = DION_BACKEND_HOST;
-  int32_t device = 0;
-  // A mesh communicator over the ranks of an MPI communicator.
-  dion_comm_t (*make_comm)(MPI_Comm) = nullptr;
-  // Device memory (all null on the host backend: buffers are host vectors).
-  void* (*alloc)(size_t) = nullptr;
-  void (*free)(void*) = nullptr;
-  void (*h2d)(void*, const void*, size_t) = nullptr;
-  void (*d2h)(void*, const void*, size_t) = nullptr;
-};
-extern ShardEnv g_env;
-extern int g_rank, g_size;
+#include "shard_env.hpp"
 
 namespace {
-
-
-float hash_uniform(uint64_t seed, uint64_t i) {
-  uint64_t z = seed * 0x9E3779B97F4A7C15ull + i + 0x632BE59BD9B4E019ull;
-  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-  z ^= z >> 31;
-  return static_cast<float>(static_cast<double>(z >> 40) / static_cast<double>(1ull << 23) - 1.0);
-}
 
 // The gradient replica w sees at step s for tensor k, global element i.
 float grad_of(int w, int s, int k, int64_t i) {
   return hash_uniform(1000 + 37 * w + 7919 * s + 104729 * k, static_cast<uint64_t>(i));
 }
 float init_of(int k, int64_t i) { return 0.1f * hash_uniform(5 + k, static_cast<uint64_t>(i)); }
-
-struct Layout {
-  int R, O, I;
-};
 
 // One tensor of the test group: global m x n, and which logical dim each
 // shard mesh splits (-1: none).
@@ -69,45 +43,6 @@ struct Config {
 
 void PrintTo(const Config& c, std::ostream* os) { *os << c.name; }
 
-// This rank's place in the grid and its meshes.
-struct Grid {
-  Layout L{1, 1, 1};
-  int r = 0, o = 0, i = 0;
-  MPI_Comm mc[3] = {MPI_COMM_NULL, MPI_COMM_NULL, MPI_COMM_NULL};
-  dion_comm_t dc[3] = {nullptr, nullptr, nullptr};
-  dion_comm_t self[2] = {nullptr, nullptr};  // 1-rank outer and inner meshes for the reference
-  explicit Grid(Layout l) : L(l) {
-    r = g_rank / (L.O * L.I);
-    o = (g_rank / L.I) % L.O;
-    i = g_rank % L.I;
-    MPI_Comm_split(MPI_COMM_WORLD, o * L.I + i, r, &mc[0]);
-    MPI_Comm_split(MPI_COMM_WORLD, r * L.I + i, o, &mc[1]);
-    MPI_Comm_split(MPI_COMM_WORLD, r * L.O + o, i, &mc[2]);
-    const int sizes[3] = {L.R, L.O, L.I};
-    for (int k = 0; k < 3; ++k)
-      if (sizes[k] > 1) dc[k] = g_env.make_comm(mc[k]);
-    for (auto& c : self) EXPECT_EQ(dion_comm_from_mpi(&c, MPI_COMM_SELF), DION_SUCCESS) << dion_last_error(nullptr);
-  }
-  ~Grid() {
-    for (auto& c : self) dion_comm_destroy(c);
-    for (int k = 0; k < 3; ++k) {
-      if (dc[k]) dion_comm_destroy(dc[k]);
-      MPI_Comm_free(&mc[k]);
-    }
-  }
-};
-
-// FSDP chunking over the outer mesh, an even split over the inner mesh.
-void outer_shard(int64_t full, int W, int q, int64_t* off, int64_t* ext) {
-  const int64_t chunk = (full + W - 1) / W;
-  *off = std::min(full, q * chunk);
-  *ext = std::min(chunk, full - *off);
-}
-void inner_shard(int64_t full, int W, int q, int64_t* off, int64_t* ext) {
-  *off = q * full / W;
-  *ext = (q + 1) * full / W - *off;
-}
-
 struct Local {
   int64_t off[2] = {0, 0}, ext[2] = {0, 0};  // per logical dim
   std::vector<float> x, g;
@@ -115,22 +50,6 @@ struct Local {
   int64_t numel() const { return ext[0] * ext[1]; }
   // index of local element (a, b) in the global row-major m x n matrix
   int64_t global(int64_t a, int64_t b, int64_t n) const { return (off[0] + a) * n + off[1] + b; }
-};
-
-// A zero-filled buffer of n floats in the backend's memory.
-struct Buf {
-  std::vector<float> h;
-  float* d = nullptr;
-  explicit Buf(int64_t n) : h(static_cast<size_t>(std::max<int64_t>(n, 1)), 0.0f) {
-    if (g_env.alloc) {
-      d = static_cast<float*>(g_env.alloc(sizeof(float) * h.size()));
-      g_env.h2d(d, h.data(), sizeof(float) * h.size());
-    }
-  }
-  ~Buf() {
-    if (d) g_env.free(d);
-  }
-  float* ptr() { return d ? d : h.data(); }
 };
 
 struct OptRun {
@@ -258,26 +177,6 @@ void fill_grads(OptRun& dist, OptRun& ref, const Grid& G, int step) {
       f.g[static_cast<size_t>(i)] = static_cast<float>(avg / G.L.R);
     }
   }
-}
-
-double rel_diff(const std::vector<double>& a, const std::vector<double>& b) {
-  double num = 0, den = 0;
-  for (size_t i = 0; i < a.size(); ++i) {
-    num += (a[i] - b[i]) * (a[i] - b[i]);
-    den += b[i] * b[i];
-  }
-  return den > 0 ? std::sqrt(num / den) : std::sqrt(num);
-}
-
-std::vector<float> read_state(dion_optimizer_t opt, int32_t tensor, const char* name, dion_state_info_t* info) {
-  int32_t idx = -1;
-  EXPECT_EQ(dion_state_find(opt, tensor, name, &idx), DION_SUCCESS) << dion_last_error(opt);
-  std::memset(info, 0, sizeof *info);
-  info->struct_size = sizeof *info;
-  EXPECT_EQ(dion_state_info(opt, idx, info), DION_SUCCESS);
-  std::vector<float> b(std::max<size_t>(1, info->local_bytes / sizeof(float)));
-  EXPECT_EQ(dion_state_read(opt, idx, b.data(), info->local_bytes, nullptr), DION_SUCCESS);
-  return b;
 }
 
 // The local window [off, off + ext) of a 2-D global row-major state.
