@@ -67,6 +67,8 @@ __global__ void advance_step_kernel(GroupScalars* gs, const StepStatus* status) 
   if (!status->skip) ++gs->step;
 }
 
+__global__ void merge_skip_kernel(StepStatus* status) { status->skip |= status->skip_mesh; }
+
 __global__ void count_skip_kernel(StepStatus* status) {
   if (status->skip) ++status->skipped_steps;
 }
@@ -171,6 +173,11 @@ void check_nonfinite(const Ctx& c, const TensorEntry* list, int64_t count, int64
 void advance_step(const Ctx& c, GroupScalars* gs, const StepStatus* status) {
   advance_step_kernel<<<1, 1, 0, c.stream>>>(gs, status);
   cuda::check_launch("advance_step kernel");
+}
+
+void merge_skip(const Ctx& c, StepStatus* status) {
+  merge_skip_kernel<<<1, 1, 0, c.stream>>>(status);
+  cuda::check_launch("merge_skip kernel");
 }
 
 void count_skip(const Ctx& c, StepStatus* status) {

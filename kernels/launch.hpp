@@ -29,6 +29,7 @@ void store_multi(const Ctx& c, const TensorEntry* list, int64_t count, Field f, 
 void check_nonfinite(const Ctx& c, const TensorEntry* list, int64_t count, int64_t max_n, Field f, int32_t* flag);
 void advance_step(const Ctx& c, GroupScalars* gs, const StepStatus* status);
 void count_skip(const Ctx& c, StepStatus* status);
+void merge_skip(const Ctx& c, StepStatus* status);
 void axpby(const Ctx& c, float a, const float* x, float b, float* y, int64_t n);
 void lincomb(const Ctx& c, float a, const float* x, float b, const float* y, float* z, int64_t n);
 void nan_to_num(const Ctx& c, float* x, int64_t n);

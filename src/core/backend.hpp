@@ -71,8 +71,8 @@ struct GroupScalars {
 
 // Per-optimizer step status in backend memory.
 struct StepStatus {
-  int32_t skip;           // this (last) step was skipped: a gradient held NaN/Inf
-  int32_t pad;
+  int32_t skip;           // this (last) step was skipped: a gradient held NaN/Inf (what writes read)
+  int32_t skip_mesh;      // the copy reduced over the meshes, OR-ed into skip (see Optimizer::step)
   int64_t skipped_steps;  // total skipped
 };
 
@@ -140,6 +140,8 @@ class Backend {
   virtual void advance_step(GroupScalars* gs, const StepStatus* status) = 0;
   // Called once per step after advance_step: if status->skip, ++status->skipped_steps.
   virtual void count_skip(StepStatus* status) = 0;
+  // status->skip |= status->skip_mesh.
+  virtual void merge_skip(StepStatus* status) = 0;
 
   // ---- random ----
   // For each of `batch` matrices: out[b][i] = scale * N(0,1) drawn for global

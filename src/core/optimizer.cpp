@@ -763,9 +763,16 @@ void Optimizer::step() {
   // Every rank skips together (a NaN on one rank would otherwise reach the
   // others through the collectives): rep, then outer, then inner reach the
   // whole grid.
-  if (options.skip_nonfinite)
+  // The reduction runs on a copy that is then OR-ed into the flag the writes
+  // read: a collective aborted mid-flight (a dead peer, DION_COMM_TIMEOUT)
+  // may leave garbage in its buffer, and must not clear the skip that the
+  // wait guard set to stop this step's writes.
+  if (options.skip_nonfinite && (rep || outer || inner)) {
+    backend->copy(&status->skip_mesh, &status->skip, sizeof(int32_t));
     for (Collectives* c : {rep.get(), outer.get(), inner.get()})
-      if (c) c->all_reduce(&status->skip, 1, ReduceOp::kMax);
+      if (c) c->all_reduce(&status->skip_mesh, 1, ReduceOp::kMax);
+    backend->merge_skip(status);
+  }
   if (backend->host_memory() && status->skip) {
     ++status->skipped_steps;
     DION_LOG_WARN("step skipped: a gradient holds NaN or Inf");

@@ -169,8 +169,13 @@ struct Optimizer {
   void step();
   void plan_buckets(Group& g, const Algorithm& algo);
   void refresh_table(Bucket& b);
-  // The pointer stores take to honour the non-finite guard (null when it is off).
-  const int32_t* skip_flag() const { return options.skip_nonfinite ? &status->skip : nullptr; }
+  // The pointer stores take to honour the non-finite guard (null when it is
+  // off and there is no mesh).
+  // With meshes it is always read: the wait guard sets it to stop the writes
+  // of a step whose collectives were aborted.
+  const int32_t* skip_flag() const {
+    return options.skip_nonfinite || rep || outer || inner ? &status->skip : nullptr;
+  }
   // Reads the group's step counter / skipped-step status (waits for the device).
   int64_t read_step(const Group& g);
   void write_step(Group& g, int64_t step);

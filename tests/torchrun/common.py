@@ -72,7 +72,10 @@ def build(dims, seed, bias=True, device="cpu"):
     return MLP(dims, bias).to(device=device, dtype=torch.float32)
 
 
-def batch(step, dims, rank=0, device="cpu", n=16):
+def batch(step, dims, rank=0, device="cpu", n=256):
+    """One mini-batch. n (default 256) exceeds every layer's width, so each gradient has full rank: full-rank
+    Dion completes the basis of a rank-deficient momentum arbitrarily (any completion is orthonormal), and two
+    runs that round differently (sharded vs single GPU) would then legitimately disagree."""
     g = torch.Generator().manual_seed(1000 * (step + 1) + rank)
     x = torch.randn(n, dims[0], generator=g)
     y = torch.randn(n, dims[-1], generator=g)

@@ -11,7 +11,8 @@
 # source tree, e.g. cmake -S . -B build-gpu -G Ninja -DDION_WITH_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90 &&
 # cmake --build build-gpu. PYTHON (default python3) must have torch with CUDA; NPROCS (default "2 4") sets the
 # world sizes (those above the GPU count are skipped). Logs go to OUTDIR/<case>_np<N>.log, the PASS/FAIL/SKIP
-# lines to stdout and OUTDIR/summary.txt. Exits 1 if any program failed, 3 if none could run (no GPU).
+# lines to stdout and OUTDIR/summary.txt. Exits 1 if any program failed, 3 if none could run (no GPU). CASES
+# (default "fsdp tp fsdp_tp dcp ddp") picks the programs, CASE_TIMEOUT (default 300 s) bounds each run.
 set -uo pipefail
 
 out=${1:?usage: run_all.sh OUTDIR}
@@ -51,10 +52,10 @@ for n in ${NPROCS:-2 4}; do
     echo "SKIP np$n: only $ngpu GPU(s)" | tee -a "$summary"
     continue
   fi
-  for case in fsdp tp fsdp_tp dcp ddp; do
+  for case in ${CASES:-fsdp tp fsdp_tp dcp ddp}; do
     log="$out/${case}_np${n}.log"
     programs=$((programs + 1))
-    timeout 900 "${launcher[@]}" --standalone --nproc_per_node "$n" "$here/case_${case}.py" \
+    timeout "${CASE_TIMEOUT:-300}" "${launcher[@]}" --standalone --nproc_per_node "$n" "$here/case_${case}.py" \
       --ckpt-dir "$out/ckpt_${case}_np${n}" > "$log" 2>&1
     rc=$?
     grep -E '^(PASS|FAIL|SKIP) ' "$log" | cut -c1-400 | sed "s/^/[np$n $case] /" | tee -a "$summary"

@@ -293,6 +293,10 @@ class CudaBackend final : public Backend {
     ProfScope ps(prof_, "advance_step", stream_);
     kernels::advance_step(ctx(), gs, status);
   }
+  void merge_skip(StepStatus* status) override {
+    DeviceScope ds(device_);
+    kernels::merge_skip(ctx(), status);
+  }
   void count_skip(StepStatus* status) override {
     DeviceScope ds(device_);
     ProfScope ps(prof_, "count_skip", stream_);

@@ -113,6 +113,7 @@ class HostBackend final : public Backend {
   void advance_step(GroupScalars* gs, const StepStatus* st) override {
     if (!st->skip) ++gs->step;
   }
+  void merge_skip(StepStatus* st) override { st->skip |= st->skip_mesh; }
   void count_skip(StepStatus* st) override {
     if (st->skip) ++st->skipped_steps;
   }
