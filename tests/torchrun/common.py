@@ -104,8 +104,13 @@ def groups(model):
 # --------------------------------------------------------------------------
 
 def init():
-    """torch.distributed over NCCL, one GPU per rank; returns (rank, world size, device)."""
+    """torch.distributed over NCCL, one GPU per rank; returns (rank, world size, device). With
+    DION_TEST_WATCHDOG=SECONDS each rank prints every thread's Python stack and exits after that long (to see
+    where a hang is)."""
     import torch.distributed as dist
+    if os.environ.get("DION_TEST_WATCHDOG"):
+        import faulthandler
+        faulthandler.dump_traceback_later(float(os.environ["DION_TEST_WATCHDOG"]), exit=True)
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     local = int(os.environ.get("LOCAL_RANK", rank))
     torch.cuda.set_device(local)
