@@ -15,6 +15,7 @@
 #include "api/comm.hpp"
 #include "comm/collectives.hpp"
 #include "dion_mpi.h"
+#include "rank_printer.hpp"
 
 using dion::CollKind;
 using dion::Collectives;
@@ -365,10 +366,7 @@ TEST(MpiCollectives, NcclCommunicatorsNeedAnNcclBuild) {
 int main(int argc, char** argv) {
   MPI_Init(&argc, &argv);
   ::testing::InitGoogleTest(&argc, argv);
-  if (world_rank() != 0) {
-    auto& listeners = ::testing::UnitTest::GetInstance()->listeners();
-    delete listeners.Release(listeners.default_result_printer());
-  }
+  print_failures_only_unless_rank0(world_rank());
   int rc = RUN_ALL_TESTS();
   int any = 0;
   MPI_Allreduce(&rc, &any, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD);

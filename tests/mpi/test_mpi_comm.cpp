@@ -9,6 +9,7 @@
 #include <string>
 
 #include "dion_mpi.h"
+#include "rank_printer.hpp"
 
 TEST(MpiComm, WrapsWorldAndSelf) {
   int wsize = 0, wrank = 0;
@@ -70,10 +71,7 @@ int main(int argc, char** argv) {
   ::testing::InitGoogleTest(&argc, argv);
   int rank = 0;
   MPI_Comm_rank(MPI_COMM_WORLD, &rank);
-  if (rank != 0) {
-    auto& listeners = ::testing::UnitTest::GetInstance()->listeners();
-    delete listeners.Release(listeners.default_result_printer());
-  }
+  print_failures_only_unless_rank0(rank);
   int rc = RUN_ALL_TESTS();
   int any = 0;
   MPI_Allreduce(&rc, &any, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD);

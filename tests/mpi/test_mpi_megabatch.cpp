@@ -43,6 +43,7 @@
 // mesh), and the one corner the local selection refuses must fail
 // dion_add_group with NOT_SUPPORTED naming the tensor.
 #include "megabatch_harness.hpp"
+#include "rank_printer.hpp"
 
 ShardEnv g_env;
 int g_rank = 0, g_size = 1;
@@ -61,10 +62,7 @@ int main(int argc, char** argv) {
   MPI_Comm_size(MPI_COMM_WORLD, &g_size);
   g_env.make_comm = mpi_comm;
   ::testing::InitGoogleTest(&argc, argv);
-  if (g_rank != 0 && !verbose()) {  // verbose: every rank reports its failures
-    auto& listeners = ::testing::UnitTest::GetInstance()->listeners();
-    delete listeners.Release(listeners.default_result_printer());
-  }
+  if (!verbose()) print_failures_only_unless_rank0(g_rank);  // verbose: every rank prints everything
   const int rc = RUN_ALL_TESTS();
   int worst = rc;
   MPI_Allreduce(&rc, &worst, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD);

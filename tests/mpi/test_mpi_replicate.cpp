@@ -24,6 +24,7 @@
 #include <vector>
 
 #include "dion_mpi.h"
+#include "rank_printer.hpp"
 
 namespace {
 
@@ -253,10 +254,7 @@ int main(int argc, char** argv) {
   ::testing::InitGoogleTest(&argc, argv);
   MPI_Comm_rank(MPI_COMM_WORLD, &g_rank);
   MPI_Comm_size(MPI_COMM_WORLD, &g_size);
-  if (g_rank != 0) {
-    auto& listeners = ::testing::UnitTest::GetInstance()->listeners();
-    delete listeners.Release(listeners.default_result_printer());
-  }
+  print_failures_only_unless_rank0(g_rank);
   int rc = RUN_ALL_TESTS();
   int any = 0;
   MPI_Allreduce(&rc, &any, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD);

@@ -23,6 +23,7 @@
 //    ranks of a shard mesh, fail dion_add_group on every rank with a message
 //    naming the problem, and nothing is added.
 #include "shard_harness.hpp"
+#include "rank_printer.hpp"
 
 ShardEnv g_env;
 int g_rank = 0, g_size = 1;
@@ -41,10 +42,7 @@ int main(int argc, char** argv) {
   MPI_Comm_size(MPI_COMM_WORLD, &g_size);
   g_env.make_comm = mpi_comm;
   ::testing::InitGoogleTest(&argc, argv);
-  if (g_rank != 0) {
-    auto& listeners = ::testing::UnitTest::GetInstance()->listeners();
-    delete listeners.Release(listeners.default_result_printer());
-  }
+  print_failures_only_unless_rank0(g_rank);
   const int rc = RUN_ALL_TESTS();
   int worst = rc;
   MPI_Allreduce(&rc, &worst, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD);

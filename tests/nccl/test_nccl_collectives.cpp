@@ -37,6 +37,7 @@
 #include "api/comm.hpp"
 #include "comm/collectives.hpp"
 #include "dion.h"
+#include "../mpi/rank_printer.hpp"
 
 using dion::CollKind;
 using dion::Collectives;
@@ -769,19 +770,6 @@ TEST_F(Nccl, AbortedCommunicatorFailsEveryCallOnEveryRankWithoutHanging) {
 
 namespace {
 
-// Ranks other than 0 print no progress, but their failures, tagged.
-class RankFailurePrinter : public ::testing::EmptyTestEventListener {
- public:
-  explicit RankFailurePrinter(int rank) : rank_(rank) {}
-  void OnTestPartResult(const ::testing::TestPartResult& r) override {
-    if (r.failed())
-      std::fprintf(stderr, "[rank %d] %s:%d: failure\n%s\n", rank_, r.file_name() ? r.file_name() : "?",
-                   r.line_number(), r.summary());
-  }
-
- private:
-  int rank_;
-};
 
 // Rank 0 first prints the library, CUDA, NCCL and the world it runs on.
 void banner() {
@@ -843,11 +831,7 @@ int main(int argc, char** argv) {
   MPI_Init(&argc, &argv);
   ::testing::InitGoogleTest(&argc, argv);
   set_up_world();
-  if (g.me != 0) {
-    auto& listeners = ::testing::UnitTest::GetInstance()->listeners();
-    delete listeners.Release(listeners.default_result_printer());
-    listeners.Append(new RankFailurePrinter(g.me));
-  }
+  print_failures_only_unless_rank0(g.me);
   int rc = RUN_ALL_TESTS();
   if (g.comm) dion_comm_destroy(g.comm);
   if (g.stream) cudaStreamDestroy(g.stream);

@@ -12,6 +12,7 @@
 #include <cstdio>
 
 #include "../mpi/shard_harness.hpp"
+#include "../mpi/rank_printer.hpp"
 
 ShardEnv g_env;
 int g_rank = 0, g_size = 1;
@@ -66,10 +67,7 @@ int main(int argc, char** argv) {
   g_env.h2d = h2d;
   g_env.d2h = d2h;
   ::testing::InitGoogleTest(&argc, argv);
-  if (g_rank != 0) {
-    auto& listeners = ::testing::UnitTest::GetInstance()->listeners();
-    delete listeners.Release(listeners.default_result_printer());
-  }
+  print_failures_only_unless_rank0(g_rank);
   const int rc = RUN_ALL_TESTS();
   int worst = rc;
   MPI_Allreduce(&rc, &worst, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD);
