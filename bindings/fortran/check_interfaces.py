@@ -44,67 +44,14 @@ INOUT_STRUCTS = {"dion_state_info_t"}
 # ---------------------------------------------------------------------------------------------------------------
 # C header
 # ---------------------------------------------------------------------------------------------------------------
-def strip_c(text):
-    """Removes comments and preprocessor lines (joining backslash continuations first)."""
-    text = re.sub(r"/\*.*?\*/", " ", text, flags=re.S)
-    text = re.sub(r"//[^\n]*", " ", text)
-    text = re.sub(r"\\\n", " ", text)
-    return "\n".join("" if line.lstrip().startswith("#") else line for line in text.split("\n"))
-
-
-def norm_ctype(t):
-    t = re.sub(r"\s+", " ", t).strip()
-    t = re.sub(r"\s*\*", "*", t)
-    return t
-
-
-def split_decl(decl):
-    """'const dion_options_t* options' -> ('const dion_options_t*', 'options', None); arrays -> dim."""
-    decl = re.sub(r"\s+", " ", decl).strip()
-    m = re.match(r"^(.*?)([A-Za-z_]\w*)\s*(?:\[\s*(\w+)\s*\])?$", decl)
-    if not m:
-        raise ValueError("cannot parse declaration %r" % decl)
-    return norm_ctype(m.group(1)), m.group(2), m.group(3)
+# The header parse is shared with the other binding check (tools/dion_header.py).
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "tools"))
+from dion_header import resolve  # noqa: E402
+from dion_header import parse_header as _parse_header  # noqa: E402
 
 
 def parse_header(path):
-    raw = open(path).read()
-    text = strip_c(raw)
-    h = {"functions": [], "int_typedefs": set(), "handles": {}, "structs": {}, "constants": {}}
-    for m in re.finditer(r"typedef\s+int32_t\s+(\w+)\s*;", text):
-        h["int_typedefs"].add(m.group(1))
-    for m in re.finditer(r"typedef\s+struct\s+(\w+)\s*\*\s*(\w+)\s*;", text):
-        h["handles"][m.group(2)] = m.group(1)
-    for m in re.finditer(r"typedef\s+struct\s+\w+\s*\{(.*?)\}\s*(\w+)\s*;", text, re.S):
-        fields = [split_decl(f) for f in m.group(1).split(";") if f.strip()]
-        h["structs"][m.group(2)] = fields
-    for m in re.finditer(r"\benum\s*\{(.*?)\}\s*;", text, re.S):
-        for item in m.group(1).split(","):
-            if item.strip():
-                name, value = [s.strip() for s in item.split("=")]
-                h["constants"][name] = int(value)
-    for m in re.finditer(r"^\s*#\s*define\s+(DION_\w+)\s+\(?(-?\d+)\)?\s*$", raw, re.M):
-        h["constants"][m.group(1)] = int(m.group(2))
-    protos = list(re.finditer(r"DION_API\s+([^;{}()]*?)\b(dion_\w+)\s*\(([^()]*)\)\s*;", text, re.S))
-    if len(protos) != text.count("DION_API"):
-        raise SystemExit("check_interfaces: parsed %d prototypes but the header has %d DION_API declarations"
-                         % (len(protos), text.count("DION_API")))
-    for m in protos:
-        args = m.group(3).strip()
-        params = [] if args in ("", "void") else [split_decl(a)[:2] for a in args.split(",")]
-        h["functions"].append((m.group(2), norm_ctype(m.group(1)), params))
-    return h
-
-
-# ---------------------------------------------------------------------------------------------------------------
-# The table as a function: C type (+ context) -> (typespec, attributes, dims)
-# ---------------------------------------------------------------------------------------------------------------
-def resolve(h, t):
-    """Strips const and resolves the int32_t enum typedefs."""
-    base = t.replace("const ", "").strip()
-    if base in h["int_typedefs"]:
-        return "int32_t"
-    return base
+    return _parse_header(path, "check_interfaces")
 
 
 def expected_dummy(h, ctype, next_ctype):
