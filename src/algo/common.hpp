@@ -26,8 +26,6 @@ inline StateBuf& state_of(Optimizer& opt, const Tensor& t, size_t k) { return op
 void orthogonalize(Optimizer& opt, const dion_group_options_t& o, MatBatch x);
 size_t orthogonalize_ws_floats(int64_t rows, int64_t cols, int64_t batch);
 
-// Workspace for one typed tensor loaded to fp32 (rounded up like Workspace::take).
-inline size_t ws_floats(int64_t n) { return (static_cast<size_t>(n) + 15) & ~static_cast<size_t>(15); }
 
 // The "momentum" state every algorithm has: the parameter's shape, sharding
 // and layout, in the group's momentum_dtype (default: the parameter dtype).

@@ -105,20 +105,6 @@ namespace {
 
 int64_t first_slot(int64_t slots, int32_t W, int32_t q) { return slots * q / W; }
 
-// all_to_all_v with a side that moves nothing passed as NULL: a rank whose
-// shards are empty and that owns no slot can hold equal send and recv
-// pointers (zero-size workspace takes), which Open MPI's non-blocking
-// alltoallv takes for MPI_IN_PLACE and then deadlocks the mesh.
-void all_to_all_v(Collectives& c, const float* send, const int64_t* sc, const int64_t* sd, float* recv,
-                  const int64_t* rc, const int64_t* rd) {
-  int64_t ns = 0, nr = 0;
-  for (int32_t q = 0; q < c.size(); ++q) {
-    ns += sc[q];
-    nr += rc[q];
-  }
-  c.all_to_all_v(ns ? send : nullptr, sc, sd, nr ? recv : nullptr, rc, rd);
-}
-
 struct Geom {
   int64_t first = 0, count = 0;
   int64_t P = 1, Q = 1, full = 0, in_piece = 0, out_piece = 0;
@@ -210,7 +196,7 @@ float* Unshard::forward(float* local) {
         cd[3 * W + i] = g.count * g.P * off * g.Q;
         off += piece_.extent(l, q);
       }
-      all_to_all_v(*L.comm, in, cd.data(), cd.data() + W, v.stage, cd.data() + 2 * W, cd.data() + 3 * W);
+      L.comm->all_to_all_v(in, cd.data(), cd.data() + W, v.stage, cd.data() + 2 * W, cd.data() + 3 * W);
       // Paste rank q's pieces at its offset along the sharded dim: the
       // count * P rows of each piece are ext * Q wide, full * Q apart.
       off = 0;
@@ -261,7 +247,7 @@ void Unshard::backward(float* local) {
                 static_cast<size_t>(v.count * v.P));
       off += e;
     }
-    all_to_all_v(*L.comm, v.stage, cd.data() + 2 * W, cd.data() + 3 * W, dst, cd.data(), cd.data() + W);
+    L.comm->all_to_all_v(v.stage, cd.data() + 2 * W, cd.data() + 3 * W, dst, cd.data(), cd.data() + W);
   }
 }
 

@@ -150,7 +150,7 @@ class StreamScope {
  private:
   void set(dion_stream_t s) {
     o_.backend->set_stream(s);
-    for (Collectives* c : {o_.rep.get(), o_.outer.get(), o_.inner.get()})
+    for (Collectives* c : o_.meshes())
       if (c) c->set_stream(o_.backend->stream());
   }
   Optimizer& o_;
@@ -306,7 +306,7 @@ DION_API dion_status_t dion_create(dion_optimizer_t* out, const dion_options_t* 
     if (o.outer_comm && o.outer_comm->size > 1) opt->outer = make_collectives(o.outer_comm, "outer");
     if (o.inner_comm && o.inner_comm->size > 1) opt->inner = make_collectives(o.inner_comm, "inner");
     // Blocking waits on the device must not hang on a dead peer's NCCL kernels.
-    if (o.backend == DION_BACKEND_CUDA && (opt->rep || opt->outer || opt->inner)) {
+    if (o.backend == DION_BACKEND_CUDA && opt->has_meshes()) {
       opt->wait_guard.opt = opt.get();
       opt->wait_guard.timeout_s = comm_timeout_s();
       opt->backend->set_wait_guard(&opt->wait_guard);

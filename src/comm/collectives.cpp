@@ -125,27 +125,22 @@ void Collectives::all_reduce(float* buf, int64_t n, ReduceOp op) {
   count(CollKind::kAllReduce, static_cast<uint64_t>(n) * sizeof(float));
 }
 
-void Collectives::all_reduce(int32_t* buf, int64_t n, ReduceOp op) {
-  const char* what = "all_reduce(int32)";
-  check_usable(what);
-  check_count(*this, what, "n", n);
-  check_ptr(*this, what, "buf", buf, n);
-  if (op == ReduceOp::kAvg)
-    throw Error(DION_ERROR_INTERNAL, format("%s mesh: %s: avg is not defined on integers", mesh_.c_str(), what));
-  if (n == 0) return;
-  do_all_reduce(buf, n, op);
-  count(CollKind::kAllReduce, static_cast<uint64_t>(n) * sizeof(int32_t));
-}
+void Collectives::all_reduce(int32_t* buf, int64_t n, ReduceOp op) { all_reduce_int(buf, n, op, false); }
 
-void Collectives::all_reduce_host(int32_t* buf, int64_t n, ReduceOp op) {
-  const char* what = "all_reduce(int32, host)";
+void Collectives::all_reduce_host(int32_t* buf, int64_t n, ReduceOp op) { all_reduce_int(buf, n, op, true); }
+
+void Collectives::all_reduce_int(int32_t* buf, int64_t n, ReduceOp op, bool host) {
+  const char* what = host ? "all_reduce(int32, host)" : "all_reduce(int32)";
   check_usable(what);
   check_count(*this, what, "n", n);
   check_ptr(*this, what, "buf", buf, n);
   if (op == ReduceOp::kAvg)
     throw Error(DION_ERROR_INTERNAL, format("%s mesh: %s: avg is not defined on integers", mesh_.c_str(), what));
   if (n == 0) return;
-  do_all_reduce_host(buf, n, op);
+  if (host)
+    do_all_reduce_host(buf, n, op);
+  else
+    do_all_reduce(buf, n, op);
   count(CollKind::kAllReduce, static_cast<uint64_t>(n) * sizeof(int32_t));
 }
 

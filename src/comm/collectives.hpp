@@ -172,6 +172,7 @@ class Collectives {
 
  private:
   void check_usable(const char* what) const;
+  void all_reduce_int(int32_t* buf, int64_t n, ReduceOp op, bool host);
   void count(CollKind k, uint64_t bytes);
 
   std::string mesh_;

@@ -12,11 +12,9 @@
 
 namespace dion {
 
-size_t ws_floats_of(int64_t n) { return (static_cast<size_t>(n) + 15) & ~static_cast<size_t>(15); }
-
 float* Workspace::take(int64_t floats) {
   // 16-float alignment keeps every carved buffer 64-byte aligned.
-  size_t need = (static_cast<size_t>(floats) + 15) & ~static_cast<size_t>(15);
+  const size_t need = ws_floats(floats);
   DION_REQUIRE(used_ + need <= cap_, DION_ERROR_INTERNAL,
                "workspace overflow (%zu + %zu > %zu floats): a workspace bound is wrong", used_, need, cap_);
   float* p = base_ + used_;
@@ -40,7 +38,7 @@ void Workspace::free(Backend& be) {
 }
 
 void MeshWaitGuard::poll() {
-  for (Collectives* c : {opt->rep.get(), opt->outer.get(), opt->inner.get()})
+  for (Collectives* c : opt->meshes())
     if (c) c->check_async();
 }
 
@@ -49,7 +47,7 @@ void MeshWaitGuard::on_timeout() {
   // aborted: its parameter and state writes still queued behind them read
   // the flag and write nothing (writes that ran before the hang stay).
   opt->backend->poke_flag(&opt->status->skip, 1);
-  for (Collectives* c : {opt->rep.get(), opt->outer.get(), opt->inner.get()})
+  for (Collectives* c : opt->meshes())
     if (c) c->abort_comm();
 }
 
@@ -438,8 +436,8 @@ void Optimizer::add_group(const dion_group_options_t& go, const dion_tensor_t* d
     if (rep)
       for (const Tensor& t : tensors)
         if (t.group == gi) {
-          ws_need = std::max(ws_need, ws_floats_of(t.numel_local));
-          for (int32_t si : t.states) ws_need = std::max(ws_need, ws_floats_of(states[static_cast<size_t>(si)].numel));
+          ws_need = std::max(ws_need, ws_floats(t.numel_local));
+          for (int32_t si : t.states) ws_need = std::max(ws_need, ws_floats(states[static_cast<size_t>(si)].numel));
         }
     ws.reserve(*backend, ws_need);
   } catch (...) {
@@ -513,7 +511,7 @@ void Optimizer::plan_buckets(Group& g, const Algorithm& algo) {
     neg_cap[k] = -static_cast<int32_t>(std::min<size_t>(cap, size_t(1) << 30));
   }
   if (!neg_cap.empty())
-    for (Collectives* c : {rep.get(), outer.get(), inner.get()})
+    for (Collectives* c : meshes())
       if (c) c->all_reduce_host(neg_cap.data(), static_cast<int64_t>(neg_cap.size()), ReduceOp::kMax);
   for (size_t k = 0; k < classes.size(); ++k) {
     const std::vector<int32_t>& c = classes[k];
@@ -619,13 +617,13 @@ bool Optimizer::sharded(const Tensor& t) const {
 }
 
 void Optimizer::agree_on_group(const dion_group_options_t& go, std::vector<Tensor>& built, bool failed_here) {
-  Collectives* meshes[3] = {rep.get(), outer.get(), inner.get()};
+  const std::array<Collectives*, 3> mesh = meshes();
   bool failed = failed_here;
   std::string why;
   // Round 1, mesh by mesh: compare the hashes, pass on a failure, and check
   // that each sharded dim's shards tile it in rank order.
   for (int m = 0; m < 3; ++m) {
-    Collectives* c = meshes[m];
+    Collectives* c = mesh[static_cast<size_t>(m)];
     if (!c) continue;
     const uint64_t h = group_hash(go, built, m);
     // max and -min of two 30-bit pieces: equal on every rank iff the hashes agree.
@@ -693,7 +691,7 @@ void Optimizer::agree_on_group(const dion_group_options_t& go, std::vector<Tenso
   // Round 2: a failure seen on one mesh reaches every rank of every mesh
   // (rep, then outer, then inner reach the whole grid).
   for (int m = 0; m < 3; ++m) {
-    Collectives* c = meshes[m];
+    Collectives* c = mesh[static_cast<size_t>(m)];
     if (!c) continue;
     int32_t f = failed ? 1 : 0;
     c->all_reduce_host(&f, 1, ReduceOp::kMax);
@@ -753,7 +751,7 @@ static void average_gradients(Optimizer& o) {
 void Optimizer::step() {
   for (Group& g : groups)
     for (Bucket& b : g.buckets) refresh_table(b);
-  for (Collectives* c : {rep.get(), outer.get(), inner.get()})
+  for (Collectives* c : meshes())
     if (c) c->reset_step();
   backend->zero(&status->skip, sizeof(int32_t));
   if (options.skip_nonfinite)
@@ -767,9 +765,9 @@ void Optimizer::step() {
   // read: a collective aborted mid-flight (a dead peer, DION_COMM_TIMEOUT)
   // may leave garbage in its buffer, and must not clear the skip that the
   // wait guard set to stop this step's writes.
-  if (options.skip_nonfinite && (rep || outer || inner)) {
+  if (options.skip_nonfinite && has_meshes()) {
     backend->copy(&status->skip_mesh, &status->skip, sizeof(int32_t));
-    for (Collectives* c : {rep.get(), outer.get(), inner.get()})
+    for (Collectives* c : meshes())
       if (c) c->all_reduce(&status->skip_mesh, 1, ReduceOp::kMax);
     backend->merge_skip(status);
   }

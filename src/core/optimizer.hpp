@@ -1,6 +1,7 @@
 // SPDX-License-Identifier: MIT
 // The optimizer object: groups, tensors, state, workspace. Backend-independent.
 #pragma once
+#include <array>
 #include <cstdint>
 #include <memory>
 #include <string>
@@ -116,8 +117,9 @@ struct Algorithm {
 };
 const Algorithm& algorithm_for(dion_algorithm_t algo);
 
-// Floats Workspace::take(n) uses (rounded up to keep 64-byte alignment).
-size_t ws_floats_of(int64_t n);
+// Floats Workspace::take(n) uses (rounded up to keep 64-byte alignment);
+// the algorithms' workspace bounds add these up.
+inline size_t ws_floats(int64_t n) { return (static_cast<size_t>(n) + 15) & ~static_cast<size_t>(15); }
 
 // Bump allocator over the workspace reserved at dion_add_group, so that a
 // step allocates nothing.
@@ -153,6 +155,10 @@ struct Optimizer {
   StepStatus* status = nullptr;  // backend memory
   // Each mesh's collectives when it has more than one rank, else null.
   std::unique_ptr<Collectives> rep, outer, inner;
+  // The multi-rank meshes in the order that reaches the whole grid (rep,
+  // outer, inner); absent ones are null.
+  std::array<Collectives*, 3> meshes() const { return {rep.get(), outer.get(), inner.get()}; }
+  bool has_meshes() const { return rep || outer || inner; }
   MeshWaitGuard wait_guard;  // installed in the backend when a mesh runs on the device (NCCL)
   std::vector<int64_t> coll_idx;  // counts/displacements of uneven collectives (capacity reserved at create)
   size_t table_bytes = 0;        // backend memory held by tables and scalars
@@ -174,7 +180,7 @@ struct Optimizer {
   // With meshes it is always read: the wait guard sets it to stop the writes
   // of a step whose collectives were aborted.
   const int32_t* skip_flag() const {
-    return options.skip_nonfinite || rep || outer || inner ? &status->skip : nullptr;
+    return options.skip_nonfinite || has_meshes() ? &status->skip : nullptr;
   }
   // Reads the group's step counter / skipped-step status (waits for the device).
   int64_t read_step(const Group& g);

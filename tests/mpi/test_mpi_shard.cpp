@@ -23,29 +23,6 @@
 //    ranks of a shard mesh, fail dion_add_group on every rank with a message
 //    naming the problem, and nothing is added.
 #include "shard_harness.hpp"
-#include "rank_printer.hpp"
+#include "mpi_harness_main.hpp"
 
-ShardEnv g_env;
-int g_rank = 0, g_size = 1;
-
-namespace {
-dion_comm_t mpi_comm(MPI_Comm c) {
-  dion_comm_t out = nullptr;
-  EXPECT_EQ(dion_comm_from_mpi(&out, c), DION_SUCCESS) << dion_last_error(nullptr);
-  return out;
-}
-}  // namespace
-
-int main(int argc, char** argv) {
-  MPI_Init(&argc, &argv);
-  MPI_Comm_rank(MPI_COMM_WORLD, &g_rank);
-  MPI_Comm_size(MPI_COMM_WORLD, &g_size);
-  g_env.make_comm = mpi_comm;
-  ::testing::InitGoogleTest(&argc, argv);
-  print_failures_only_unless_rank0(g_rank);
-  const int rc = RUN_ALL_TESTS();
-  int worst = rc;
-  MPI_Allreduce(&rc, &worst, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD);
-  MPI_Finalize();
-  return worst;
-}
+int main(int argc, char** argv) { return mpi_harness_main(argc, argv, false); }
