@@ -3,13 +3,17 @@
 # suites (ctest -L gpu), the unit suites, and the benchmarks, writing every
 # log under the folder given as $1 (default: gpu-logs).
 #
-#   tools/gpu_check.sh OUTDIR [all|build|test|bench|nccl|mesh-bench|torchrun]
+#   tools/gpu_check.sh OUTDIR [all|build|test|bench|nccl|mesh-bench|torchrun|racecheck]
 #
 # `nccl` runs the NCCL suites (ctest -L nccl: 2 and 4 ranks, one GPU each;
 # on a 2-GPU machine the 4-rank runs are skipped) and the op tests;
 # `mesh-bench` runs bench/run_mesh.sh (dion-bench-mesh over the layouts that
 # fit the visible GPUs); `torchrun` runs tests/torchrun/run_all.sh (the
-# PyTorch front end with FSDP2, TP, DCP and DDP on 2 and 4 GPUs).
+# PyTorch front end with FSDP2, TP, DCP and DDP on 2 and 4 GPUs);
+# `racecheck` runs the op suites under compute-sanitizer racecheck, one
+# process per test case in parallel (the whole ops_linalg program under
+# racecheck does not finish in 240 s), each bounded by RACECHECK_TIMEOUT
+# (default 480 s).
 # Environment: BUILD_DIR (default build-gpu), BENCH_ARGS (extra dion-bench
 # arguments for a partial benchmark run, e.g. "--workload gpt-160m").
 set -uo pipefail
@@ -54,6 +58,27 @@ fi
 if [ "$what" = torchrun ]; then
   LIBDION_PATH="$PWD/$build/libdion.so" bash tests/torchrun/run_all.sh "$out/torchrun" > "$out/torchrun.log" 2>&1 || rc=1
   tail -40 "$out/torchrun.log"
+fi
+if [ "$what" = racecheck ]; then
+  t0=$(date +%s)
+  cs=compute-sanitizer
+  command -v $cs > /dev/null || cs=/usr/local/cuda/bin/compute-sanitizer
+  mkdir -p "$out/racecheck"
+  pids=()
+  for prog in ops_linalg ops_elementwise; do
+    for case in $("$build/tests/$prog" --gtest_list_tests | awk '/^[^ ]/{suite=$1} /^  /{print suite $1}'); do
+      timeout "${RACECHECK_TIMEOUT:-480}" $cs --tool racecheck --racecheck-report all --error-exitcode 9 \
+        "$build/tests/$prog" --gtest_filter="$case" > "$out/racecheck/$prog.$case.log" 2>&1 &
+      pids+=($!)
+    done
+  done
+  for p in "${pids[@]}"; do wait "$p" || rc=1; done
+  for f in "$out"/racecheck/*.log; do
+    echo "$(basename "$f" .log): $(grep -E 'RACECHECK SUMMARY|ERROR SUMMARY|PASSED|FAILED|SKIPPED' "$f" | tr '\n' ' ' | cut -c1-160)"
+  done | tee "$out/racecheck-summary.txt"
+  # one file instead of one per case (the run's files come back by count)
+  tail -n 5 "$out"/racecheck/*.log > "$out/racecheck-tails.txt" 2>&1; rm -rf "$out/racecheck"
+  echo "racecheck: $(( $(date +%s) - t0 )) s"
 fi
 if [ "$what" = mesh-bench ]; then
   DION_BENCH_MESH="$build/dion-bench-mesh" bash bench/run_mesh.sh "$out" "${MESH_ALGOS:-dion muon}" || rc=1

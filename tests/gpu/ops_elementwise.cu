@@ -208,6 +208,59 @@ TEST_F(OpsTest, CheckNonfinite) {
   }
 }
 
+// The check reads the aligned body of a tensor with 16-byte loads and the
+// misaligned head and the tail element by element: a tensor that starts at
+// any element offset, of any length, must have its bad element found in
+// every one of those parts, and a clean one must leave the flag alone.
+TEST_F(OpsTest, CheckNonfiniteHeadBodyTail) {
+  for (dion_dtype_t dt : {DION_DTYPE_FP32, DION_DTYPE_BF16, DION_DTYPE_FP16}) {
+    const int64_t esz = dt == DION_DTYPE_FP32 ? 4 : 2;
+    const int64_t cap = 1200;
+    const uint32_t inf_bits = dt == DION_DTYPE_FP32 ? 0x7f800000u : dt == DION_DTYPE_BF16 ? 0x7f80u : 0x7c00u;
+    const uint32_t nan_bits = dt == DION_DTYPE_FP32 ? 0xffc00001u : dt == DION_DTYPE_BF16 ? 0xffc1u : 0xfe01u;
+    const uint32_t one_bits = dt == DION_DTYPE_FP32 ? 0x3f800000u : dt == DION_DTYPE_BF16 ? 0x3f80u : 0x3c00u;
+    auto put_bits = [&](std::vector<uint8_t>& raw, int64_t i, uint32_t bits) {
+      std::memcpy(raw.data() + i * esz, &bits, static_cast<size_t>(esz));  // little endian
+    };
+    std::vector<uint8_t> clean(static_cast<size_t>(cap * esz));
+    for (int64_t i = 0; i < cap; ++i) put_bits(clean, i, one_bits);
+    Dev<uint8_t> buf(clean);
+    Dev<int32_t> flag(std::vector<int32_t>{0});
+    for (int64_t off : {0, 1, 2, 3, 5}) {
+      for (int64_t len : {1, 2, 7, 8, 9, 33, 1001}) {
+        TensorEntry e{};
+        e.ptr[kGrad] = buf.p() + off * esz;
+        e.dtype[kGrad] = dt;
+        e.n = len;
+        Dev<TensorEntry> table(std::vector<TensorEntry>{e});
+        flag.put({5});
+        cuda->check_nonfinite(table.p(), 1, len, kGrad, flag.p());
+        ASSERT_EQ(flag.get()[0], 5) << dtype_name(dt) << " offset " << off << " length " << len << ": clean";
+        for (int64_t at : {int64_t{0}, int64_t{1}, int64_t{3}, len / 2, len - 2, len - 1}) {
+          if (at < 0 || at >= len) continue;
+          for (uint32_t bad : {inf_bits, nan_bits}) {
+            std::vector<uint8_t> raw = clean;
+            put_bits(raw, off + at, bad);
+            buf.put(raw);
+            flag.put({0});
+            cuda->check_nonfinite(table.p(), 1, len, kGrad, flag.p());
+            EXPECT_EQ(flag.get()[0], 1) << dtype_name(dt) << " offset " << off << " length " << len << " bad at " << at;
+          }
+        }
+        // A bad element just outside the tensor (before and after) is not its business.
+        std::vector<uint8_t> raw = clean;
+        if (off > 0) put_bits(raw, off - 1, nan_bits);
+        if (off + len < cap) put_bits(raw, off + len, nan_bits);
+        buf.put(raw);
+        flag.put({0});
+        cuda->check_nonfinite(table.p(), 1, len, kGrad, flag.p());
+        EXPECT_EQ(flag.get()[0], 0) << dtype_name(dt) << " offset " << off << " length " << len << ": neighbours";
+        buf.put(clean);
+      }
+    }
+  }
+}
+
 TEST_F(OpsTest, StepCounters) {
   GroupScalars gs{0.1, 0.01, 0.9, 0.99, 5, 0};
   for (int skip : {0, 1}) {
