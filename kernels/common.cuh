@@ -119,6 +119,48 @@ struct FlatWalk {
   }
 };
 
+// Eight consecutive elements of a typed buffer, chunk j = elements
+// [8j, 8j + 8), with 16-byte loads and stores: the buffer's address must be
+// 16-byte aligned. The conversions are load_elem's and store_elem's, so a
+// kernel gives the same bits on its vector and its element path.
+__device__ __forceinline__ bool aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15) == 0; }
+
+__device__ __forceinline__ float half_bits_to_float(uint32_t h, dion_dtype_t dt) {
+  return dt == DION_DTYPE_BF16 ? bf16_to_float(static_cast<uint16_t>(h)) : fp16_to_float(static_cast<uint16_t>(h));
+}
+__device__ __forceinline__ uint32_t float_to_half_bits(float v, dion_dtype_t dt) {
+  return dt == DION_DTYPE_BF16 ? float_to_bf16(v) : float_to_fp16(v);
+}
+
+__device__ __forceinline__ void load8(const void* p, dion_dtype_t dt, int64_t j, float (&v)[8]) {
+  if (dt == DION_DTYPE_FP32) {
+    const float4* q = static_cast<const float4*>(p) + 2 * j;
+    const float4 a = q[0], b = q[1];
+    v[0] = a.x, v[1] = a.y, v[2] = a.z, v[3] = a.w, v[4] = b.x, v[5] = b.y, v[6] = b.z, v[7] = b.w;
+  } else {
+    const uint4 u = static_cast<const uint4*>(p)[j];
+    const uint32_t w[4] = {u.x, u.y, u.z, u.w};
+#pragma unroll
+    for (int k = 0; k < 4; ++k) {
+      v[2 * k] = half_bits_to_float(w[k] & 0xffffu, dt);
+      v[2 * k + 1] = half_bits_to_float(w[k] >> 16, dt);
+    }
+  }
+}
+
+__device__ __forceinline__ void store8(void* p, dion_dtype_t dt, int64_t j, const float (&v)[8]) {
+  if (dt == DION_DTYPE_FP32) {
+    float4* q = static_cast<float4*>(p) + 2 * j;
+    q[0] = make_float4(v[0], v[1], v[2], v[3]);
+    q[1] = make_float4(v[4], v[5], v[6], v[7]);
+  } else {
+    uint32_t w[4];
+#pragma unroll
+    for (int k = 0; k < 4; ++k) w[k] = float_to_half_bits(v[2 * k], dt) | (float_to_half_bits(v[2 * k + 1], dt) << 16);
+    static_cast<uint4*>(p)[j] = make_uint4(w[0], w[1], w[2], w[3]);
+  }
+}
+
 __device__ __forceinline__ float* mat_at(const MatBatch& m, int64_t b) { return m.p + b * m.stride; }
 __device__ __forceinline__ const float* mat_at(const ConstMatBatch& m, int64_t b) { return m.p + b * m.stride; }
 

@@ -21,12 +21,26 @@ __global__ void store_kernel(void* dst, const float* src, int64_t n) {
   for (int64_t i = global_thread(); i < n; i += grid_threads()) store_elem(dst, DT, i, src[i]);
 }
 
+// The typed loads and stores of whole batches move every element of the
+// batch's tensors once: 8 elements per thread with 16-byte accesses when the
+// tensor and its row of the fp32 buffer are both 16-byte aligned (the usual
+// case: cudaMalloc'd tensors, n a multiple of 4), else element by element.
 __global__ void load_multi_kernel(float* dst, const TensorEntry* list, int64_t count, int f, int64_t n) {
   for (int64_t t = blockIdx.y; t < count; t += gridDim.y) {
     const void* src = list[t].ptr[f];
     const dion_dtype_t dt = static_cast<dion_dtype_t>(list[t].dtype[f]);
     float* d = dst + t * n;
-    for (int64_t i = global_thread(); i < n; i += grid_threads()) d[i] = load_elem(src, dt, i);
+    int64_t i0 = 0;
+    if (aligned16(src) && aligned16(d)) {
+      const int64_t n8 = n / 8;
+      for (int64_t j = global_thread(); j < n8; j += grid_threads()) {
+        float v[8];
+        load8(src, dt, j, v);
+        store8(d, DION_DTYPE_FP32, j, v);
+      }
+      i0 = n8 * 8;
+    }
+    for (int64_t i = i0 + global_thread(); i < n; i += grid_threads()) d[i] = load_elem(src, dt, i);
   }
 }
 
@@ -37,7 +51,17 @@ __global__ void store_multi_kernel(const TensorEntry* list, int64_t count, int f
     void* dst = list[t].ptr[f];
     const dion_dtype_t dt = static_cast<dion_dtype_t>(list[t].dtype[f]);
     const float* s = src + t * n;
-    for (int64_t i = global_thread(); i < n; i += grid_threads()) store_elem(dst, dt, i, s[i]);
+    int64_t i0 = 0;
+    if (aligned16(dst) && aligned16(s)) {
+      const int64_t n8 = n / 8;
+      for (int64_t j = global_thread(); j < n8; j += grid_threads()) {
+        float v[8];
+        load8(s, DION_DTYPE_FP32, j, v);
+        store8(dst, dt, j, v);
+      }
+      i0 = n8 * 8;
+    }
+    for (int64_t i = i0 + global_thread(); i < n; i += grid_threads()) store_elem(dst, dt, i, s[i]);
   }
 }
 

@@ -11,6 +11,25 @@ namespace dion::kernels {
 
 namespace {
 
+// One element of AdamW, shared by the vector and the element paths.
+struct AdamW {
+  float b1, b2, step, sbc2, lwd, eps;
+  bool cautious;
+  __device__ __forceinline__ void operator()(float g, float& m, float& v, float& x) const {
+    const float mi = m + (1.0f - b1) * (g - m);
+    const float vi = b2 * v + (1.0f - b2) * g * g;
+    const float xo = x;
+    float xi;
+    if (cautious)
+      xi = (mi * xo >= 0.0f) ? xo - lwd * xo : xo;
+    else
+      xi = xo * (1.0f - lwd);
+    m = mi;
+    v = vi;
+    x = xi - step * mi / (sqrtf(vi) / sbc2 + eps);
+  }
+};
+
 __global__ void adamw_kernel(const TensorEntry* list, int64_t count, const GroupScalars* gs, float eps, bool cautious,
                              const int32_t* skip) {
   if (skip && *skip) return;
@@ -20,7 +39,7 @@ __global__ void adamw_kernel(const TensorEntry* list, int64_t count, const Group
   const double t = static_cast<double>(gs->step);
   const float bc1 = static_cast<float>(1.0 - pow(gs->beta1, t));
   const float bc2 = static_cast<float>(1.0 - pow(gs->beta2, t));
-  const float step = lr / bc1, sbc2 = sqrtf(bc2), lwd = lr * wd;
+  const AdamW op{b1, b2, lr / bc1, sqrtf(bc2), lr * wd, eps, cautious};
   for (int64_t e = blockIdx.y; e < count; e += gridDim.y) {
     const TensorEntry& te = list[e];
     const dion_dtype_t dx = static_cast<dion_dtype_t>(te.dtype[kParam]), dg = static_cast<dion_dtype_t>(te.dtype[kGrad]);
@@ -30,67 +49,56 @@ __global__ void adamw_kernel(const TensorEntry* list, int64_t count, const Group
     const void* pg = te.ptr[kGrad];
     const int64_t n = te.n;
     int64_t i0 = 0;
-    // All-fp32 tensors with 16-byte aligned buffers: four elements per
-    // thread with vector loads (the kernel is bound by memory bandwidth).
-    // The arithmetic is the scalar path's, element by element.
-    if (dx == DION_DTYPE_FP32 && dg == DION_DTYPE_FP32 && dm == DION_DTYPE_FP32 && dv == DION_DTYPE_FP32 &&
-        ((reinterpret_cast<uintptr_t>(px) | reinterpret_cast<uintptr_t>(pg) | reinterpret_cast<uintptr_t>(pm) |
-          reinterpret_cast<uintptr_t>(pv)) & 15) == 0) {
-      const int64_t n4 = n / 4;
-      float4* x4 = static_cast<float4*>(px);
-      float4* m4 = static_cast<float4*>(pm);
-      float4* v4 = static_cast<float4*>(pv);
-      const float4* g4 = static_cast<const float4*>(pg);
-      for (int64_t j = global_thread(); j < n4; j += grid_threads()) {
-        float4 g = g4[j], m = m4[j], v = v4[j], x = x4[j];
-        float* gp = &g.x;
-        float* mp = &m.x;
-        float* vp = &v.x;
-        float* xp = &x.x;
+    // 16-byte aligned buffers (any dtypes): eight elements per thread with
+    // vector loads and stores; the kernel is bound by memory bandwidth.
+    if (aligned16(px) && aligned16(pg) && aligned16(pm) && aligned16(pv)) {
+      const int64_t n8 = n / 8;
+      for (int64_t j = global_thread(); j < n8; j += grid_threads()) {
+        float g[8], m[8], v[8], x[8];
+        load8(pg, dg, j, g);
+        load8(pm, dm, j, m);
+        load8(pv, dv, j, v);
+        load8(px, dx, j, x);
 #pragma unroll
-        for (int k = 0; k < 4; ++k) {
-          const float mi = mp[k] + (1.0f - b1) * (gp[k] - mp[k]);
-          const float vi = b2 * vp[k] + (1.0f - b2) * gp[k] * gp[k];
-          const float xo = xp[k];
-          float xi;
-          if (cautious)
-            xi = (mi * xo >= 0.0f) ? xo - lwd * xo : xo;
-          else
-            xi = xo * (1.0f - lwd);
-          mp[k] = mi;
-          vp[k] = vi;
-          xp[k] = xi - step * mi / (sqrtf(vi) / sbc2 + eps);
-        }
-        m4[j] = m;
-        v4[j] = v;
-        x4[j] = x;
+        for (int k = 0; k < 8; ++k) op(g[k], m[k], v[k], x[k]);
+        store8(pm, dm, j, m);
+        store8(pv, dv, j, v);
+        store8(px, dx, j, x);
       }
-      i0 = n4 * 4;
+      i0 = n8 * 8;
     }
     for (int64_t i = i0 + global_thread(); i < n; i += grid_threads()) {
-      const float g = load_elem(pg, dg, i);
-      const float m0 = load_elem(pm, dm, i), v0 = load_elem(pv, dv, i);
-      const float xo = load_elem(px, dx, i);
-      const float mi = m0 + (1.0f - b1) * (g - m0);
-      const float vi = b2 * v0 + (1.0f - b2) * g * g;
-      store_elem(pm, dm, i, mi);
-      store_elem(pv, dv, i, vi);
-      float xi;
-      if (cautious)
-        xi = (mi * xo >= 0.0f) ? xo - lwd * xo : xo;
-      else
-        xi = xo * (1.0f - lwd);
-      store_elem(px, dx, i, xi - step * mi / (sqrtf(vi) / sbc2 + eps));
+      float m = load_elem(pm, dm, i), v = load_elem(pv, dv, i), x = load_elem(px, dx, i);
+      op(load_elem(pg, dg, i), m, v, x);
+      store_elem(pm, dm, i, m);
+      store_elem(pv, dv, i, v);
+      store_elem(px, dx, i, x);
     }
   }
 }
+
+// One element of Lion.
+struct Lion {
+  float b1, b2, lr, lwd;
+  bool cautious;
+  __device__ __forceinline__ void operator()(float g, float& m, float& x) const {
+    const float c = b1 * m + (1.0f - b1) * g;
+    const float u = static_cast<float>((c > 0.0f) - (c < 0.0f));
+    m = b2 * m + (1.0f - b2) * g;
+    float xi = x;
+    if (cautious)
+      xi = (xi * u >= 0.0f) ? xi - lwd * xi : xi;
+    else
+      xi *= 1.0f - lwd;
+    x = xi - lr * u;
+  }
+};
 
 __global__ void lion_kernel(const TensorEntry* list, int64_t count, const GroupScalars* gs, bool cautious,
                             const int32_t* skip) {
   if (skip && *skip) return;
   const float lr = static_cast<float>(gs->lr), wd = static_cast<float>(gs->weight_decay);
-  const float b1 = static_cast<float>(gs->beta1), b2 = static_cast<float>(gs->beta2);
-  const float lwd = lr * wd;
+  const Lion op{static_cast<float>(gs->beta1), static_cast<float>(gs->beta2), lr, lr * wd, cautious};
   for (int64_t e = blockIdx.y; e < count; e += gridDim.y) {
     const TensorEntry& te = list[e];
     const dion_dtype_t dx = static_cast<dion_dtype_t>(te.dtype[kParam]), dg = static_cast<dion_dtype_t>(te.dtype[kGrad]);
@@ -98,17 +106,26 @@ __global__ void lion_kernel(const TensorEntry* list, int64_t count, const GroupS
     void *px = te.ptr[kParam], *pm = te.ptr[kState0];
     const void* pg = te.ptr[kGrad];
     const int64_t n = te.n;
-    for (int64_t i = global_thread(); i < n; i += grid_threads()) {
-      const float g = load_elem(pg, dg, i), m0 = load_elem(pm, dm, i);
-      const float c = b1 * m0 + (1.0f - b1) * g;
-      const float u = static_cast<float>((c > 0.0f) - (c < 0.0f));
-      store_elem(pm, dm, i, b2 * m0 + (1.0f - b2) * g);
-      float xi = load_elem(px, dx, i);
-      if (cautious)
-        xi = (xi * u >= 0.0f) ? xi - lwd * xi : xi;
-      else
-        xi *= 1.0f - lwd;
-      store_elem(px, dx, i, xi - lr * u);
+    int64_t i0 = 0;
+    if (aligned16(px) && aligned16(pg) && aligned16(pm)) {
+      const int64_t n8 = n / 8;
+      for (int64_t j = global_thread(); j < n8; j += grid_threads()) {
+        float g[8], m[8], x[8];
+        load8(pg, dg, j, g);
+        load8(pm, dm, j, m);
+        load8(px, dx, j, x);
+#pragma unroll
+        for (int k = 0; k < 8; ++k) op(g[k], m[k], x[k]);
+        store8(pm, dm, j, m);
+        store8(px, dx, j, x);
+      }
+      i0 = n8 * 8;
+    }
+    for (int64_t i = i0 + global_thread(); i < n; i += grid_threads()) {
+      float m = load_elem(pm, dm, i), x = load_elem(px, dx, i);
+      op(load_elem(pg, dg, i), m, x);
+      store_elem(pm, dm, i, m);
+      store_elem(px, dx, i, x);
     }
   }
 }

@@ -11,6 +11,7 @@
 // host's slice_l1, which sums in fp32: n terms give up to n * 2^-24 relative,
 // hence its rtol of 1e-5 for n <= 100.
 #include <numeric>
+#include <tuple>
 
 #include "ops_util.h"
 
@@ -102,8 +103,13 @@ struct Tensors {
   std::vector<TensorEntry> host_list, dev_list;
   Dev<TensorEntry> dev_table;
 
+  int64_t shift = 0;  // device buffers start this many elements past a 256-byte boundary
+
   // dtypes[i][f] (DION_DTYPE_UNSET: field absent), n[i] elements each.
-  Tensors(std::mt19937& rng, const std::vector<std::vector<int>>& dtypes, const std::vector<int64_t>& n) {
+  // shift > 0 misaligns the device tensors (the kernels' element paths).
+  Tensors(std::mt19937& rng, const std::vector<std::vector<int>>& dtypes, const std::vector<int64_t>& n,
+          int64_t shift_elems = 0)
+      : shift(shift_elems) {
     std::normal_distribution<float> g(0.0f, 1.0f);
     t.resize(dtypes.size());
     for (size_t i = 0; i < dtypes.size(); ++i) {
@@ -118,9 +124,12 @@ struct Tensors {
         for (auto& v : vals) v = f == kState1 ? std::fabs(g(rng)) * 0.1f : g(rng);
         t[i].h[f].resize(n[i] * dtype_size(static_cast<dion_dtype_t>(dt)));
         for (int64_t k = 0; k < n[i]; ++k) store_elem(t[i].h[f].data(), static_cast<dion_dtype_t>(dt), k, vals[k]);
-        t[i].d[f] = Dev<uint8_t>(t[i].h[f]);
+        const size_t off = static_cast<size_t>(shift) * dtype_size(static_cast<dion_dtype_t>(dt));
+        t[i].d[f] = Dev<uint8_t>(t[i].h[f].size() + off);
+        cuda_ok(cudaMemcpy(t[i].d[f].p() + off, t[i].h[f].data(), t[i].h[f].size(), cudaMemcpyHostToDevice),
+                "upload");
         he.ptr[f] = t[i].h[f].data();
-        de.ptr[f] = t[i].d[f].p();
+        de.ptr[f] = t[i].d[f].p() + off;
       }
       host_list.push_back(he);
       dev_list.push_back(de);
@@ -141,18 +150,27 @@ struct Tensors {
     return v;
   }
   std::vector<float> dev_vals(size_t i, int f) const {
-    const std::vector<uint8_t> raw = t[i].d[f].get();
+    const std::vector<uint8_t> raw = dev_raw(i, f);
     std::vector<float> v(host_list[i].n);
     for (int64_t k = 0; k < host_list[i].n; ++k)
       v[k] = load_elem(raw.data(), static_cast<dion_dtype_t>(host_list[i].dtype[f]), k);
     return v;
   }
-  std::vector<uint8_t> dev_raw(size_t i, int f) const { return t[i].d[f].get(); }
+  std::vector<uint8_t> dev_raw(size_t i, int f) const {
+    std::vector<uint8_t> all = t[i].d[f].get();
+    const size_t off = static_cast<size_t>(shift) * dtype_size(static_cast<dion_dtype_t>(host_list[i].dtype[f]));
+    return std::vector<uint8_t>(all.begin() + static_cast<std::ptrdiff_t>(off), all.end());
+  }
 };
 
-TEST_F(OpsTest, LoadStoreMulti) {
-  const int64_t n = 777;
-  Tensors ts(rng, {{0, 1, 2, 0}, {1, 2, 0, 1}, {2, 0, 1, 2}}, {n, n, n});
+// n = 776 takes the 16-byte vector path (every row of the fp32 buffer
+// aligned) with no tail, 777 the vector path with a tail and rows that
+// alternate in alignment, and a shifted tensor the element path.
+class LoadStoreMultiTest : public OpsTest, public ::testing::WithParamInterface<std::tuple<int64_t, int64_t>> {};
+
+TEST_P(LoadStoreMultiTest, MatchesHost) {
+  const int64_t n = std::get<0>(GetParam());
+  Tensors ts(rng, {{0, 1, 2, 0}, {1, 2, 0, 1}, {2, 0, 1, 2}}, {n, n, n}, std::get<1>(GetParam()));
   for (int f = 0; f < 4; ++f) {
     SCOPED_TRACE(f);
     std::vector<float> lh(3 * n);
@@ -177,6 +195,10 @@ TEST_F(OpsTest, LoadStoreMulti) {
   host->store_multi(ts.host_list.data(), 3, kParam, src.data(), n, nullptr);
   for (size_t i = 0; i < 3; ++i) EXPECT_TRUE(same_bits(ts.t[i].h[kParam], ts.dev_raw(i, kParam))) << i;
 }
+
+INSTANTIATE_TEST_SUITE_P(Sizes, LoadStoreMultiTest,
+                         ::testing::Combine(::testing::Values(int64_t{776}, int64_t{777}, int64_t{5}),
+                                            ::testing::Values(int64_t{0}, int64_t{1})));
 
 TEST_F(OpsTest, CheckNonfinite) {
   Tensors ts(rng, {{0, 0, -1, -1}, {1, 1, -1, -1}, {2, 2, -1, -1}}, {5000, 70001, 3});
@@ -539,19 +561,24 @@ void compare_tensors(const Tensors& ts, int fields) {
     }
 }
 
+// Aligned tensors take the kernels' 16-byte vector path (plus an element
+// tail when n is not a multiple of 8), shifted ones the element path: both
+// must give the host backend's results.
 TEST_F(OpsTest, AdamWAndLion) {
-  const std::vector<std::vector<int>> dtypes = {{0, 0, 0, 0}, {1, 1, 0, 0}, {2, 0, 1, 2}, {1, 2, 1, 1}};
-  const std::vector<int64_t> n = {1000, 3001, 517, 70000};
+  const std::vector<std::vector<int>> dtypes = {{0, 0, 0, 0}, {1, 1, 0, 0}, {2, 0, 1, 2},
+                                                {1, 2, 1, 1}, {1, 1, 1, 1}, {2, 2, 2, 2}};
+  const std::vector<int64_t> n = {1000, 3001, 517, 70000, 4099, 8};
   const GroupScalars gs{1e-2, 0.1, 0.9, 0.99, 3, 0};
   Dev<GroupScalars> dgs(std::vector<GroupScalars>{gs});
   Dev<int32_t> skip(std::vector<int32_t>{0});
+  for (int64_t shift : {0, 1})
   for (bool cautious : {false, true}) {
-    SCOPED_TRACE(cautious ? "cautious" : "plain");
-    Tensors a(rng, dtypes, n);
+    SCOPED_TRACE(std::string(cautious ? "cautious" : "plain") + (shift ? ", misaligned" : ", aligned"));
+    Tensors a(rng, dtypes, n, shift);
     cuda->adamw(a.dev_table.p(), a.count(), a.max_n(), dgs.p(), 1e-8f, cautious, skip.p());
     host->adamw(a.host_list.data(), a.count(), a.max_n(), &gs, 1e-8f, cautious, nullptr);
     compare_tensors(a, 4);
-    Tensors l(rng, dtypes, n);
+    Tensors l(rng, dtypes, n, shift);
     cuda->lion(l.dev_table.p(), l.count(), l.max_n(), dgs.p(), cautious, nullptr);
     host->lion(l.host_list.data(), l.count(), l.max_n(), &gs, cautious, nullptr);
     compare_tensors(l, 3);
