@@ -49,9 +49,29 @@ __global__ void adamw_kernel(const TensorEntry* list, int64_t count, const Group
     const void* pg = te.ptr[kGrad];
     const int64_t n = te.n;
     int64_t i0 = 0;
-    // 16-byte aligned buffers (any dtypes): eight elements per thread with
-    // vector loads and stores; the kernel is bound by memory bandwidth.
-    if (aligned16(px) && aligned16(pg) && aligned16(pm) && aligned16(pv)) {
+    // 16-byte aligned buffers: vector loads and stores (the kernel is bound
+    // by memory bandwidth), four elements per thread when every buffer is
+    // fp32 (one float4 each: measured faster than eight for fp32 on an H100),
+    // eight otherwise (one 16-byte access per 16-bit buffer).
+    const bool aligned = aligned16(px) && aligned16(pg) && aligned16(pm) && aligned16(pv);
+    if (aligned && dx == DION_DTYPE_FP32 && dg == DION_DTYPE_FP32 && dm == DION_DTYPE_FP32 && dv == DION_DTYPE_FP32) {
+      const int64_t n4 = n / 4;
+      float4* x4 = static_cast<float4*>(px);
+      float4* m4 = static_cast<float4*>(pm);
+      float4* v4 = static_cast<float4*>(pv);
+      const float4* g4 = static_cast<const float4*>(pg);
+      for (int64_t j = global_thread(); j < n4; j += grid_threads()) {
+        float4 g = g4[j], m = m4[j], v = v4[j], x = x4[j];
+        op(g.x, m.x, v.x, x.x);
+        op(g.y, m.y, v.y, x.y);
+        op(g.z, m.z, v.z, x.z);
+        op(g.w, m.w, v.w, x.w);
+        m4[j] = m;
+        v4[j] = v;
+        x4[j] = x;
+      }
+      i0 = n4 * 4;
+    } else if (aligned) {
       const int64_t n8 = n / 8;
       for (int64_t j = global_thread(); j < n8; j += grid_threads()) {
         float g[8], m[8], v[8], x[8];
@@ -107,7 +127,23 @@ __global__ void lion_kernel(const TensorEntry* list, int64_t count, const GroupS
     const void* pg = te.ptr[kGrad];
     const int64_t n = te.n;
     int64_t i0 = 0;
-    if (aligned16(px) && aligned16(pg) && aligned16(pm)) {
+    const bool aligned = aligned16(px) && aligned16(pg) && aligned16(pm);
+    if (aligned && dx == DION_DTYPE_FP32 && dg == DION_DTYPE_FP32 && dm == DION_DTYPE_FP32) {
+      const int64_t n4 = n / 4;
+      float4* x4 = static_cast<float4*>(px);
+      float4* m4 = static_cast<float4*>(pm);
+      const float4* g4 = static_cast<const float4*>(pg);
+      for (int64_t j = global_thread(); j < n4; j += grid_threads()) {
+        float4 g = g4[j], m = m4[j], x = x4[j];
+        op(g.x, m.x, x.x);
+        op(g.y, m.y, x.y);
+        op(g.z, m.z, x.z);
+        op(g.w, m.w, x.w);
+        m4[j] = m;
+        x4[j] = x;
+      }
+      i0 = n4 * 4;
+    } else if (aligned) {
       const int64_t n8 = n / 8;
       for (int64_t j = global_thread(); j < n8; j += grid_threads()) {
         float g[8], m[8], x[8];

@@ -170,8 +170,12 @@ class Backend {
   // strictly lower part is zeroed. info[b] = 0 on success, != 0 on failure
   // (including a non-finite or non-positive pivot).
   virtual void cholesky_upper(MatBatch a, int32_t* info) = 0;
-  // B (rows x n) <- B * U^{-1} with U (n x n) upper triangular.
-  virtual void trsm_right_upper(ConstMatBatch u, MatBatch b) = 0;
+  // B (rows x n) <- B * U^{-1} with U (n x n) upper triangular. `precision`
+  // is that of the products a backend may use for it (the CUDA backend
+  // multiplies by the explicit inverse, computed in fp32, for tall B; TF32
+  // there for any precision but FP32); the host backend always solves in fp32.
+  virtual void trsm_right_upper(ConstMatBatch u, MatBatch b, dion_matmul_precision_t precision) = 0;
+  void trsm_right_upper(ConstMatBatch u, MatBatch b) { trsm_right_upper(u, b, DION_MATMUL_FP32); }
   // For each matrix b with info[b] != 0: P[b] <- an orthonormal basis of the
   // columns of P0[b] (p x r, p >= r; rank-deficient columns are completed).
   virtual void orth_fallback(MatBatch p, ConstMatBatch p0, const int32_t* info) = 0;

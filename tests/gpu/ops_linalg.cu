@@ -240,6 +240,51 @@ TEST_F(OpsTest, TrsmRightUpper) {
   EXPECT_TRUE(close(b1.h, b1.dev(), 0.0, 1e-4 * max_abs(b1.h)));
 }
 
+// Tall dense B (rows >= 4n, n >= 32) takes the CUDA backend's explicit-inverse
+// path: U^{-1} by blocked recursion (diagonal blocks of at most 64 solved,
+// the rest GEMMs), then one GEMM. n = 64 is a single block, 96 splits into
+// 48 + 48, 200 into 100 (50 + 50) + 100 (uneven recursion is exercised by
+// 200 -> 100 -> 50 and by 150 -> 75 + 75 -> 37 + 38). U's strictly lower part holds NaN:
+// neither backend may read it. U = 2 I + an upper part of norm about 0.3, so
+// cond(U) is below 2 and the normwise error of X = B U^{-1} is that of the
+// products: fp32 (relative 2^-24 per operation, n terms) within 1e-5, and
+// TF32 (operands rounded to 2^-11) within 4 * 2^-11 * cond(U) < 4e-3.
+TEST_F(OpsTest, TrsmRightUpperByInverse) {
+  const int64_t B = 3;
+  for (int64_t n : {64, 96, 150, 200}) {
+    const int64_t rows = 4 * n + 5;
+    for (bool shared_u : {false, true}) {
+      for (dion_matmul_precision_t prec : {DION_MATMUL_FP32, DION_MATMUL_TF32, DION_MATMUL_BF16}) {
+        SCOPED_TRACE("n " + std::to_string(n) + (shared_u ? ", one U" : ", one U per matrix") + ", precision " +
+                     std::to_string(static_cast<int>(prec)));
+        Mat u = Mat::padded(n, n, B);
+        if (shared_u) u.stride = 0;
+        const double off_scale = 0.3 / std::sqrt(static_cast<double>(n));
+        for (int64_t b = 0; b < (shared_u ? 1 : B); ++b)
+          for (int64_t i = 0; i < n; ++i)
+            for (int64_t j = 0; j < n; ++j)
+              u.at(b, i, j) = i == j ? 2.0f : i < j ? static_cast<float>(off_scale * gauss()) : NAN;
+        u.sync();
+        Mat x(rows, n, n, rows * n, B);  // dense: the inverse path's layout
+        x.fill([&] { return gauss(); });
+        std::vector<float> want = x.h;
+        MatBatch wh{want.data(), rows, n, n, rows * n, B};
+        host->trsm_right_upper(u.H(), wh);
+        cuda->trsm_right_upper(u.D(), x.D(), prec);
+        const std::vector<float> got = x.dev();
+        double num = 0, den = 0;
+        for (size_t i = 0; i < want.size(); ++i) {
+          ASSERT_TRUE(std::isfinite(got[i])) << "element " << i;
+          num += std::pow(static_cast<double>(got[i]) - want[i], 2);
+          den += std::pow(static_cast<double>(want[i]), 2);
+        }
+        const double rel = std::sqrt(num / den);
+        EXPECT_LT(rel, prec == DION_MATMUL_FP32 ? 1e-5 : 4e-3) << "normwise relative error " << rel;
+      }
+    }
+  }
+}
+
 // max over columns of || P P^T p0_j - p0_j || / ||p0_j||: P's span holds P0's columns.
 double span_error(const std::vector<float>& p, const Mat& p0, int64_t b) {
   double worst = 0;

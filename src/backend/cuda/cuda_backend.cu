@@ -462,20 +462,28 @@ class CudaBackend final : public Backend {
   // B exactly (any nonsingular right factor keeps it) and rounding errors
   // of the order of the solve's, cond(U) * eps, which the Cholesky pass that
   // follows in (R)CQR absorbs.
-  void trsm_right_upper(ConstMatBatch u, MatBatch bm) override {
+  using Backend::trsm_right_upper;
+  // Tall B (RCQR's P, a >= 4r): B U^{-1} as one GEMM by the explicit inverse,
+  // which is formed in fp32 by blocked recursion (tri_inverse_upper). The
+  // product runs in fp32 for precision FP32 and in TF32 otherwise: for the
+  // BF16/TF32 groups whose P comes out of reduced-precision products, a TF32
+  // solve (unit roundoff 2^-11) adds an error below theirs.
+  void trsm_right_upper(ConstMatBatch u, MatBatch bm, dion_matmul_precision_t precision) override {
     const int64_t n = u.rows, rows = bm.rows;
     DION_REQUIRE(u.cols == n && bm.cols == n, DION_ERROR_INTERNAL, "cuda trsm_right_upper: bad shapes");
     if (n == 0 || rows == 0 || bm.batch <= 0) return;
     DeviceScope ds(device_);
     ProfScope ps(prof_, "trsm_right_upper", stream_);
     if (rows >= 4 * n && n >= 32 && bm.ld == n && bm.stride == rows * n && trsm_via_inverse_) {
-      float* inv = static_cast<float*>(scratch(kInv, sizeof(float) * static_cast<size_t>(bm.batch * n * n)));
+      // One inverse per distinct U (stride 0: one U for the whole batch).
+      const int64_t nu = u.stride == 0 ? 1 : bm.batch;
+      float* inv = static_cast<float*>(scratch(kInv, sizeof(float) * static_cast<size_t>(nu * n * n)));
       float* tmp = static_cast<float*>(scratch(kTmp, sizeof(float) * static_cast<size_t>(bm.batch * rows * n)));
-      MatBatch I{inv, n, n, n, n * n, bm.batch};
-      kernels::fill_identity(ctx(), I);
-      solve(u, I);
+      MatBatch I{inv, n, n, n, n * n, nu};
+      tri_inverse_upper(ConstMatBatch(u.p, n, n, u.ld, u.stride, nu), I, tmp);
       MatBatch out{tmp, rows, n, n, rows * n, bm.batch};
-      gemm(false, false, 1.0f, bm, I, 0.0f, out, DION_MATMUL_FP32);
+      ConstMatBatch Ib{inv, n, n, n, u.stride == 0 ? 0 : n * n, bm.batch};
+      gemm(false, false, 1.0f, bm, Ib, 0.0f, out, precision == DION_MATMUL_FP32 ? DION_MATMUL_FP32 : DION_MATMUL_TF32);
       check(cudaMemcpyAsync(bm.p, tmp, sizeof(float) * static_cast<size_t>(bm.batch * rows * n),
                             cudaMemcpyDeviceToDevice, stream_),
             "cudaMemcpyAsync (trsm result)");
@@ -485,6 +493,36 @@ class CudaBackend final : public Backend {
   }
 
  private:
+  // inv <- U^{-1} for upper-triangular U (n x n per matrix), in fp32, by
+  // blocked recursion: for U = [A B; 0 C], U^{-1} = [A^{-1}, -A^{-1} B C^{-1};
+  // 0, C^{-1}]. The diagonal blocks of at most 64 are triangular solves
+  // against the identity (cuBLAS's batched trsm is fast only for small
+  // matrices); everything above them is strided-batched GEMMs. tmp holds
+  // batch * n * n / 4 floats. inv's strictly lower part is zero.
+  void tri_inverse_upper(ConstMatBatch u, MatBatch inv, float* tmp) {
+    check(cudaMemsetAsync(inv.p, 0, sizeof(float) * static_cast<size_t>(inv.batch * inv.stride), stream_),
+          "cudaMemsetAsync (inverse)");
+    tri_inverse_block(u, inv, 0, inv.rows, tmp);
+  }
+  void tri_inverse_block(ConstMatBatch u, MatBatch inv, int64_t off, int64_t n, float* tmp) {
+    const int64_t ldu = u.ld, ldi = inv.ld;
+    if (n <= 64) {
+      MatBatch d{inv.p + off * ldi + off, n, n, ldi, inv.stride, inv.batch};
+      kernels::fill_identity(ctx(), d);
+      solve(ConstMatBatch(u.p + off * ldu + off, n, n, ldu, u.stride, u.batch), d);
+      return;
+    }
+    const int64_t h = n / 2, c = n - h;
+    tri_inverse_block(u, inv, off, h, tmp);
+    tri_inverse_block(u, inv, off + h, c, tmp);
+    // T = A^{-1} B (h x c), then the upper-right block = -T C^{-1}.
+    MatBatch t{tmp, h, c, c, h * c, inv.batch};
+    gemm(false, false, 1.0f, ConstMatBatch(inv.p + off * ldi + off, h, h, ldi, inv.stride, inv.batch),
+         ConstMatBatch(u.p + off * ldu + off + h, h, c, ldu, u.stride, u.batch), 0.0f, t, DION_MATMUL_FP32);
+    gemm(false, false, -1.0f, t, ConstMatBatch(inv.p + (off + h) * ldi + off + h, c, c, ldi, inv.stride, inv.batch),
+         0.0f, MatBatch{inv.p + off * ldi + off + h, h, c, ldi, inv.stride, inv.batch}, DION_MATMUL_FP32);
+  }
+
   // B U^{-1} (row-major) is, column-major, the solve U^T X^T = B^T, and U's
   // buffer read column-major is U^T (lower): a left, lower, non-transposed solve.
   void solve(ConstMatBatch u, MatBatch bm) {

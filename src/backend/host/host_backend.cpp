@@ -248,7 +248,8 @@ class HostBackend final : public Backend {
     }
   }
 
-  void trsm_right_upper(ConstMatBatch u, MatBatch bm) override {
+  using Backend::trsm_right_upper;
+  void trsm_right_upper(ConstMatBatch u, MatBatch bm, dion_matmul_precision_t /*precision: fp32 here*/) override {
     // B U^{-1} (row-major) is, column-major, solving U^T X^T = B^T; U's buffer
     // read column-major is U^T (lower).
     const int n = to_int(u.rows, "trsm n"), rows = to_int(bm.rows, "trsm rows");
