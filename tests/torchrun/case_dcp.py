@@ -36,6 +36,7 @@ def setup(mesh, device, seed, model_seed, replicate=None):
 
 def train(model, opt, device, lo, hi, rank=0):
     for s in range(lo, hi):
+        C.progress("dcp: step %d" % s, sync=True)
         x, y = C.batch(s, DIMS, rank, device)
         C.loss_of(model, x, y).backward()
         opt.step()
@@ -76,6 +77,7 @@ def resume(mesh, device, args, how, replicate=None, hsdp_rank=0):
     train(a, a_opt, device, 0, K, hsdp_rank)
     if replicate is not None:
         a_opt.synchronize_for_checkpoint()
+    C.progress("dcp: save (%s) to %s" % (how, path), sync=True)
     if how == "optimizer_state_dict":
         dcp.save({"model": a.state_dict(), "optim": a_opt.state_dict()}, checkpoint_id=path)
     else:
@@ -85,6 +87,7 @@ def resume(mesh, device, args, how, replicate=None, hsdp_rank=0):
     a_opt.close()
     # a new model (other initial weights) and a new optimizer (same libdion seed: it keys the sketches)
     b, b_opt = setup(mesh, device, args.seed, args.seed + 1, replicate)
+    C.progress("dcp: load (%s)" % how, sync=True)
     if how == "optimizer_state_dict":
         sd = {"model": b.state_dict(), "optim": b_opt.state_dict()}
         dcp.load(sd, checkpoint_id=path)
@@ -100,6 +103,7 @@ def resume(mesh, device, args, how, replicate=None, hsdp_rank=0):
     # With a compressed replicate mesh each replica's momentum is its own; synchronize_for_checkpoint() saves their
     # average, an equally valid state of the synchronized algorithm (spec §2.7) that continues to the same
     # parameters up to fp32 reassociation of the averages (hence 1e-4 there).
+    C.progress("dcp: compare with the uninterrupted run", sync=True)
     note = compare(b, full, 1e-6 if replicate is None else 1e-4)
     b_opt.close()
     full_opt.close()

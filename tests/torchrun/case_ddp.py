@@ -24,6 +24,8 @@ def dion(device, args, rank_fraction, ddp):
     base = C.build(DIMS, args.seed, device=device)
     ref, model = C.copy_model(base), C.copy_model(base)
     x0 = [p.detach().clone() for p in ref.parameters()]
+    C.progress("ddp: libdion.torch.Dion(replicate_mesh=WORLD, grad sync %s, rank_fraction=%g)" % (not ddp,
+                                                                                                  rank_fraction))
     opt = lt.Dion(C.groups(model), replicate_mesh=dist.group.WORLD, replicate_mesh_grad_sync=not ddp, lr=0.02,
                   rank_fraction=rank_fraction, seed=args.seed)
     assert opt.meshes == {"replicate": "replicate_mesh", "outer": None, "inner": None}, opt.meshes
@@ -31,6 +33,7 @@ def dion(device, args, rank_fraction, ddp):
     refopt = lt.Dion(C.groups(ref), lr=0.02, rank_fraction=rank_fraction, seed=args.seed)
     C.train_both(net, opt, ref, refopt, DIMS, args.steps, device, rank=rank, ranks_of_data=list(range(world)))
     worst = C.compare_updates(model, ref, x0, args.tol)
+    C.progress("ddp: synchronize_for_checkpoint(), state_dict()")
     opt.synchronize_for_checkpoint()
     sd, rsd = opt.state_dict(), refopt.state_dict()
     for ti in rsd["state"]:
@@ -52,6 +55,7 @@ def muon(device, args):
     base = C.build(DIMS, args.seed, device=device)
     ref, model = C.copy_model(base), C.copy_model(base)
     x0 = [p.detach().clone() for p in ref.parameters()]
+    C.progress("ddp: libdion.torch.Muon(distributed_mesh=DDP mesh)")
     opt = lt.Muon(C.groups(model), distributed_mesh=mesh, lr=0.02, seed=args.seed)
     assert opt.meshes == {"replicate": "distributed_mesh", "outer": None, "inner": None}, opt.meshes
     net = torch.nn.parallel.DistributedDataParallel(model, device_ids=[device.index])

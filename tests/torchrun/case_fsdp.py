@@ -29,13 +29,16 @@ def fsdp_model(mesh, device, seed):
 
 def dion(mesh, device, args, rank_fraction):
     import libdion.torch as lt
+    C.progress("fsdp: fully_shard")
     model, ref = fsdp_model(mesh, device, args.seed)
     x0 = [p.detach().clone() for p in ref.parameters()]
+    C.progress("fsdp: libdion.torch.Dion(outer_shard_mesh=FSDP mesh, rank_fraction=%g)" % rank_fraction)
     opt = lt.Dion(C.groups(model), outer_shard_mesh=mesh, lr=0.02, rank_fraction=rank_fraction, seed=args.seed)
     assert opt.meshes == {"replicate": None, "outer": "outer_shard_mesh", "inner": None}, opt.meshes
     refopt = C.Reference(opt, model, ref, device, args.seed, outer_group=mesh.get_group(0))
     C.train_both(model, opt, ref, refopt, DIMS, args.steps, device)
     worst = C.compare_updates(model, ref, x0, args.tol)
+    C.progress("fsdp: state_dict() and its states against the reference's")
     sd = opt.state_dict()
     params = [p for g in opt.param_groups for p in g["params"]]
     for ti, p in enumerate(params):
@@ -48,6 +51,7 @@ def dion(mesh, device, args, rank_fraction):
                 assert v.placements[0].is_shard(0), v.placements
             d = C.rel(C.full(v), refopt.state(ti, name))
             assert d < args.tol, "state %r of parameter %d: relative difference %.3g" % (name, ti, d)
+    C.progress("fsdp: close()", sync=True)
     opt.close()
     refopt.close()
     return "worst relative difference of the updates %.2g" % worst
@@ -58,6 +62,7 @@ def muon(mesh, device, args):
     import libdion.torch as lt
     model, ref = fsdp_model(mesh, device, args.seed)
     x0 = [p.detach().clone() for p in ref.parameters()]
+    C.progress("fsdp: libdion.torch.Muon(distributed_mesh=FSDP mesh)")
     try:
         opt = lt.Muon(C.groups(model), distributed_mesh=mesh, lr=0.02, seed=args.seed)
     except libdion.DionNotSupported as e:

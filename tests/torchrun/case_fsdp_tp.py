@@ -38,8 +38,10 @@ def model_2d(mesh, device, seed, placement_fn=True):
 
 def dion(mesh, device, args, rank_fraction):
     import libdion.torch as lt
+    C.progress("fsdp_tp: parallelize_module over tp, fully_shard over dp")
     model, ref = model_2d(mesh, device, args.seed)
     x0 = [p.detach().clone() for p in ref.parameters()]
+    C.progress("fsdp_tp: libdion.torch.Dion(outer=dp, inner=tp, rank_fraction=%g)" % rank_fraction)
     opt = lt.Dion(C.groups(model), outer_shard_mesh=mesh["dp"], inner_shard_mesh=mesh["tp"], lr=0.02,
                   rank_fraction=rank_fraction, seed=args.seed)
     assert opt.meshes == {"replicate": None, "outer": "outer_shard_mesh", "inner": "inner_shard_mesh"}, opt.meshes
@@ -49,12 +51,14 @@ def dion(mesh, device, args, rank_fraction):
     assert dims[0] == {"outer": 1, "inner": 0} and dims[1] == {"outer": 0, "inner": 1}, dims
     C.train_both(model, opt, ref, refopt, DIMS, args.steps, device)
     worst = C.compare_updates(model, ref, x0, args.tol)
+    C.progress("fsdp_tp: state_dict() and its states against the reference's")
     sd = opt.state_dict()
     params = [p for g in opt.param_groups for p in g["params"]]
     for ti, p in enumerate(params):
         for name, v in sd["state"][ti].items():
             d = C.rel(C.full(v), refopt.state(ti, name))
             assert d < args.tol, "state %r of parameter %d: relative difference %.3g" % (name, ti, d)
+    C.progress("fsdp_tp: close()", sync=True)
     opt.close()
     refopt.close()
     return "worst relative difference of the updates %.2g" % worst
@@ -85,6 +89,7 @@ def main(argv=None):
         rep.run("fsdp2_x_tp_dion", skip)
         return C.finish(rep)
     from torch.distributed.device_mesh import init_device_mesh
+    C.progress("init_device_mesh(cuda, (2, 2))")
     mesh = init_device_mesh("cuda", (2, 2), mesh_dim_names=("dp", "tp"))
     rep.run("fsdp2_x_tp_dion_full_rank", dion, mesh, device, args, 1.0)
     rep.run("fsdp2_x_tp_dion_rank_fraction_0.5", dion, mesh, device, args, 0.5)

@@ -26,13 +26,17 @@ def tp_model(mesh, device, seed):
 
 def dion(mesh, device, args, rank_fraction):
     import libdion.torch as lt
+    C.progress("tp: parallelize_module (ColwiseParallel, RowwiseParallel)")
     model, ref = tp_model(mesh, device, args.seed)
     x0 = [p.detach().clone() for p in ref.parameters()]
+    C.progress("tp: libdion.torch.Dion(inner_shard_mesh=TP mesh, rank_fraction=%g): NCCL communicator" %
+               rank_fraction)
     opt = lt.Dion(C.groups(model), inner_shard_mesh=mesh, lr=0.02, rank_fraction=rank_fraction, seed=args.seed)
     assert opt.meshes == {"replicate": None, "outer": None, "inner": "inner_shard_mesh"}, opt.meshes
     refopt = C.Reference(opt, model, ref, device, args.seed, inner_group=mesh.get_group(0))
     C.train_both(model, opt, ref, refopt, DIMS, args.steps, device)
     worst = C.compare_updates(model, ref, x0, args.tol)
+    C.progress("tp: state_dict() and its states against the reference's")
     sd = opt.state_dict()
     params = [p for g in opt.param_groups for p in g["params"]]
     for ti, p in enumerate(params):
@@ -41,6 +45,7 @@ def dion(mesh, device, args, rank_fraction):
                 assert all(pl.is_replicate() for pl in v.placements), v.placements
             d = C.rel(C.full(v), refopt.state(ti, name))
             assert d < args.tol, "state %r of parameter %d: relative difference %.3g" % (name, ti, d)
+    C.progress("tp: close() (destroys the communicators)", sync=True)
     opt.close()
     refopt.close()
     return "worst relative difference of the updates %.2g" % worst
@@ -52,6 +57,7 @@ def main(argv=None):
         return C.dry_run(DIMS)
     rank, world, device = C.init()
     from torch.distributed.device_mesh import init_device_mesh
+    C.progress("init_device_mesh(cuda, (%d,))" % world)
     mesh = init_device_mesh("cuda", (world,), mesh_dim_names=("tp",))
     rep = C.Report(rank, world)
     rep.run("tp_dion_full_rank", dion, mesh, device, args, 1.0)

@@ -17,12 +17,22 @@ TF32 is off everywhere. Only rank 0 prints: one "PASS name" / "FAIL name: why" l
 
 Imports of torch.distributed's newer APIs are inside the functions, so ``--dry-run`` (argument parsing and model
 construction on the CPU, no process group) works on any torch.
+
+Hang diagnostics (``init()`` arms them on every rank, before the process group): ``progress(phase)`` prints a flushed
+line "[rank R/W +SECONDS] phase" (init, each case's start, its steps, the gathering of the results, the teardown);
+with DION_CASE_TIMEOUT=SECONDS (run_all.sh sets it from CASE_TIMEOUT) faulthandler dumps every thread's Python
+stack 10 s before that timeout (exit=False: the run goes on), when the rank gets SIGTERM (torchrun stopping it)
+or SIGUSR1, and on a fatal signal. With DION_TRACE_DIR (run_all.sh: a scratch directory, merged into the case's
+log afterwards) the progress lines and stacks also go to DION_TRACE_DIR/rank<R>.txt, one file per rank, so that
+the stacks of the ranks do not interleave.
 """
 import argparse
 import copy
 import ctypes
 import os
+import signal
 import sys
+import time
 import traceback
 
 import torch
@@ -100,21 +110,88 @@ def groups(model):
 
 
 # --------------------------------------------------------------------------
+# Hang diagnostics
+# --------------------------------------------------------------------------
+
+_T0 = time.monotonic()
+_TRACE = None  # this rank's file under DION_TRACE_DIR (progress lines and stacks), once watchdog() opened it
+
+
+def _rank_world():
+    return int(os.environ.get("RANK", "0")), int(os.environ.get("WORLD_SIZE", "1"))
+
+
+def progress(phase, sync=False):
+    """A flushed "[rank R/W +SECONDS] phase" line on stdout and in this rank's trace file. With sync, the GPU's
+    work is waited for first, so that a hang in what was enqueued shows up before this line (the stack dump then
+    points at this call's torch.cuda.synchronize)."""
+    if sync and torch.cuda.is_available() and torch.cuda.is_initialized():
+        torch.cuda.synchronize()
+    rank, world = _rank_world()
+    line = "[rank %d/%d +%.1fs] %s" % (rank, world, time.monotonic() - _T0, phase)
+    print(line, flush=True)
+    if _TRACE is not None:
+        try:
+            _TRACE.write(line + "\n")
+            _TRACE.flush()
+        except (OSError, ValueError):
+            pass
+
+
+def watchdog():
+    """Arms faulthandler on this rank (see the module docstring): the stacks of every thread 10 s before
+    DION_CASE_TIMEOUT (half of it when that is 20 s or less), on SIGTERM, on SIGUSR1 and on a fatal signal, into
+    DION_TRACE_DIR/rank<R>.txt or stderr. DION_TEST_WATCHDOG=SECONDS: dump and exit after that long (older knob)."""
+    global _TRACE
+    import faulthandler
+    rank, world = _rank_world()
+    out = sys.stderr
+    trace_dir = os.environ.get("DION_TRACE_DIR")
+    if trace_dir and _TRACE is None:
+        try:
+            _TRACE = open(os.path.join(trace_dir, "rank%d.txt" % rank), "w")
+            out = _TRACE
+        except OSError as e:
+            print("[rank %d] cannot write a trace file under %s: %s" % (rank, trace_dir, e), flush=True)
+    elif _TRACE is not None:
+        out = _TRACE
+    faulthandler.enable(file=out, all_threads=True)
+    for sig, chain in ((getattr(signal, "SIGUSR1", None), False), (getattr(signal, "SIGTERM", None), True)):
+        if sig is not None:
+            try:
+                faulthandler.register(sig, file=out, all_threads=True, chain=chain)
+            except (AttributeError, RuntimeError, ValueError):  # not on this platform / not the main thread
+                pass
+    where = ", in %s" % out.name if out is _TRACE else ""
+    timeout = float(os.environ.get("DION_CASE_TIMEOUT") or 0)
+    if os.environ.get("DION_TEST_WATCHDOG"):  # one timer at a time: this one wins
+        faulthandler.dump_traceback_later(float(os.environ["DION_TEST_WATCHDOG"]), exit=True, file=out)
+        progress("watchdog: stacks and exit at +%ss (DION_TEST_WATCHDOG)%s" % (os.environ["DION_TEST_WATCHDOG"],
+                                                                             where))
+    elif timeout > 0:
+        delay = timeout - 10 if timeout > 20 else timeout / 2
+        faulthandler.dump_traceback_later(delay, exit=False, file=out)
+        progress("watchdog: Python stacks of every thread at +%.0fs (DION_CASE_TIMEOUT=%g), on SIGTERM and "
+                 "SIGUSR1%s" % (delay, timeout, where))
+
+
+# --------------------------------------------------------------------------
 # Process group
 # --------------------------------------------------------------------------
 
 def init():
-    """torch.distributed over NCCL, one GPU per rank; returns (rank, world size, device). With
-    DION_TEST_WATCHDOG=SECONDS each rank prints every thread's Python stack and exits after that long (to see
-    where a hang is)."""
+    """torch.distributed over NCCL, one GPU per rank; returns (rank, world size, device). Arms the hang
+    diagnostics first (watchdog())."""
     import torch.distributed as dist
-    if os.environ.get("DION_TEST_WATCHDOG"):
-        import faulthandler
-        faulthandler.dump_traceback_later(float(os.environ["DION_TEST_WATCHDOG"]), exit=True)
+    watchdog()
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     local = int(os.environ.get("LOCAL_RANK", rank))
+    progress("init: %s, GPU %d of %d visible (CUDA_VISIBLE_DEVICES=%s), torch %s" %
+             (os.path.basename(sys.argv[0]), local, torch.cuda.device_count(),
+              os.environ.get("CUDA_VISIBLE_DEVICES", "unset"), torch.__version__))
     torch.cuda.set_device(local)
     device = torch.device("cuda", local)
+    progress("init: init_process_group(nccl)")
     try:
         dist.init_process_group("nccl", device_id=device)
     except TypeError:  # torch without device_id
@@ -122,6 +199,7 @@ def init():
     torch.backends.cuda.matmul.allow_tf32 = False
     torch.backends.cudnn.allow_tf32 = False
     torch.set_float32_matmul_precision("highest")
+    progress("init: process group up")
     return rank, world, device
 
 
@@ -131,10 +209,14 @@ def finish(report):
     import gc
     import torch.distributed as dist
     code = report.summary()
+    progress("finish: freeing what failed cases left", sync=True)
     gc.collect()
     torch.cuda.synchronize()
+    progress("finish: barrier")
     dist.barrier()
+    progress("finish: destroy_process_group")
     dist.destroy_process_group()
+    progress("finish: done (exit %d)" % code)
     return code
 
 
@@ -152,15 +234,19 @@ class Report:
 
     def run(self, name, fn, *args, **kw):
         import torch.distributed as dist
+        progress("case %s: start" % name)
         try:
             out = ("pass", fn(*args, **kw))
         except Skip as e:
             out = ("skip", str(e))
         except Exception:  # noqa: BLE001 - reported; the next cases still run
             out = ("fail", "rank %d: %s" % (self.rank, traceback.format_exc()))
+        progress("case %s: %s here; waiting for the GPU" % (name, out[0]))
         torch.cuda.synchronize()
+        progress("case %s: gathering the ranks' results (all_gather_object)" % name)
         outs = [None] * self.world
         dist.all_gather_object(outs, out)
+        progress("case %s: gathered" % name)
         fails = [o[1] for o in outs if o[0] == "fail"]
         skips = [o[1] for o in outs if o[0] == "skip"]
         label = "%s (%d ranks)" % (name, self.world)
@@ -209,6 +295,7 @@ def rel(a, b):
 
 def compare_updates(model, ref, x0, tol, what="parameter"):
     """Every parameter's update X - X0 (model: distributed, ref: plain) within tol; returns the worst."""
+    progress("comparing the updates (full_tensor of every parameter)")
     worst = 0.0
     for (name, p), (_, r), r0 in zip(model.named_parameters(), ref.named_parameters(), x0):
         got = full(p) - r0
@@ -267,6 +354,7 @@ class Reference:
         dims = {id(p): shard_dims(p, outer_group, inner_group) for p in dist_model.parameters()}
         for d in dims.values():
             roles.update(d)
+        progress("reference: one-rank NCCL communicators for %s, libdion.Optimizer" % (sorted(roles) or "no mesh"))
         kw = {}
         for role in sorted(roles):
             c = _nccl_one_rank(device)
@@ -315,10 +403,13 @@ def train_both(model, opt, ref, ref_opt, dims, steps, device, rank=0, ranks_of_d
     """`steps` steps of the distributed model (its own batch `rank`) and of the reference (the batches of
     `ranks_of_data`, averaged: the replica-averaged gradient)."""
     for s in range(steps):
+        progress("step %d: forward/backward of the distributed model" % s)
         x, y = batch(s, dims, rank, device)
         loss_of(model, x, y).backward()
+        progress("step %d: distributed opt.step()" % s, sync=True)
         opt.step()
         opt.zero_grad()
+        progress("step %d: reference step" % s, sync=True)
         srcs = ranks_of_data if ranks_of_data is not None else [rank]
         total = None
         for q in srcs:
@@ -329,6 +420,7 @@ def train_both(model, opt, ref, ref_opt, dims, steps, device, rank=0, ranks_of_d
         ref_opt.step()
         for p in ref.parameters():
             p.grad = None
+    progress("%d steps done" % steps, sync=True)
 
 
 def copy_model(model):
