@@ -105,20 +105,95 @@ Dist dist_of(const Optimizer& opt, const Tensor& t) {
   return d;
 }
 
+// Spec §2.6 paths 1 and 2: the T matrices of a batch are orthogonalized each
+// on one rank of a mesh (outer for an outer-sharded matrix, replicate for a
+// matrix no shard mesh splits) and all-gathered, instead of on every rank.
+// Rank q owns the slots [q B, min(T, (q + 1) B)), B = ceil(T / W): the blocks
+// an equal-block reduce-scatter of the batch padded to W B slots leaves on
+// each rank. A batch of one is not split (no rank would have less to do).
+struct Split {
+  Collectives* mesh = nullptr;  // null: every rank orthogonalizes every matrix
+  ReduceOp op = ReduceOp::kSum;
+  // P still differs between the mesh's ranks (partial sums over outer; each
+  // replica's own P under compressed sync) and is reduced over it first:
+  // with a reduce-scatter when `scatter`, otherwise with an all-reduce
+  // (after which every rank holds the same P and keeps to its slots).
+  bool reduce = false, scatter = false;
+  int64_t block = 0, first = 0, count = 0;  // this rank's slots [first, first + count)
+  int64_t slots = 0;                        // P's slots in the workspace: W B with scatter, else T
+};
+
+int64_t ceil_div(int64_t x, int64_t y) { return (x + y - 1) / y; }
+
+// A reduce-scatter hands in the padded batch: it is used while the padding
+// at most doubles the batch, so that it moves no more than the all-reduce it
+// replaces (on a ring, (W-1)/W * W B matrices per rank against
+// 2 (W-1)/W * T). Beyond that (T < W / 2) P is all-reduced and the slots are
+// still split.
+bool scatter_pays(int64_t T, int64_t W) { return W * ceil_div(T, W) <= 2 * T; }
+
+Split split_of(const Optimizer& opt, const Dist& d, int64_t T) {
+  Split sp;
+  sp.slots = T;
+  // Path 3 (inner sharding) keeps its RCQR distributed by rows.
+  if (T < 2 || d.inner) return sp;
+  if (d.outer) {
+    sp.mesh = d.outer;
+    sp.reduce = true;
+    sp.op = ReduceOp::kSum;
+  } else if (opt.rep) {
+    // Without compressed sync the replicas hold the same gradient (averaged
+    // here, or synchronized by the caller when replicate_grad_sync is off),
+    // hence the same P: each orthogonalizes its slots and gathers the rest.
+    sp.mesh = opt.rep.get();
+    sp.reduce = d.rep != nullptr;
+    sp.op = ReduceOp::kAvg;
+  } else {
+    return sp;
+  }
+  const int64_t W = sp.mesh->size(), q = sp.mesh->rank();
+  sp.block = ceil_div(T, W);
+  sp.first = std::min(T, q * sp.block);
+  sp.count = std::min(T, sp.first + sp.block) - sp.first;
+  sp.scatter = sp.reduce && scatter_pays(T, W);
+  if (sp.scatter) sp.slots = W * sp.block;
+  return sp;
+}
+
 size_t workspace_floats(const Group& g, const Tensor& t, int64_t count) {
   const Shape s = shape_of(g.opt, t);
   const int64_t T = count, mn = t.geom.srows * t.geom.scols;
-  // M, W (G, later X), P, R, Q
-  size_t w = 2 * ws_floats(T * mn) + ws_floats(T * s.a * s.r) + 2 * ws_floats(T * s.b * s.r);
-  // per power iteration: the orthogonalisation (a copy of P for the
-  // fallback, sketch k x a, S P k x r, two r x r factors, Cholesky info) and
-  // a copy of R
-  const size_t per_iter = ws_floats(T * s.a * s.r) + ws_floats(T * s.k * s.a) + ws_floats(T * s.k * s.r) +
-                          2 * ws_floats(T * s.r * s.r) + ws_floats(T) + ws_floats(T * s.b * s.r);
-  // sharded: the zero flags and column sums, and the whole P gathered over
-  // the inner mesh (twice, plus the gather's receive buffer)
-  const size_t shard = ws_floats(T) + ws_floats(T * s.r) + 3 * ws_floats(T * s.ag * s.r);
-  return w + (per_iter + shard) * static_cast<size_t>(g.opt.power_iters);
+  const bool inner = !t.shard_ext[1].empty(), outer = !t.shard_ext[0].empty();
+  // P's slots and the reduce-scatter's receive buffer (split_of). The outer
+  // mesh's size is known here; the replicate mesh's is not, but a scatter
+  // over W >= 2 replicas takes W B <= 2 T slots and leaves B <= ceil(T / 2).
+  int64_t p_slots = T, own = 0;
+  if (T >= 2 && !inner) {
+    if (outer) {
+      const int64_t W = static_cast<int64_t>(t.shard_ext[0].size());
+      if (scatter_pays(T, W)) {
+        own = ceil_div(T, W);
+        p_slots = W * own;
+      }
+    } else {
+      p_slots = 2 * T;
+      own = ceil_div(T, 2);
+    }
+  }
+  // M, W (G, later X), P, the owned slots, R, Q
+  size_t w = 2 * ws_floats(T * mn) + ws_floats(p_slots * s.a * s.r) + ws_floats(own * s.a * s.r) +
+             2 * ws_floats(T * s.b * s.r);
+  // per power iteration: the orthogonalisation of at most T matrices (a
+  // copy of P for the fallback, sketch k x a, S P k x r, two r x r factors,
+  // Cholesky info) and a copy of R
+  size_t per_iter = ws_floats(T * s.a * s.r) + ws_floats(T * s.k * s.a) + ws_floats(T * s.k * s.r) +
+                    2 * ws_floats(T * s.r * s.r) + ws_floats(T) + ws_floats(T * s.b * s.r);
+  // inner sharding: the whole P gathered over the inner mesh (twice, plus
+  // the gather's receive buffer)
+  if (inner) per_iter += 3 * ws_floats(T * s.ag * s.r);
+  // the zero flags and column sums
+  const size_t flags = ws_floats(T) + ws_floats(T * s.r);
+  return w + flags + per_iter * static_cast<size_t>(g.opt.power_iters);
 }
 
 // Gathers the row shards of P (each inner rank's T x a_q x r) into whole
@@ -159,7 +234,12 @@ void take_rows(Optimizer& opt, const Shape& s, int64_t T, const float* full, flo
 // with its columns of the global sketch, and the k x r and r x r products are
 // summed over the mesh, so every rank factors the same small matrices. The
 // Householder cases (square P, a failed Cholesky) gather the whole P.
-void orth(Optimizer& opt, const Group& g, const Batch& bt, const Shape& s, const Dist& d, MatBatch P, int iter) {
+//
+// `list` names P's matrices (the sketch of each is keyed by its tensor), so a
+// rank orthogonalizing a slice of a batch draws the sketches a single process
+// draws for those matrices.
+void orth(Optimizer& opt, const Group& g, const TensorEntry* list, const Shape& s, const Dist& d, MatBatch P,
+          int iter) {
   Backend& be = *opt.backend;
   const dion_group_options_t& o = g.opt;
   const dion_matmul_precision_t prec = o.matmul_precision;
@@ -196,18 +276,18 @@ void orth(Optimizer& opt, const Group& g, const Batch& bt, const Shape& s, const
     // CUDA graph draws a new sketch every step; a rank holding rows
     // [a_off, a_off + a) of P draws those columns of the global sketch.
     PhiloxKey key{opt.options.seed, static_cast<uint32_t>(kRngSketch | (iter << 8)), 0, 0};
-    be.randn(S.p, T, s.k, s.a, 0, s.a_off, s.ag, key, bt.list, &g.scalars->step,
+    be.randn(S.p, T, s.k, s.a, 0, s.a_off, s.ag, key, list, &g.scalars->step,
              static_cast<float>(std::sqrt(1.0 / static_cast<double>(s.k))));
     be.gemm(false, false, 1.0f, S, P, 0.0f, SP, prec);
     if (d.inner) d.inner->all_reduce(SP.p, T * s.k * s.r, ReduceOp::kSum);
     be.qr_r(SP, R1);
-    be.trsm_right_upper(R1, P);
+    be.trsm_right_upper(R1, P, prec);
   }
   // (R)CQR's Cholesky step on P (or P1).
   be.gemm(true, false, 1.0f, P, P, 0.0f, G, DION_MATMUL_FP32);
   if (d.inner) d.inner->all_reduce(G.p, T * s.r * s.r, ReduceOp::kSum);
   be.cholesky_upper(G, info);
-  be.trsm_right_upper(G, P);
+  be.trsm_right_upper(G, P, prec);
   if (!d.inner) {
     be.orth_fallback(P, P0, info);
     return;
@@ -229,6 +309,38 @@ void orth(Optimizer& opt, const Group& g, const Batch& bt, const Shape& s, const
   take_rows(opt, s, T, Pf.p, P.p);
 }
 
+// P <- orth(P) with the batch split over sp.mesh (spec §2.6 paths 1 and 2):
+// P is reduced over the mesh (the outer partial sums; the replicas' P under
+// compressed sync), each rank orthogonalizes its slots, and the mesh gathers
+// them. Under compressed sync an outer-sharded P is also averaged over the
+// replicas, but only this rank's slots: the others arrive averaged by their
+// owners. `own` (B matrices) receives the reduce-scatter.
+void orth_split(Optimizer& opt, const Group& g, const Batch& bt, const Shape& s, const Dist& d, const Split& sp,
+                MatBatch P, float* own, int iter) {
+  const int64_t ar = s.a * s.r, T = P.batch;
+  float* mine = P.p + sp.first * ar;
+  if (sp.scatter) {
+    sp.mesh->reduce_scatter(P.p, own, sp.block * ar, sp.op);
+    mine = own;
+  } else if (sp.reduce) {
+    sp.mesh->all_reduce(P.p, T * ar, sp.op);
+  }
+  // The ranks of a replicate mesh sit at the same place of their outer
+  // meshes, so they own the same slots.
+  if (d.rep && sp.mesh != d.rep) d.rep->all_reduce(mine, sp.count * ar, ReduceOp::kAvg);
+  if (sp.count > 0) orth(opt, g, bt.list + sp.first, s, d, MatBatch{mine, s.a, s.r, s.r, ar, sp.count}, iter);
+  const int32_t W = sp.mesh->size();
+  std::vector<int64_t>& cd = opt.coll_idx;  // capacity reserved at dion_create
+  cd.assign(2 * static_cast<size_t>(W), 0);
+  for (int32_t q = 0; q < W; ++q) {
+    const int64_t first = std::min(T, q * sp.block);
+    cd[static_cast<size_t>(q)] = (std::min(T, first + sp.block) - first) * ar;
+    cd[static_cast<size_t>(W + q)] = first * ar;
+  }
+  // In place when the slots were orthogonalized in P itself.
+  sp.mesh->all_gather_v(mine, P.p, cd.data(), cd.data() + W);
+}
+
 void step(Optimizer& opt, Group& g, const Batch& bt) {
   Backend& be = *opt.backend;
   const dion_group_options_t& o = g.opt;
@@ -245,17 +357,27 @@ void step(Optimizer& opt, Group& g, const Batch& bt) {
   float* Q = load_ws(opt, bt, kState1, s.b * s.r);
 
   MatBatch Mm{M, t.geom.srows, t.geom.scols, t.geom.scols, n_el, T};
-  MatBatch P{opt.ws.take(T * s.a * s.r), s.a, s.r, s.r, s.a * s.r, T};
+  const Split sp = split_of(opt, d, T);
+  const int64_t ar = s.a * s.r;  // one matrix of P
+  MatBatch P{opt.ws.take(sp.slots * ar), s.a, s.r, s.r, ar, T};
+  // The reduce-scatter's padding slots are summed and never orthogonalized
+  // nor gathered; zeros keep them finite.
+  if (sp.slots > T) be.zero(P.p + T * ar, sizeof(float) * static_cast<size_t>((sp.slots - T) * ar));
+  float* own = sp.scatter ? opt.ws.take(sp.block * ar) : nullptr;  // this rank's reduced slots
   MatBatch R{opt.ws.take(T * s.b * s.r), s.b, s.r, s.r, s.b * s.r, T};
   MatBatch Qm{Q, s.b, s.r, s.r, s.b * s.r, T};
   ConstMatBatch Qt = Qm;
   for (int it = 0; it < o.power_iters; ++it) {
     be.gemm(s.bT, false, 1.0f, Mm, Qt, 0.0f, P, prec);  // P = B Q~ (partial over outer)
-    if (d.outer) d.outer->all_reduce(P.p, T * s.a * s.r, ReduceOp::kSum);
-    // Compressed replicate sync (spec §2.6): average P = B Q and R = B^T P
-    // over the replicas instead of the gradient.
-    if (d.rep) d.rep->all_reduce(P.p, T * s.a * s.r, ReduceOp::kAvg);
-    orth(opt, g, bt, s, d, P, it);
+    if (!sp.mesh) {
+      if (d.outer) d.outer->all_reduce(P.p, T * ar, ReduceOp::kSum);
+      // Compressed replicate sync (spec §2.6): average P = B Q and R = B^T P
+      // over the replicas instead of the gradient.
+      if (d.rep) d.rep->all_reduce(P.p, T * ar, ReduceOp::kAvg);
+      orth(opt, g, bt.list, s, d, P, it);
+    } else {
+      orth_split(opt, g, bt, s, d, sp, P, own, it);
+    }
     be.gemm(!s.bT, false, 1.0f, Mm, P, 0.0f, R, prec);  // R = B^T P (partial over inner)
     if (d.inner) d.inner->all_reduce(R.p, T * s.b * s.r, ReduceOp::kSum);
     if (d.rep) d.rep->all_reduce(R.p, T * s.b * s.r, ReduceOp::kAvg);
