@@ -81,6 +81,8 @@ void transpose(const Ctx& c, const float* in, int64_t rows, int64_t cols, int64_
 void extract_r(const Ctx& c, const float* cm, int64_t p, MatBatch r_out);
 // m[b] <- the identity.
 void fill_identity(const Ctx& c, MatBatch m);
+// m[b] (bf16 elements; ld and stride count elements) += v on the diagonal.
+void add_diag_bf16(const Ctx& c, MatBatch m, float v);
 // out[b] (rows x cols, row-major, dense) <- m[b] in double.
 void to_double(const Ctx& c, ConstMatBatch m, double* out);
 // r_out[b] (n x n row-major) <- the upper triangle of l[b] (n x n, dense,

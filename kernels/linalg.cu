@@ -219,6 +219,24 @@ void fill_identity(const Ctx& c, MatBatch m) {
   for_each_2d(c, m.batch, m.rows, m.cols, Identity{m}, "identity kernel");
 }
 
+namespace {
+__global__ void add_diag_bf16_kernel(MatBatch m, int64_t n, float v) {
+  uint16_t* base = reinterpret_cast<uint16_t*>(m.p);
+  for (int64_t b = blockIdx.y; b < m.batch; b += gridDim.y)
+    for (int64_t i = global_thread(); i < n; i += grid_threads()) {
+      uint16_t* e = base + b * m.stride + i * m.ld + i;
+      *e = float_to_bf16(bf16_to_float(*e) + v);
+    }
+}
+}  // namespace
+
+void add_diag_bf16(const Ctx& c, MatBatch m, float v) {
+  const int64_t n = m.rows < m.cols ? m.rows : m.cols;
+  if (n <= 0 || m.batch <= 0) return;
+  add_diag_bf16_kernel<<<grid_multi(c, m.batch, n), kThreads, 0, c.stream>>>(m, n, v);
+  cuda::check_launch("add_diag_bf16 kernel");
+}
+
 void to_double(const Ctx& c, ConstMatBatch m, double* out) {
   for_each_2d(c, m.batch, m.rows, m.cols, ToDouble{m, out}, "to_double kernel");
 }

@@ -61,11 +61,14 @@ void orthogonalize_bf16(Optimizer& opt, const dion_group_options_t& o, MatBatch 
     be.gemm_bf16(tall, !tall, 1.0f, cur, cur, 0.0f, A);
     be.copy(B.p, A.p, sizeof(uint16_t) * static_cast<size_t>(ns));
     be.gemm_bf16(false, false, static_cast<float>(k.c), A, A, static_cast<float>(k.b), B);
-    be.copy(nxt.p, cur.p, sizeof(uint16_t) * static_cast<size_t>(nx));
+    // X' = a X + B X = (a I + B) X: the a X term goes into B's diagonal (a
+    // rounding of the small s x s matrix) instead of into a copy of X as C
+    // of the last product, which would move the whole s x l matrix once more.
+    be.add_diag_bf16(B, static_cast<float>(k.a));
     if (tall)
-      be.gemm_bf16(false, false, 1.0f, cur, B, static_cast<float>(k.a), nxt);
+      be.gemm_bf16(false, false, 1.0f, cur, B, 0.0f, nxt);
     else
-      be.gemm_bf16(false, false, 1.0f, B, cur, static_cast<float>(k.a), nxt);
+      be.gemm_bf16(false, false, 1.0f, B, cur, 0.0f, nxt);
     std::swap(cur, nxt);
   }
   be.load(x.p, cur.p, DION_DTYPE_BF16, nx);

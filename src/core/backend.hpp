@@ -162,6 +162,8 @@ class Backend {
   // rounded to bf16. The Muon family's iterations at matmul precision BF16.
   virtual void gemm_bf16(bool trans_a, bool trans_b, float alpha, ConstMatBatch a, ConstMatBatch b, float beta,
                          MatBatch c) = 0;
+  // m[b] (bf16 elements, as for gemm_bf16) += v on its diagonal, rounded to bf16.
+  virtual void add_diag_bf16(MatBatch m, float v) = 0;
   // In place: A (p x r, p >= r) <- the Q factor of its thin Householder QR.
   virtual void qr_q(MatBatch a) = 0;
   // R (r x r) <- the R factor of A's (p x r, p >= r) QR; A may be overwritten.

@@ -283,6 +283,30 @@ TEST_F(OpsTest, CheckNonfiniteHeadBodyTail) {
   }
 }
 
+// The Muon family's bf16 iteration folds a X into the polynomial's s x s
+// matrix: B += a I on bf16 storage. Only the diagonal moves, each entry
+// rounded as the host rounds it; padding and gaps are untouched.
+TEST_F(OpsTest, AddDiagBf16) {
+  for (auto dims : {std::vector<int64_t>{7, 7, 3}, std::vector<int64_t>{5, 9, 2}, std::vector<int64_t>{64, 64, 1}}) {
+    const int64_t rows = dims[0], cols = dims[1], batch = dims[2], ld = cols + 3, stride = rows * ld + 5;
+    std::vector<uint16_t> h(static_cast<size_t>(stride * batch));
+    for (auto& e : h) e = float_to_bf16(gauss());
+    Dev<uint16_t> d(h);
+    const float v = 2.3465413f;
+    cuda->add_diag_bf16(MatBatch{reinterpret_cast<float*>(d.p()), rows, cols, ld, stride, batch}, v);
+    std::vector<uint16_t> want = h;
+    host->add_diag_bf16(MatBatch{reinterpret_cast<float*>(want.data()), rows, cols, ld, stride, batch}, v);
+    const std::vector<uint16_t> got = d.get();
+    int moved = 0;
+    for (size_t i = 0; i < h.size(); ++i) {
+      EXPECT_EQ(got[i], want[i]) << "element " << i;
+      moved += want[i] != h[i];
+    }
+    EXPECT_GT(moved, 0);
+    EXPECT_LE(moved, std::min(rows, cols) * batch) << "only diagonal entries may change";
+  }
+}
+
 TEST_F(OpsTest, StepCounters) {
   GroupScalars gs{0.1, 0.01, 0.9, 0.99, 5, 0};
   for (int skip : {0, 1}) {

@@ -357,6 +357,12 @@ class CudaBackend final : public Backend {
           "cublasGemmStridedBatchedEx (bf16)");
   }
 
+  void add_diag_bf16(MatBatch m, float v) override {
+    DeviceScope ds(device_);
+    ProfScope ps(prof_, "add_diag_bf16", stream_);
+    kernels::add_diag_bf16(ctx(), m, v);
+  }
+
   void qr_q(MatBatch a) override {
     const int64_t p = a.rows, r = a.cols;
     if (p == 0 || r == 0 || a.batch <= 0) return;
@@ -455,19 +461,17 @@ class CudaBackend final : public Backend {
     kernels::cholesky_fixup(ctx(), a, info);
   }
 
-  // B U^{-1}. A tall B (the a x r factors of RCQR, a >> r) goes through the
-  // explicit inverse: U^{-1} by a small batched solve against the identity,
-  // then one fp32 GEMM, which runs several times faster than cuBLAS's
-  // triangular solve on these shapes. The product has the column space of
-  // B exactly (any nonsingular right factor keeps it) and rounding errors
-  // of the order of the solve's, cond(U) * eps, which the Cholesky pass that
-  // follows in (R)CQR absorbs.
+  // B U^{-1}. A tall B (RCQR's P, a >= 4r) goes through the explicit
+  // inverse, formed in fp32 by blocked recursion (tri_inverse_upper), then
+  // one GEMM, which runs several times faster than cuBLAS's triangular solve
+  // on these shapes. The product has the column space of B exactly (any
+  // nonsingular right factor keeps it) and rounding errors of the order of
+  // the solve's, cond(U) * eps, which the Cholesky pass that follows in
+  // (R)CQR absorbs. It runs in fp32 for precision FP32 and in TF32
+  // otherwise: for the BF16/TF32 groups, whose P comes out of
+  // reduced-precision products, a TF32 product (unit roundoff 2^-11) adds an
+  // error below theirs.
   using Backend::trsm_right_upper;
-  // Tall B (RCQR's P, a >= 4r): B U^{-1} as one GEMM by the explicit inverse,
-  // which is formed in fp32 by blocked recursion (tri_inverse_upper). The
-  // product runs in fp32 for precision FP32 and in TF32 otherwise: for the
-  // BF16/TF32 groups whose P comes out of reduced-precision products, a TF32
-  // solve (unit roundoff 2^-11) adds an error below theirs.
   void trsm_right_upper(ConstMatBatch u, MatBatch bm, dion_matmul_precision_t precision) override {
     const int64_t n = u.rows, rows = bm.rows;
     DION_REQUIRE(u.cols == n && bm.cols == n, DION_ERROR_INTERNAL, "cuda trsm_right_upper: bad shapes");

@@ -178,6 +178,16 @@ class HostBackend final : public Backend {
           cp[q * c.stride + i * c.ld + j] = float_to_bf16(fc[static_cast<size_t>((q * c.rows + i) * c.cols + j)]);
   }
 
+  void add_diag_bf16(MatBatch m, float v) override {
+    uint16_t* p = reinterpret_cast<uint16_t*>(m.p);
+    const int64_t n = std::min(m.rows, m.cols);
+    for (int64_t q = 0; q < m.batch; ++q)
+      for (int64_t i = 0; i < n; ++i) {
+        uint16_t& e = p[q * m.stride + i * m.ld + i];
+        e = float_to_bf16(bf16_to_float(e) + v);
+      }
+  }
+
   // Copies row-major (p x r, ld) into a column-major p x r buffer.
   static float* to_colmajor(const float* src, int64_t p, int64_t r, int64_t ld, std::vector<float>& buf) {
     float* a = grow(buf, static_cast<size_t>(p * r));
