@@ -19,6 +19,18 @@
 // slowest rank's time (a step is as slow as its slowest rank). Rank 0 prints
 // one JSON line with it and the bytes each mesh moved per step per rank
 // (dion_get_comm_bytes).
+//
+// The share of the replicate mesh's communication that overlap hides (with
+// a multi-rank replicate mesh; --hidden-share 0 skips it): the same step is
+// also timed, each time by a fresh optimizer over the same (refilled)
+// tensors, (a) sequential (DION_OVERLAP=0: every gradient averaged before any
+// bucket computes) and (b) without the replicate sync (replicate_grad_sync =
+// 0, so neither gradients nor Dion's P and R are averaged over the replicate
+// mesh; every other collective and all the compute stay). Since the
+// sequential step serialises that sync with the compute, comm_ms =
+// t_sequential - t_nosync is the time the sync costs when nothing hides it,
+// and hidden_share = (t_sequential - t_overlapped) / comm_ms the part of it
+// the overlapped step (the default, step_ms_*) hides.
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 #include <mpi.h>
@@ -103,6 +115,7 @@ int main(int argc, char** argv) {
   int R = 1, O = g_size, I = 1, iters = 20, warmup = 5;
   std::string workload = "gpt-1.3b", algo = "dion", dtype = "bf16";
   double rank_fraction = 0.25;
+  bool hidden_share = true;
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
     auto val = [&] {
@@ -123,10 +136,12 @@ int main(int argc, char** argv) {
       iters = std::atoi(val().c_str());
     } else if (a == "--warmup") {
       warmup = std::atoi(val().c_str());
+    } else if (a == "--hidden-share") {
+      hidden_share = std::atoi(val().c_str()) != 0;
     } else {
       die("unknown argument " + a +
           " (usage: dion-bench-mesh --mesh RxOxI [--workload gpt-160m|gpt-1.3b] [--algo dion|muon|dion2|normuon] "
-          "[--dtype fp32|bf16] [--rank-fraction F] [--iters N] [--warmup N])");
+          "[--dtype fp32|bf16] [--rank-fraction F] [--iters N] [--warmup N] [--hidden-share 0|1])");
     }
   }
   if (R * O * I != g_size || R < 1 || O < 1 || I < 1)
@@ -135,6 +150,7 @@ int main(int argc, char** argv) {
   const int64_t d = workload == "gpt-160m" ? 768 : 2048;
   const int layers = workload == "gpt-160m" ? 12 : 24;
   if (workload != "gpt-160m" && workload != "gpt-1.3b") die("unknown workload " + workload);
+  if (iters < 1 || warmup < 0) die("--iters must be >= 1 and --warmup >= 0");
   dion_algorithm_t al = DION_ALGO_DION;
   if (algo == "muon") al = DION_ALGO_MUON;
   else if (algo == "dion2") al = DION_ALGO_DION2;
@@ -162,15 +178,6 @@ int main(int argc, char** argv) {
     shapes.push_back({4 * d, d, 0});
     shapes.push_back({d, 4 * d, 1});
   }
-  dion_options_t opts;
-  dion_options_init(&opts);
-  opts.backend = DION_BACKEND_CUDA;
-  opts.device = device;
-  opts.replicate_comm = dc[0];
-  opts.outer_comm = dc[1];
-  opts.inner_comm = dc[2];
-  dion_optimizer_t opt = nullptr;
-  dion_ok(dion_create(&opt, &opts), "dion_create");
   dion_group_options_t go;
   dion_group_options_init(&go, al);
   if (al == DION_ALGO_DION) go.rank_fraction = rank_fraction;
@@ -181,6 +188,7 @@ int main(int argc, char** argv) {
   std::vector<dion_tensor_t> ts(shapes.size());
   std::vector<void*> bufs;
   std::vector<std::string> names(shapes.size());
+  std::vector<size_t> sizes(shapes.size());
   int64_t local_elems = 0, global_elems = 0;
   const size_t es = bf16 ? 2 : 4;
   float* tmp = nullptr;
@@ -207,72 +215,125 @@ int main(int argc, char** argv) {
       ext[od] = t.outer_extent;
     }
     const size_t n = static_cast<size_t>(ext[0] * ext[1]);
+    sizes[k] = n;
     local_elems += static_cast<int64_t>(n);
     global_elems += s.m * s.n;
     void *p = nullptr, *g = nullptr;
     cuda_ok(cudaMalloc(&p, std::max<size_t>(n, 1) * es), "cudaMalloc");
     cuda_ok(cudaMalloc(&g, std::max<size_t>(n, 1) * es), "cudaMalloc");
     if (!tmp) cuda_ok(cudaMalloc(&tmp, sizeof(float) * static_cast<size_t>(16 * d * d)), "cudaMalloc");
-    const uint64_t seed = 1000 * k + static_cast<uint64_t>(g_rank);
-    for (int which = 0; which < 2; ++which) {
-      void* dst = which ? g : p;
-      float* f = bf16 ? tmp : static_cast<float*>(dst);
-      fill_kernel<<<1024, 256, 0, stream>>>(f, n, seed * 2 + which, which ? 0.01f : 0.035f);
-      if (bf16) to_bf16_kernel<<<1024, 256, 0, stream>>>(tmp, static_cast<__nv_bfloat16*>(dst), n);
-      cuda_ok(cudaStreamSynchronize(stream), "fill");
-    }
     bufs.push_back(p);
     bufs.push_back(g);
     t.param = p;
     t.grad = g;
   }
-  dion_ok(dion_add_group(opt, &go, ts.data(), ts.size(), nullptr), "dion_add_group", opt);
+  // The same parameters and per-rank gradients for every timed optimizer
+  // (a step updates the parameters, and the replicate sync averages the
+  // gradients in place).
+  auto fill = [&] {
+    for (size_t k = 0; k < shapes.size(); ++k) {
+      const uint64_t seed = 1000 * k + static_cast<uint64_t>(g_rank);
+      for (int which = 0; which < 2; ++which) {
+        void* dst = which ? const_cast<void*>(ts[k].grad) : ts[k].param;
+        float* f = bf16 ? tmp : static_cast<float*>(dst);
+        fill_kernel<<<1024, 256, 0, stream>>>(f, sizes[k], seed * 2 + which, which ? 0.01f : 0.035f);
+        if (bf16) to_bf16_kernel<<<1024, 256, 0, stream>>>(tmp, static_cast<__nv_bfloat16*>(dst), sizes[k]);
+        cuda_ok(cudaStreamSynchronize(stream), "fill");
+      }
+    }
+  };
 
+  struct Timing {
+    double median = 0, min = 0, max = 0;
+    uint64_t bytes[3] = {0, 0, 0};  // largest over ranks
+    uint64_t state = 0, ws = 0;     // rank 0
+  };
   dion_stream_t ds = reinterpret_cast<dion_stream_t>(stream);
-  for (int i = 0; i < warmup; ++i) dion_ok(dion_step(opt, ds), "dion_step", opt);
-  cuda_ok(cudaStreamSynchronize(stream), "warm-up");
   std::vector<cudaEvent_t> ev(2 * static_cast<size_t>(iters));
   for (auto& e : ev) cuda_ok(cudaEventCreate(&e), "cudaEventCreate");
-  // Steps start together (a barrier each), so each rank's time is its step,
-  // not time spent waiting for a late peer's previous step.
-  std::vector<float> ms(static_cast<size_t>(iters));
-  for (int i = 0; i < iters; ++i) {
-    MPI_Barrier(MPI_COMM_WORLD);
-    cudaEventRecord(ev[2 * i], stream);
-    dion_ok(dion_step(opt, ds), "dion_step", opt);
-    cudaEventRecord(ev[2 * i + 1], stream);
-    cuda_ok(cudaStreamSynchronize(stream), "step");
-    cuda_ok(cudaEventElapsedTime(&ms[static_cast<size_t>(i)], ev[2 * i], ev[2 * i + 1]), "elapsed");
+  // One fresh optimizer: replicate_grad_sync = sync; DION_OVERLAP is read at
+  // dion_create (unset: overlapped where possible; "0": sequential).
+  auto measure = [&](bool sync, bool overlap) {
+    fill();
+    if (overlap)
+      unsetenv("DION_OVERLAP");
+    else
+      setenv("DION_OVERLAP", "0", 1);
+    dion_options_t opts;
+    dion_options_init(&opts);
+    opts.backend = DION_BACKEND_CUDA;
+    opts.device = device;
+    opts.replicate_comm = dc[0];
+    opts.outer_comm = dc[1];
+    opts.inner_comm = dc[2];
+    opts.replicate_grad_sync = sync ? 1 : 0;
+    dion_optimizer_t opt = nullptr;
+    dion_ok(dion_create(&opt, &opts), "dion_create");
+    unsetenv("DION_OVERLAP");
+    dion_ok(dion_add_group(opt, &go, ts.data(), ts.size(), nullptr), "dion_add_group", opt);
+    for (int i = 0; i < warmup; ++i) dion_ok(dion_step(opt, ds), "dion_step", opt);
+    cuda_ok(cudaStreamSynchronize(stream), "warm-up");
+    // Steps start together (a barrier each), so each rank's time is its step,
+    // not time spent waiting for a late peer's previous step.
+    std::vector<float> ms(static_cast<size_t>(iters));
+    for (int i = 0; i < iters; ++i) {
+      MPI_Barrier(MPI_COMM_WORLD);
+      cudaEventRecord(ev[2 * i], stream);
+      dion_ok(dion_step(opt, ds), "dion_step", opt);
+      cudaEventRecord(ev[2 * i + 1], stream);
+      cuda_ok(cudaStreamSynchronize(stream), "step");
+      cuda_ok(cudaEventElapsedTime(&ms[static_cast<size_t>(i)], ev[2 * i], ev[2 * i + 1]), "elapsed");
+    }
+    std::vector<float> worst(ms.size());
+    MPI_Allreduce(ms.data(), worst.data(), iters, MPI_FLOAT, MPI_MAX, MPI_COMM_WORLD);
+    std::sort(worst.begin(), worst.end());
+    Timing t;
+    t.median = worst[worst.size() / 2];
+    t.min = worst.front();
+    t.max = worst.back();
+    uint64_t bytes[3] = {0, 0, 0};
+    const dion_mesh_t meshes[3] = {DION_MESH_REPLICATE, DION_MESH_OUTER, DION_MESH_INNER};
+    for (int k = 0; k < 3; ++k) dion_ok(dion_get_comm_bytes(opt, meshes[k], &bytes[k], nullptr), "comm_bytes", opt);
+    MPI_Allreduce(bytes, t.bytes, 3, MPI_UINT64_T, MPI_MAX, MPI_COMM_WORLD);
+    dion_ok(dion_get_memory_usage(opt, &t.state, &t.ws), "memory", opt);
+    dion_destroy(opt);
+    return t;
+  };
+
+  const Timing main_run = measure(true, true);  // the library's default: overlapped
+  const bool share = hidden_share && R > 1;
+  Timing seq, nosync;
+  if (share) {
+    seq = measure(true, false);
+    nosync = measure(false, false);
   }
-  std::vector<float> worst(ms.size());
-  MPI_Allreduce(ms.data(), worst.data(), iters, MPI_FLOAT, MPI_MAX, MPI_COMM_WORLD);
-  std::sort(worst.begin(), worst.end());
-  const double median = worst[worst.size() / 2];
-  uint64_t bytes[3] = {0, 0, 0};
-  const dion_mesh_t meshes[3] = {DION_MESH_REPLICATE, DION_MESH_OUTER, DION_MESH_INNER};
-  for (int k = 0; k < 3; ++k) dion_ok(dion_get_comm_bytes(opt, meshes[k], &bytes[k], nullptr), "comm_bytes", opt);
-  uint64_t max_bytes[3];
-  MPI_Allreduce(bytes, max_bytes, 3, MPI_UINT64_T, MPI_MAX, MPI_COMM_WORLD);
-  uint64_t state = 0, ws = 0;
-  dion_ok(dion_get_memory_usage(opt, &state, &ws), "memory", opt);
   if (g_rank == 0) {
     cudaDeviceProp prop;
     cudaGetDeviceProperties(&prop, device);
+    // null where not measured (no multi-rank replicate mesh, or --hidden-share 0)
+    // or where the sync cost no measurable time (comm_ms <= 0).
+    char extra[256] = "\"step_ms_sequential\":null,\"step_ms_nosync\":null,\"comm_ms\":null,\"hidden_share\":null";
+    if (share) {
+      const double comm = seq.median - nosync.median;
+      char hs[32] = "null";
+      if (comm > 0) std::snprintf(hs, sizeof hs, "%.3f", (seq.median - main_run.median) / comm);
+      std::snprintf(extra, sizeof extra,
+                    "\"step_ms_sequential\":%.3f,\"step_ms_nosync\":%.3f,\"comm_ms\":%.3f,\"hidden_share\":%s",
+                    seq.median, nosync.median, comm, hs);
+    }
     std::printf(
         "{\"bench\":\"dion-bench-mesh\",\"device\":\"%s\",\"gpus\":%d,\"mesh\":\"%dx%dx%d\",\"workload\":\"%s\","
         "\"algo\":\"%s\",\"rank_fraction\":%g,\"dtype\":\"%s\",\"params\":%lld,\"local_params_rank0\":%lld,"
         "\"iters\":%d,\"step_ms_median\":%.3f,\"step_ms_min\":%.3f,\"step_ms_max\":%.3f,"
         "\"bytes_per_step_replicate\":%llu,\"bytes_per_step_outer\":%llu,\"bytes_per_step_inner\":%llu,"
-        "\"state_bytes_rank0\":%llu,\"workspace_bytes_rank0\":%llu}\n",
+        "\"state_bytes_rank0\":%llu,\"workspace_bytes_rank0\":%llu,%s}\n",
         prop.name, g_size, R, O, I, workload.c_str(), algo.c_str(), al == DION_ALGO_DION ? rank_fraction : 1.0,
-        dtype.c_str(), static_cast<long long>(global_elems), static_cast<long long>(local_elems), iters, median,
-        static_cast<double>(worst.front()), static_cast<double>(worst.back()),
-        static_cast<unsigned long long>(max_bytes[0]), static_cast<unsigned long long>(max_bytes[1]),
-        static_cast<unsigned long long>(max_bytes[2]), static_cast<unsigned long long>(state),
-        static_cast<unsigned long long>(ws));
+        dtype.c_str(), static_cast<long long>(global_elems), static_cast<long long>(local_elems), iters,
+        main_run.median, main_run.min, main_run.max, static_cast<unsigned long long>(main_run.bytes[0]),
+        static_cast<unsigned long long>(main_run.bytes[1]), static_cast<unsigned long long>(main_run.bytes[2]),
+        static_cast<unsigned long long>(main_run.state), static_cast<unsigned long long>(main_run.ws), extra);
     std::fflush(stdout);
   }
-  dion_destroy(opt);
   for (void* b : bufs) cudaFree(b);
   cudaFree(tmp);
   for (auto& e : ev) cudaEventDestroy(e);

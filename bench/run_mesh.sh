@@ -5,7 +5,10 @@
 #   DION_BENCH_MESH=build-gpu/dion-bench-mesh bash bench/run_mesh.sh OUTDIR [ALGOS]
 #
 # ALGOS (default "dion muon"): --algo values. Layouts: 1x1x1 (one GPU, the
-# baseline), and for 2 and 4 GPUs every RxOxI with R*O*I = GPUs.
+# baseline), and for 2 and 4 GPUs every RxOxI with R*O*I = GPUs. A layout
+# with a replicate mesh (R > 1) is timed three times (overlapped, sequential
+# with DION_OVERLAP=0, and without the replicate sync) for the JSON line's
+# hidden_share (docs/benchmarks.md); MESH_ARGS="--hidden-share 0" skips that.
 set -uo pipefail
 out=${1:?OUTDIR}
 algos=${2:-dion muon}

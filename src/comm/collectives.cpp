@@ -115,13 +115,22 @@ bool overlap(const void* a, int64_t na, const void* b, int64_t nb) {
 
 }  // namespace
 
+// A hook that throws leaves the join undone: the step fails, and
+// Optimizer::step joins the streams itself on its way out.
+template <class F>
+void Collectives::joined(F&& hook) {
+  if (join_) join_->before();
+  hook();
+  if (join_) join_->after();
+}
+
 void Collectives::all_reduce(float* buf, int64_t n, ReduceOp op) {
   const char* what = "all_reduce";
   check_usable(what);
   check_count(*this, what, "n", n);
   check_ptr(*this, what, "buf", buf, n);
   if (n == 0) return;  // n agrees across ranks: every rank returns here
-  do_all_reduce(buf, n, op);
+  joined([&] { do_all_reduce(buf, n, op); });
   count(CollKind::kAllReduce, static_cast<uint64_t>(n) * sizeof(float));
 }
 
@@ -140,7 +149,7 @@ void Collectives::all_reduce_int(int32_t* buf, int64_t n, ReduceOp op, bool host
   if (host)
     do_all_reduce_host(buf, n, op);
   else
-    do_all_reduce(buf, n, op);
+    joined([&] { do_all_reduce(buf, n, op); });
   count(CollKind::kAllReduce, static_cast<uint64_t>(n) * sizeof(int32_t));
 }
 
@@ -155,7 +164,7 @@ void Collectives::reduce_scatter(const float* send, float* recv, int64_t block, 
   if (overlap(send, total, recv, block))
     throw Error(DION_ERROR_INTERNAL, format("%s mesh: %s: send and recv overlap", mesh_.c_str(), what));
   if (block == 0) return;
-  do_reduce_scatter(send, recv, block, op);
+  joined([&] { do_reduce_scatter(send, recv, block, op); });
   count(CollKind::kReduceScatter, static_cast<uint64_t>(total) * sizeof(float));
 }
 
@@ -170,7 +179,7 @@ void Collectives::all_gather(const float* send, float* recv, int64_t block) {
     throw Error(DION_ERROR_INTERNAL,
                 format("%s mesh: %s: send overlaps recv without being this rank's block", mesh_.c_str(), what));
   if (block == 0) return;
-  do_all_gather(send, recv, block);
+  joined([&] { do_all_gather(send, recv, block); });
   count(CollKind::kAllGather, static_cast<uint64_t>(block) * sizeof(float));
 }
 
@@ -184,7 +193,7 @@ void Collectives::all_gather_v(const float* send, float* recv, const int64_t* co
   check_ptr(*this, what, "send", send, counts[rank_]);
   check_ptr(*this, what, "recv", recv, extent);
   // No early return when this rank's count is 0: others may still send to it.
-  do_all_gather_v(send, recv, counts, displs);
+  joined([&] { do_all_gather_v(send, recv, counts, displs); });
   count(CollKind::kAllGather, static_cast<uint64_t>(counts[rank_]) * sizeof(float));
 }
 
@@ -204,7 +213,7 @@ void Collectives::all_to_all_v(const float* send, const int64_t* send_counts, co
   check_ptr(*this, what, "recv", recv, recv_extent);
   if (overlap(send, send_extent, recv, recv_extent))
     throw Error(DION_ERROR_INTERNAL, format("%s mesh: %s: send and recv overlap", mesh_.c_str(), what));
-  do_all_to_all_v(send, send_counts, send_displs, recv, recv_counts, recv_displs);
+  joined([&] { do_all_to_all_v(send, send_counts, send_displs, recv, recv_counts, recv_displs); });
   count(CollKind::kAllToAll, static_cast<uint64_t>(sent) * sizeof(float));
 }
 
@@ -216,7 +225,7 @@ void Collectives::broadcast(float* buf, int64_t n, int32_t root) {
   if (root < 0 || root >= size_)
     throw Error(DION_ERROR_INTERNAL, format("%s mesh: %s: root %d is not in [0, %d)", mesh_.c_str(), what, root, size_));
   if (n == 0) return;
-  do_broadcast(buf, n, root);
+  joined([&] { do_broadcast(buf, n, root); });
   count(CollKind::kBroadcast, rank_ == root ? static_cast<uint64_t>(n) * sizeof(float) : 0);
 }
 

@@ -21,7 +21,8 @@
 //  * Buffers are host memory for MPI, and every call has completed when it
 //    returns. For NCCL they are device memory of the communicator's device,
 //    and every call is enqueued on the stream given by set_stream and returns
-//    without waiting: buffers are read and written in that stream's order.
+//    without waiting: buffers are read and written in that stream's order
+//    (and, with a StreamJoin set, also in the compute stream's order).
 //  * Errors are dion::Error: DION_ERROR_MPI / DION_ERROR_NCCL for transport
 //    failures (NCCL: the call's result or an asynchronous error of the
 //    communicator) and aborted communicators, DION_ERROR_CUDA for a failed
@@ -57,6 +58,21 @@ enum class CollKind : int32_t {
 const char* coll_kind_name(CollKind k);
 const char* reduce_op_name(ReduceOp op);
 
+// Brackets each collective of a mesh whose collectives are enqueued on a
+// stream of their own (the optimizer's communication stream, see
+// Optimizer::step) rather than on the stream that computes their inputs and
+// reads their outputs: before() makes the collective's stream wait for the
+// work enqueued so far on the compute stream, after() makes the compute
+// stream wait for everything enqueued so far on the collective's stream. A
+// bracketed call is therefore ordered with the compute stream's work exactly
+// as if it had been enqueued there. Both only enqueue waits (no host
+// synchronisation).
+struct StreamJoin {
+  virtual ~StreamJoin() = default;
+  virtual void before() = 0;
+  virtual void after() = 0;
+};
+
 class Collectives {
  public:
   virtual ~Collectives() = default;
@@ -72,6 +88,11 @@ class Collectives {
   // set_stream; nullptr is the legacy default stream, the initial one. The
   // MPI transport works on host buffers and ignores it.
   void set_stream(void* stream) { do_set_stream(stream); }
+  // Brackets every following call that communicates (all but
+  // all_reduce_host, a setup-time call) with join->before() and
+  // join->after(), until set_join(nullptr) (the initial state).
+  void set_join(StreamJoin* join) { join_ = join; }
+  StreamJoin* join() const { return join_; }
 
   // In place: buf[0..n) becomes the element-wise reduction over the ranks.
   // kAvg is the sum divided by size(). MPI: a division, not a multiplication
@@ -174,7 +195,11 @@ class Collectives {
   void check_usable(const char* what) const;
   void all_reduce_int(int32_t* buf, int64_t n, ReduceOp op, bool host);
   void count(CollKind k, uint64_t bytes);
+  // Runs a transport hook, bracketed by the StreamJoin if one is set.
+  template <class F>
+  void joined(F&& hook);
 
+  StreamJoin* join_ = nullptr;
   std::string mesh_;
   int32_t size_;
   int32_t rank_;

@@ -13,6 +13,12 @@
 // communicator must make them at the same points on every rank and never from
 // another thread while the library is using it.
 //
+// The stream: the caller's, or during an overlapped step the optimizer's
+// communication stream for every mesh at once (Optimizer::step explains
+// why one stream for all: each rank's GPU then runs the NCCL operations in
+// the host's order, the same on every rank); the base class brackets each
+// call with the waits that order it with the compute (StreamJoin).
+//
 // Non-blocking communicators (ncclConfig_t.blocking = 0) return ncclInProgress
 // until NCCL has put the operation on the stream; the transport then polls
 // ncclCommGetAsyncError until it has, which waits for NCCL's host-side launch

@@ -126,6 +126,32 @@ class Backend {
   // (copy_sync, synchronize) wait for it, so they never need the step's stream.
   virtual void end_step() {}
 
+  // ---- the communication stream (overlap, Optimizer::step) ----
+  // A second stream owned by the backend, on which an overlapped step runs
+  // its collectives while the algorithms compute on the current stream. The
+  // two are tied only by the enqueued waits below (no host synchronisation,
+  // so a step stays capturable: the first comm_wait_main of a captured step
+  // forks the capture onto the comm stream, a later main_wait_comm joins it).
+  // Creates the stream and its events: setup time only (dion_add_group),
+  // idempotent. False where there is none: the host backend, whose
+  // collectives complete before they return, has nothing to overlap.
+  virtual bool make_comm_stream() { return false; }
+  // The communication stream (a cudaStream_t; nullptr before make_comm_stream).
+  virtual void* comm_stream() const { return nullptr; }
+  // The comm stream waits for everything enqueued so far on the current stream.
+  virtual void comm_wait_main() {}
+  // The current stream waits for everything enqueued so far on the comm stream.
+  virtual void main_wait_comm() {}
+  // Records mark `slot` (0 or 1) on the comm stream; main_wait_mark(slot)
+  // makes the current stream wait for the work before that mark's latest
+  // record only (not for what the comm stream got after it).
+  static constexpr int kCommMarks = 2;
+  virtual void comm_mark(int slot) { (void)slot; }
+  virtual void main_wait_mark(int slot) { (void)slot; }
+  // load / store (as below), enqueued on the comm stream.
+  virtual void load_comm(float* dst, const void* src, dion_dtype_t dt, int64_t n) { load(dst, src, dt, n); }
+  virtual void store_comm(void* dst, dion_dtype_t dt, const float* src, int64_t n) { store(dst, dt, src, n); }
+
   // ---- conversions ----
   virtual void load(float* dst, const void* src, dion_dtype_t dt, int64_t n) = 0;
   virtual void store(void* dst, dion_dtype_t dt, const float* src, int64_t n) = 0;

@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstddef>
+#include <cstdlib>
 #include <cstring>
 
 #include "error.hpp"
@@ -69,6 +70,7 @@ Optimizer::~Optimizer() {
         if (g.scalars) backend->release(g.scalars);
       }
       if (status) backend->release(status);
+      if (stage) backend->release(stage);
       ws.free(*backend);
     } catch (const Error& e) {
       DION_LOG_WARN("dion_destroy: %s", e.what());
@@ -78,6 +80,11 @@ Optimizer::~Optimizer() {
 }
 
 void Optimizer::init() {
+  // DION_OVERLAP=0 keeps every step sequential (docs/ENV.md); read here, at
+  // dion_create, so that each optimizer keeps the mode it was created with.
+  const char* ov = std::getenv("DION_OVERLAP");
+  overlap_allowed = !(ov && std::strcmp(ov, "0") == 0);
+  comm_join.backend = backend.get();
   status = static_cast<StepStatus*>(backend->alloc(sizeof(StepStatus)));
   StepStatus z{};
   backend->copy_sync(status, &z, sizeof(z));
@@ -402,6 +409,20 @@ void Optimizer::add_group(const dion_group_options_t& go, const dion_tensor_t* d
   // hash of the options and the tensor metadata catches a mismatch on every
   // rank here, instead of a hang or silent garbage in a later collective.
   agree_on_group(go, built, false);
+  // Whether steps overlap (see step()) is decided once, at the first group
+  // with a multi-rank replicate mesh whose gradients are synchronised on a
+  // backend with device memory, and collectively: an overlapped and a
+  // sequential rank would issue their NCCL operations in different orders,
+  // so DION_OVERLAP=0 on any rank of the replicate mesh turns overlap off on
+  // all of them. The comm stream itself is made in the commit below.
+  if (rep && options.replicate_grad_sync && !backend->host_memory() && !overlap_decided) {
+    int32_t off = overlap_allowed ? 0 : 1;
+    rep->all_reduce_host(&off, 1, ReduceOp::kMax);
+    if (off && overlap_allowed)
+      DION_LOG_WARN("dion_add_group: DION_OVERLAP=0 on another rank of the replicate mesh: overlap is off here too");
+    overlap_allowed = !off;
+    overlap_decided = true;
+  }
   const Algorithm& algo = algorithm_for(go.algorithm);
   // Everything is validated: commit. Allocation may still fail (out of
   // memory); roll back in that case so a failed call adds nothing.
@@ -431,15 +452,30 @@ void Optimizer::add_group(const dion_group_options_t& go, const dion_tensor_t* d
     GroupScalars zero{};
     backend->copy_sync(g.scalars, &zero, sizeof(zero));
     upload_scalars(g);
-    // The replicate averages (gradients, and states at
-    // dion_sync_for_checkpoint) stage one tensor at a time in the workspace.
+    // Overlapped steps need the backend's comm stream (made once).
+    if (overlap_decided && overlap_allowed && !overlap) overlap = backend->make_comm_stream();
+    // The replicate averages stage one tensor at a time: in the workspace
+    // for the states (dion_sync_for_checkpoint) and for the gradients of a
+    // sequential step; an overlapped step averages fp32 gradients in place
+    // and stages the others in `stage`, used by the comm stream only.
+    size_t stage_need = 0;
     if (rep)
       for (const Tensor& t : tensors)
         if (t.group == gi) {
-          ws_need = std::max(ws_need, ws_floats(t.numel_local));
+          if (!overlap)
+            ws_need = std::max(ws_need, ws_floats(t.numel_local));
+          else if (t.grad_dtype != DION_DTYPE_FP32 && !dion_compressed(t, go.algorithm))
+            stage_need = std::max(stage_need, ws_floats(t.numel_local));
           for (int32_t si : t.states) ws_need = std::max(ws_need, ws_floats(states[static_cast<size_t>(si)].numel));
         }
     ws.reserve(*backend, ws_need);
+    if (stage_need > stage_floats) {
+      float* p = static_cast<float*>(backend->alloc(stage_need * sizeof(float)));
+      if (stage) backend->release(stage);
+      table_bytes += (stage_need - stage_floats) * sizeof(float);
+      stage = p;
+      stage_floats = stage_need;
+    }
   } catch (...) {
     for (size_t s = states_before; s < states.size(); ++s)
       if (states[s].data) backend->release(states[s].data);
@@ -564,10 +600,6 @@ void Optimizer::refresh_table(Bucket& b) {
   b.mirror.swap(list);
 }
 
-// One step (DESIGN.md §5). Nothing here waits for the device: the
-// non-finite check writes a flag in backend memory that every later write of
-// a parameter or state reads (a skipped step computes and discards). The host
-// backend reads the flag directly and returns early instead.
 namespace {
 
 // FNV-1a over what every rank of mesh `m` (0 rep, 1 outer, 2 inner) must
@@ -715,16 +747,20 @@ void Optimizer::check_tensor_buffers(const void* param, const void* grad, int64_
 }
 
 bool Optimizer::dion_compressed(const Tensor& t) const {
+  return dion_compressed(t, groups[static_cast<size_t>(t.group)].opt.algorithm);
+}
+
+bool Optimizer::dion_compressed(const Tensor& t, dion_algorithm_t algo) const {
   if (!rep || !options.replicate_grad_sync) return false;
-  if (groups[static_cast<size_t>(t.group)].opt.algorithm != DION_ALGO_DION) return false;
+  if (algo != DION_ALGO_DION) return false;
   const double m = static_cast<double>(t.geom.m), n = static_cast<double>(t.geom.n);
   return (m + n) * static_cast<double>(t.rank) < m * n;
 }
 
-// Replaces n typed elements with their average over the replicate mesh.
-// Host backend only (multi-rank meshes are refused on CUDA at dion_create);
-// Staged in the workspace (sized for it at dion_add_group), so it runs on
-// backend memory whatever the backend.
+// Replaces n typed elements with their average over the replicate mesh,
+// staged in the workspace (sized for it at dion_add_group), so it runs on
+// backend memory whatever the backend. Enqueued on the current stream, as are
+// the mesh's collectives outside an overlapped step.
 void Optimizer::average_in_place(void* data, dion_dtype_t dt, int64_t n) {
   if (n == 0) return;
   ws.reset();
@@ -742,56 +778,218 @@ void Optimizer::sync_states() {
 // With a multi-rank replicate mesh and replicate_grad_sync, gradients are
 // averaged over the mesh in place, as DDP does, except those of compressed
 // Dion tensors, whose P and R are averaged inside the step instead (spec
-// §2.6: exact by linearity). Host backend only.
+// §2.6: exact by linearity). The sequential form: every gradient, one tensor
+// at a time, before any bucket computes (the host backend, DION_OVERLAP=0).
 static void average_gradients(Optimizer& o) {
   for (const Tensor& t : o.tensors)
     if (t.grad && !o.dion_compressed(t)) o.average_in_place(const_cast<void*>(t.grad), t.grad_dtype, t.numel_local);
 }
 
+// The overlapped form, one bucket's gradients on the comm stream. The same
+// tensors, each averaged by its own all-reduce of the same elements as in
+// average_gradients (so with the same result bit for bit; only the order of
+// the tensors differs, bucket order instead of tensor order, the same on
+// every rank). An fp32 gradient is averaged in place (average_in_place's
+// load and store are then exact copies); another dtype is converted into
+// `stage`, averaged and converted back, all on the comm stream, whose order
+// alone keeps consecutive tensors from sharing the buffer.
+bool Optimizer::average_bucket_on_comm(const Bucket& b, int slot) {
+  // The pipeline orders these itself (step()): no join with the compute stream.
+  rep->set_join(nullptr);
+  bool any = false;
+  for (int32_t ti : b.tensors) {
+    const Tensor& t = tensors[static_cast<size_t>(ti)];
+    if (!t.grad || t.numel_local == 0 || dion_compressed(t)) continue;
+    void* g = const_cast<void*>(t.grad);
+    if (t.grad_dtype == DION_DTYPE_FP32) {
+      rep->all_reduce(static_cast<float*>(g), t.numel_local, ReduceOp::kAvg);
+    } else {
+      DION_REQUIRE(static_cast<size_t>(t.numel_local) <= stage_floats, DION_ERROR_INTERNAL,
+                   "overlapped step: tensor %d's gradient (%lld elements) exceeds the staging buffer (%zu floats)",
+                   t.index, static_cast<long long>(t.numel_local), stage_floats);
+      backend->load_comm(stage, g, t.grad_dtype, t.numel_local);
+      rep->all_reduce(stage, t.numel_local, ReduceOp::kAvg);
+      backend->store_comm(g, t.grad_dtype, stage, t.numel_local);
+    }
+    any = true;
+  }
+  rep->set_join(&comm_join);
+  if (any) backend->comm_mark(slot);
+  return any;
+}
+
+void Optimizer::step_bucket(Group& g, Bucket& b) {
+  if (!b.active) return;
+  ws.reset();
+  Batch batch{tensors[static_cast<size_t>(b.first_active)], b.active, b.table, b.max_n};
+  algorithm_for(g.opt.algorithm).step(*this, g, batch);
+}
+
+namespace {
+
+// For one overlapped step: every mesh's collectives go to the backend's comm
+// stream, each bracketed by the optimizer's CommJoin; afterwards (however
+// the step ends) they go back to the compute stream, unbracketed, where the
+// API call's StreamScope left them.
+class CommRoute {
+ public:
+  CommRoute(Optimizer& o, bool on) : o_(on ? &o : nullptr) {
+    if (!o_) return;
+    for (Collectives* c : o.meshes())
+      if (c) {
+        c->set_stream(o.backend->comm_stream());
+        c->set_join(&o.comm_join);
+      }
+  }
+  ~CommRoute() {
+    if (!o_) return;
+    for (Collectives* c : o_->meshes())
+      if (c) {
+        c->set_join(nullptr);
+        c->set_stream(o_->backend->stream());
+      }
+  }
+  CommRoute(const CommRoute&) = delete;
+  CommRoute& operator=(const CommRoute&) = delete;
+
+ private:
+  Optimizer* o_;
+};
+
+}  // namespace
+
+// One step (DESIGN.md §5).
+//
+// Overlap (CUDA backend with NCCL, a multi-rank replicate mesh,
+// replicate_grad_sync, DION_OVERLAP not 0): the replicate gradient average
+// of bucket k+1 runs on the backend's comm stream while bucket k's algorithm
+// computes on the caller's stream. The host enqueues, in this order:
+//
+//   avg(0) mark   avg(1) mark   wait(0) step(0)   avg(2) mark   wait(1) step(1)   ...   join
+//
+// where avg(k) is bucket k's gradient all-reduces (comm stream), mark
+// records event k % 2 after them, wait(k) makes the caller's stream wait for
+// that event only (so step(k) does not wait for avg(k+1), enqueued after the
+// mark), and the final join makes the caller's stream wait for all the comm
+// stream's work: when dion_step returns, the caller's stream is ordered
+// after the whole step, as before. Event k % 2 is recorded again for bucket
+// k + 2 only after wait(k) was enqueued (a wait uses the latest record at
+// the time it is enqueued), so two events serve any number of buckets.
+//
+// Ordering with the algorithms' own collectives (P/R averages, outer and
+// inner reductions, the megabatch engine's all-to-alls and all-gathers, and
+// the non-finite flag's reduction): NCCL needs every rank to issue the
+// operations of a communicator in one order, and two streams carrying
+// operations of one communicator (or of two communicators, whose kernels
+// may wait for each other's peers) can deadlock, since each rank's GPU may
+// run them in another order. So during an overlapped step EVERY collective
+// of every mesh is enqueued on the one comm stream, in the host's program
+// order, which is the same on every rank; those the algorithms issue are
+// bracketed by a fork (the comm stream waits for the caller's stream so far:
+// their inputs) and a join (the caller's stream waits for the comm stream:
+// their outputs), so each is ordered with the compute exactly as when it was
+// enqueued on the caller's stream, and queues behind the gradient averages
+// already enqueued (avg(k+1) before step(k)'s collectives). No second
+// communicator is needed (an ncclCommSplit per mesh and per optimizer would
+// cost its own buffers and connections, and need the caller's communicator
+// to be splittable), and a single comm stream keeps the per-rank order of
+// NCCL kernels the host's, as a single stream did before.
+//
+// Every result is bit-identical to the sequential step: the same
+// all-reduces of the same elements (see average_bucket_on_comm), and every
+// other kernel reads the same inputs. Nothing here allocates or waits for
+// the device (events and the staging buffer are made at dion_add_group), and
+// every cross-stream dependency is an event record + stream wait, so a
+// CUDA-graph capture of the step forks onto the comm stream and joins back
+// into the captured stream. The skip flag and the wait guard keep working:
+// the flag is reduced (on the comm stream, joined) before any parameter or
+// state write reads it, and the blocking waits (done_ recorded at end_step,
+// after the final join) cover the comm stream.
+//
+// Nothing here waits for the device: the non-finite check writes a flag in
+// backend memory that every later write of a parameter or state reads (a
+// skipped step computes and discards). The host backend reads the flag
+// directly and returns early instead.
 void Optimizer::step() {
   for (Group& g : groups)
     for (Bucket& b : g.buckets) refresh_table(b);
   for (Collectives* c : meshes())
     if (c) c->reset_step();
-  backend->zero(&status->skip, sizeof(int32_t));
-  if (options.skip_nonfinite)
-    for (Group& g : groups)
-      for (Bucket& b : g.buckets)
-        if (b.active) backend->check_nonfinite(b.table, b.active, b.max_n, kGrad, &status->skip);
-  // Every rank skips together (a NaN on one rank would otherwise reach the
-  // others through the collectives): rep, then outer, then inner reach the
-  // whole grid.
-  // The reduction runs on a copy that is then OR-ed into the flag the writes
-  // read: a collective aborted mid-flight (a dead peer, DION_COMM_TIMEOUT)
-  // may leave garbage in its buffer, and must not clear the skip that the
-  // wait guard set to stop this step's writes.
-  if (options.skip_nonfinite && has_meshes()) {
-    backend->copy(&status->skip_mesh, &status->skip, sizeof(int32_t));
-    for (Collectives* c : meshes())
-      if (c) c->all_reduce(&status->skip_mesh, 1, ReduceOp::kMax);
-    backend->merge_skip(status);
-  }
-  if (backend->host_memory() && status->skip) {
-    ++status->skipped_steps;
-    DION_LOG_WARN("step skipped: a gradient holds NaN or Inf");
-    return;
-  }
-  for (Group& g : groups) {
-    backend->advance_step(g.scalars, status);
-    // The host backend knows the counter; on the device, the host's copy
-    // counts enqueued steps (it only chooses Dion's CQR warm-up method).
-    g.host_step = backend->host_memory() ? g.scalars->step : g.host_step + 1;
-  }
-  backend->count_skip(status);
-  if (rep && options.replicate_grad_sync) average_gradients(*this);
-  for (Group& g : groups) {
-    const Algorithm& algo = algorithm_for(g.opt.algorithm);
-    for (Bucket& b : g.buckets) {
-      if (!b.active) continue;
-      ws.reset();
-      Batch batch{tensors[static_cast<size_t>(b.first_active)], b.active, b.table, b.max_n};
-      algo.step(*this, g, batch);
+  const bool overlapped = overlap && rep && options.replicate_grad_sync;
+  CommRoute route(*this, overlapped);
+  try {
+    backend->zero(&status->skip, sizeof(int32_t));
+    if (options.skip_nonfinite)
+      for (Group& g : groups)
+        for (Bucket& b : g.buckets)
+          if (b.active) backend->check_nonfinite(b.table, b.active, b.max_n, kGrad, &status->skip);
+    // Every rank skips together (a NaN on one rank would otherwise reach the
+    // others through the collectives): rep, then outer, then inner reach the
+    // whole grid.
+    // The reduction runs on a copy that is then OR-ed into the flag the writes
+    // read: a collective aborted mid-flight (a dead peer, DION_COMM_TIMEOUT)
+    // may leave garbage in its buffer, and must not clear the skip that the
+    // wait guard set to stop this step's writes.
+    if (options.skip_nonfinite && has_meshes()) {
+      backend->copy(&status->skip_mesh, &status->skip, sizeof(int32_t));
+      for (Collectives* c : meshes())
+        if (c) c->all_reduce(&status->skip_mesh, 1, ReduceOp::kMax);
+      backend->merge_skip(status);
     }
+    if (backend->host_memory() && status->skip) {
+      ++status->skipped_steps;
+      DION_LOG_WARN("step skipped: a gradient holds NaN or Inf");
+      return;
+    }
+    for (Group& g : groups) {
+      backend->advance_step(g.scalars, status);
+      // The host backend knows the counter; on the device, the host's copy
+      // counts enqueued steps (it only chooses Dion's CQR warm-up method).
+      g.host_step = backend->host_memory() ? g.scalars->step : g.host_step + 1;
+    }
+    backend->count_skip(status);
+    if (!overlapped) {
+      if (rep && options.replicate_grad_sync) average_gradients(*this);
+      for (Group& g : groups)
+        for (Bucket& b : g.buckets) step_bucket(g, b);
+      return;
+    }
+    // The gradients are final (the caller's work before dion_step) and
+    // checked: from here the comm stream may average them in place.
+    backend->comm_wait_main();
+    // Cursor over the buckets in group order: (gi, bi), gi == groups.size() at the end.
+    auto settle = [this](size_t& gi, size_t& bi) {
+      while (gi < groups.size() && bi >= groups[gi].buckets.size()) {
+        ++gi;
+        bi = 0;
+      }
+    };
+    size_t gi = 0, bi = 0;
+    settle(gi, bi);
+    static_assert(Backend::kCommMarks == 2, "the pipeline alternates two marks");
+    bool marked[Backend::kCommMarks] = {false, false};
+    if (gi < groups.size()) marked[0] = average_bucket_on_comm(groups[gi].buckets[bi], 0);
+    for (int k = 0; gi < groups.size(); ++k) {
+      size_t ng = gi, nb = bi + 1;
+      settle(ng, nb);
+      const int cur = k % 2, nxt = (k + 1) % 2;
+      if (ng < groups.size()) marked[nxt] = average_bucket_on_comm(groups[ng].buckets[nb], nxt);
+      if (marked[cur]) backend->main_wait_mark(cur);
+      step_bucket(groups[gi], groups[gi].buckets[bi]);
+      gi = ng;
+      bi = nb;
+    }
+    backend->main_wait_comm();
+  } catch (...) {
+    // A failed overlapped step still leaves the caller's stream after the
+    // comm stream's work (best effort: the original error is the one reported).
+    if (overlapped) {
+      try {
+        backend->main_wait_comm();
+      } catch (...) {
+      }
+    }
+    throw;
   }
 }
 

@@ -144,6 +144,15 @@ struct MeshWaitGuard final : WaitGuard {
   void on_timeout() override;
 };
 
+// The StreamJoin of an overlapped step's collectives (see Optimizer::step):
+// the backend's comm stream forks from and joins back to the compute stream
+// around each collective the algorithms issue.
+struct CommJoin final : StreamJoin {
+  Backend* backend = nullptr;
+  void before() override { backend->comm_wait_main(); }
+  void after() override { backend->main_wait_comm(); }
+};
+
 struct Optimizer {
   uint64_t magic_head = kMagicHead;
   dion_options_t options{};
@@ -161,7 +170,15 @@ struct Optimizer {
   bool has_meshes() const { return rep || outer || inner; }
   MeshWaitGuard wait_guard;  // installed in the backend when a mesh runs on the device (NCCL)
   std::vector<int64_t> coll_idx;  // counts/displacements of uneven collectives (capacity reserved at create)
-  size_t table_bytes = 0;        // backend memory held by tables and scalars
+  // Overlap of the replicate gradient sync with the buckets' compute (see step()).
+  bool overlap_allowed = true;  // DION_OVERLAP (unset or not "0") at dion_create, then agreed over the mesh
+  bool overlap_decided = false; // the agreement (dion_add_group) has run
+  bool overlap = false;         // steps overlap: the agreement allowed it and the backend has a comm
+                                // stream (CUDA with a multi-rank replicate mesh and replicate_grad_sync)
+  float* stage = nullptr;       // backend memory: the comm stream's staging of non-fp32 gradients
+  size_t stage_floats = 0;
+  CommJoin comm_join;
+  size_t table_bytes = 0;  // backend memory held by tables, scalars and the staging buffer
   std::string last_error;
   uint64_t magic_tail = kMagicTail;
 
@@ -190,9 +207,19 @@ struct Optimizer {
   void check_tensor_buffers(const void* param, const void* grad, int64_t numel, dion_dtype_t param_dtype,
                             dion_dtype_t grad_dtype, const std::string& what) const;
   void average_in_place(void* data, dion_dtype_t dt, int64_t n);
+  // Enqueues on the comm stream the replicate average of the gradients of
+  // bucket b that the step averages, then records mark `slot` after them if
+  // there were any (returns whether there were). Overlapped steps only.
+  bool average_bucket_on_comm(const Bucket& b, int slot);
+  // Runs one bucket's algorithm step on the compute stream (nothing if no
+  // tensor of it has a gradient this step).
+  void step_bucket(Group& g, Bucket& b);
   // A Dion tensor with a multi-rank replicate mesh and replicate_grad_sync:
   // true when its P and R are averaged instead of its gradient ((m+n) r < m n).
   bool dion_compressed(const Tensor& t) const;
+  // The same for a tensor of a group of algorithm `algo` (usable before the
+  // group is added to `groups`).
+  bool dion_compressed(const Tensor& t, dion_algorithm_t algo) const;
   // Collective over every multi-rank mesh: fails on every rank of every mesh
   // if this rank's group differs from another rank's, if the shards of a
   // tensor do not tile its dim, or if the call failed on any rank

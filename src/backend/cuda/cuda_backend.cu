@@ -261,6 +261,63 @@ class CudaBackend final : public Backend {
     if (prof_.on() && cs == cudaStreamCaptureStatusNone) prof_.step_done();
   }
 
+  // ---- the communication stream ----
+  // Non-blocking, so it never syncs implicitly with the legacy default
+  // stream: it is tied to the caller's stream only by the event waits below.
+  // Each wait uses an event's latest record at the time it is enqueued, so a
+  // few reused events serve every step (and, recorded on a capturing stream,
+  // become graph dependencies instead).
+  bool make_comm_stream() override {
+    if (comm_) return true;
+    DeviceScope ds(device_);
+    cudaStream_t s = nullptr;
+    check(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking), "cudaStreamCreateWithFlags (comm stream)");
+    cudaEvent_t ev[2 + kCommMarks] = {};
+    try {
+      for (cudaEvent_t& e : ev)
+        check(cudaEventCreateWithFlags(&e, cudaEventDisableTiming), "cudaEventCreateWithFlags (comm stream)");
+    } catch (...) {
+      for (cudaEvent_t e : ev)
+        if (e) (void)cudaEventDestroy(e);
+      (void)cudaStreamDestroy(s);
+      throw;
+    }
+    comm_ = s;
+    fork_ = ev[0];
+    join_ = ev[1];
+    for (int k = 0; k < kCommMarks; ++k) marks_[k] = ev[2 + k];
+    return true;
+  }
+  void* comm_stream() const override { return comm_; }
+  void comm_wait_main() override {
+    DeviceScope ds(device_);
+    check(cudaEventRecord(fork_, stream_), "cudaEventRecord (fork to the comm stream)");
+    check(cudaStreamWaitEvent(comm_, fork_, 0), "cudaStreamWaitEvent (fork to the comm stream)");
+  }
+  void main_wait_comm() override {
+    DeviceScope ds(device_);
+    check(cudaEventRecord(join_, comm_), "cudaEventRecord (join from the comm stream)");
+    check(cudaStreamWaitEvent(stream_, join_, 0), "cudaStreamWaitEvent (join from the comm stream)");
+  }
+  void comm_mark(int slot) override {
+    DeviceScope ds(device_);
+    check(cudaEventRecord(marks_[slot], comm_), "cudaEventRecord (comm stream mark)");
+  }
+  void main_wait_mark(int slot) override {
+    DeviceScope ds(device_);
+    check(cudaStreamWaitEvent(stream_, marks_[slot], 0), "cudaStreamWaitEvent (comm stream mark)");
+  }
+  void load_comm(float* dst, const void* src, dion_dtype_t dt, int64_t n) override {
+    DeviceScope ds(device_);
+    ProfScope ps(prof_, "load (comm stream)", comm_);
+    kernels::load(kernels::Ctx{comm_, sms_}, dst, src, dt, n);
+  }
+  void store_comm(void* dst, dion_dtype_t dt, const float* src, int64_t n) override {
+    DeviceScope ds(device_);
+    ProfScope ps(prof_, "store (comm stream)", comm_);
+    kernels::store(kernels::Ctx{comm_, sms_}, dst, dt, src, n);
+  }
+
   // ---- conversions and step bookkeeping ----
   void load(float* dst, const void* src, dion_dtype_t dt, int64_t n) override {
     DeviceScope ds(device_);
@@ -799,6 +856,12 @@ class CudaBackend final : public Backend {
       check(cudaEventRecord(mark_, stream_), "cudaEventRecord (wait)");
       wait_event(mark_, "cudaStreamSynchronize");
     }
+    // A completed step ends with the caller's stream waiting for the comm
+    // stream (done_ covers it); one that failed midway may not have.
+    if (comm_) {
+      check(cudaEventRecord(mark_, comm_), "cudaEventRecord (wait, comm stream)");
+      wait_event(mark_, "cudaStreamSynchronize (comm stream)");
+    }
   }
 
   // Without a guard, a plain blocking wait. With one (NCCL meshes), a poll
@@ -835,6 +898,16 @@ class CudaBackend final : public Backend {
     const bool switched = cudaGetDevice(&prev) == cudaSuccess && prev != device_ && cudaSetDevice(device_) == cudaSuccess;
     if (done_) (void)cudaEventSynchronize(done_);
     if (own_) (void)cudaStreamSynchronize(own_);
+    if (comm_) (void)cudaStreamSynchronize(comm_);
+    if (fork_) (void)cudaEventDestroy(fork_);
+    if (join_) (void)cudaEventDestroy(join_);
+    fork_ = join_ = nullptr;
+    for (cudaEvent_t& e : marks_) {
+      if (e) (void)cudaEventDestroy(e);
+      e = nullptr;
+    }
+    if (comm_) (void)cudaStreamDestroy(comm_);
+    comm_ = nullptr;
     if (done_) (void)cudaEventDestroy(done_);
     if (mark_) (void)cudaEventDestroy(mark_);
     mark_ = nullptr;
@@ -862,6 +935,10 @@ class CudaBackend final : public Backend {
   cudaStream_t own_ = nullptr;     // for blocking copies
   cudaEvent_t done_ = nullptr;     // recorded at the end of each step
   cudaEvent_t mark_ = nullptr;     // recorded on the caller's stream by a wait
+  cudaStream_t comm_ = nullptr;    // the communication stream (make_comm_stream), else nullptr
+  cudaEvent_t fork_ = nullptr;     // current stream -> comm stream
+  cudaEvent_t join_ = nullptr;     // comm stream -> current stream
+  cudaEvent_t marks_[kCommMarks] = {};
   WaitGuard* guard_ = nullptr;
   int32_t poke_ = 0;
   Profiler prof_;
