@@ -172,7 +172,10 @@ class CudaBackend final : public Backend {
     check(cudaGetDeviceCount(&count), "cudaGetDeviceCount");
     DION_REQUIRE(device >= 0 && device < count, DION_ERROR_INVALID_ARGUMENT,
                  "cuda backend: device %d does not exist (%d CUDA device(s) visible)", device, count);
-    check(cudaSetDevice(device), "cudaSetDevice");
+    // The handles, stream and events are made on `device`; the caller's
+    // current device is restored on the way out (test_cuda_api: an
+    // optimizer on device 1 leaves device 0 current).
+    DeviceScope ds(device);
     // From here on the destructor releases whatever was created, if a later step throws.
     try {
       check(cudaDeviceGetAttribute(&sms_, cudaDevAttrMultiProcessorCount, device), "cudaDeviceGetAttribute");
