@@ -41,16 +41,17 @@ def dion(mesh, device, args, rank_fraction):
     C.progress("fsdp: state_dict() and its states against the reference's")
     sd = opt.state_dict()
     params = [p for g in opt.param_groups for p in g["params"]]
-    for ti, p in enumerate(params):
-        for name, v in sd["state"][ti].items():
-            assert hasattr(v, "placements"), "state %r of parameter %d is not a DTensor" % (name, ti)
-            if name == "momentum":
-                assert tuple(v.placements) == tuple(p.placements), (name, v.placements, p.placements)
-                assert v.shape == p.shape
-            if name == "Q":
-                assert v.placements[0].is_shard(0), v.placements
-            d = C.rel(C.full(v), refopt.state(ti, name))
-            assert d < args.tol, "state %r of parameter %d: relative difference %.3g" % (name, ti, d)
+    def check(ti, p, name, v):
+        if not hasattr(v, "placements"):
+            return "not a DTensor"
+        if name == "momentum" and (tuple(v.placements) != tuple(p.placements) or v.shape != p.shape):
+            return "placements %s / shape %s, expected the parameter's %s / %s" % (v.placements, tuple(v.shape),
+                                                                                  p.placements, tuple(p.shape))
+        if name == "Q" and not v.placements[0].is_shard(0):
+            return "placements %s, expected Shard(0)" % (v.placements,)
+        return None
+
+    C.compare_states(sd, params, refopt, args.tol, check)
     C.progress("fsdp: close()", sync=True)
     opt.close()
     refopt.close()

@@ -54,10 +54,7 @@ def dion(mesh, device, args, rank_fraction):
     C.progress("fsdp_tp: state_dict() and its states against the reference's")
     sd = opt.state_dict()
     params = [p for g in opt.param_groups for p in g["params"]]
-    for ti, p in enumerate(params):
-        for name, v in sd["state"][ti].items():
-            d = C.rel(C.full(v), refopt.state(ti, name))
-            assert d < args.tol, "state %r of parameter %d: relative difference %.3g" % (name, ti, d)
+    C.compare_states(sd, params, refopt, args.tol)
     C.progress("fsdp_tp: close()", sync=True)
     opt.close()
     refopt.close()

@@ -294,17 +294,42 @@ def rel(a, b):
 
 
 def compare_updates(model, ref, x0, tol, what="parameter"):
-    """Every parameter's update X - X0 (model: distributed, ref: plain) within tol; returns the worst."""
+    """Every parameter's update X - X0 (model: distributed, ref: plain) within tol; returns the worst.
+
+    full_tensor() is a collective: every rank gathers every parameter before anything is asserted, so a
+    difference seen on one rank fails the case on that rank (reported through Report.run's gather) instead of
+    leaving the others waiting in the next parameter's all-gather."""
     progress("comparing the updates (full_tensor of every parameter)")
-    worst = 0.0
+    worst, bad = 0.0, []
     for (name, p), (_, r), r0 in zip(model.named_parameters(), ref.named_parameters(), x0):
         got = full(p) - r0
         want = r.detach() - r0
         d = rel(got, want)
         worst = max(worst, d)
         if not d < tol:
-            raise AssertionError("%s %s: relative difference of the update %.3g >= %.1g" % (what, name, d, tol))
+            bad.append("%s %s: relative difference of the update %.3g >= %.1g" % (what, name, d, tol))
+    if bad:
+        raise AssertionError("; ".join(bad))
     return worst
+
+
+def compare_states(sd, params, refopt, tol, check=None):
+    """Every state of the distributed optimizer's state_dict against the reference's, within tol.
+
+    check(ti, p, name, v) may return a problem (a string) about a state's placements. As in compare_updates,
+    every state is gathered (full_tensor, a collective) on every rank before any problem is raised."""
+    bad = []
+    for ti, p in enumerate(params):
+        for name, v in sd["state"][ti].items():
+            if check is not None:
+                why = check(ti, p, name, v)
+                if why:
+                    bad.append("state %r of parameter %d: %s" % (name, ti, why))
+            d = rel(full(v), refopt.state(ti, name))
+            if not d < tol:
+                bad.append("state %r of parameter %d: relative difference %.3g" % (name, ti, d))
+    if bad:
+        raise AssertionError("; ".join(bad))
 
 
 # --------------------------------------------------------------------------
