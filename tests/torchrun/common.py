@@ -313,6 +313,24 @@ def compare_updates(model, ref, x0, tol, what="parameter"):
     return worst
 
 
+def on_every_rank(what, fn, *args, **kw):
+    """fn(*args, **kw) on every rank, then an agreement (all_gather_object) on whether it raised anywhere:
+    if it did, every rank raises with every failing rank's traceback. Used before a sequence of collectives
+    (full_tensor of each state), so that a rank whose call failed does not leave the others waiting in
+    them."""
+    import torch.distributed as dist
+    try:
+        out, err = fn(*args, **kw), None
+    except Exception:  # noqa: BLE001 - re-raised below on every rank
+        out, err = None, traceback.format_exc()
+    errs = [None] * dist.get_world_size()
+    dist.all_gather_object(errs, err)
+    bad = ["rank %d: %s" % (r, e) for r, e in enumerate(errs) if e]
+    if bad:
+        raise AssertionError("%s failed on %d rank(s):\n%s" % (what, len(bad), "\n".join(bad)))
+    return out
+
+
 def compare_states(sd, params, refopt, tol, check=None):
     """Every state of the distributed optimizer's state_dict against the reference's, within tol.
 
