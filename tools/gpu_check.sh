@@ -81,7 +81,7 @@ if [ "$what" = racecheck ]; then
   echo "racecheck: $(( $(date +%s) - t0 )) s"
 fi
 if [ "$what" = mesh-bench ]; then
-  DION_BENCH_MESH="$build/dion-bench-mesh" bash bench/run_mesh.sh "$out" "${MESH_ALGOS:-dion muon}" || rc=1
+  DION_BENCH_MESH="$build/dion-bench-mesh" bash bench/run_mesh.sh "$out" "${MESH_ALGOS:-dion muon dion2}" || rc=1
 fi
 if [ "$what" = all ] || [ "$what" = bench ]; then
   t0=$(date +%s)
