@@ -111,6 +111,8 @@ Dist dist_of(const Optimizer& opt, const Tensor& t) {
 // Rank q owns the slots [q B, min(T, (q + 1) B)), B = ceil(T / W): the blocks
 // an equal-block reduce-scatter of the batch padded to W B slots leaves on
 // each rank. A batch of one is not split (no rank would have less to do).
+// Path 3 splits the small factorizations of its batch the same way
+// (inner_split).
 struct Split {
   Collectives* mesh = nullptr;  // null: every rank orthogonalizes every matrix
   ReduceOp op = ReduceOp::kSum;
@@ -132,32 +134,82 @@ int64_t ceil_div(int64_t x, int64_t y) { return (x + y - 1) / y; }
 // still split.
 bool scatter_pays(int64_t T, int64_t W) { return W * ceil_div(T, W) <= 2 * T; }
 
-Split split_of(const Optimizer& opt, const Dist& d, int64_t T) {
+// Rank q's slots of a batch of T split over `mesh` (q its rank there),
+// reduced over it with `op` first when `reduce`.
+Split split_over(Collectives* mesh, int64_t T, bool reduce, ReduceOp op) {
   Split sp;
-  sp.slots = T;
-  // Path 3 (inner sharding) keeps its RCQR distributed by rows.
-  if (T < 2 || d.inner) return sp;
-  if (d.outer) {
-    sp.mesh = d.outer;
-    sp.reduce = true;
-    sp.op = ReduceOp::kSum;
-  } else if (opt.rep) {
-    // Without compressed sync the replicas hold the same gradient (averaged
-    // here, or synchronized by the caller when replicate_grad_sync is off),
-    // hence the same P: each orthogonalizes its slots and gathers the rest.
-    sp.mesh = opt.rep.get();
-    sp.reduce = d.rep != nullptr;
-    sp.op = ReduceOp::kAvg;
-  } else {
-    return sp;
-  }
-  const int64_t W = sp.mesh->size(), q = sp.mesh->rank();
+  sp.mesh = mesh;
+  sp.reduce = reduce;
+  sp.op = op;
+  const int64_t W = mesh->size(), q = mesh->rank();
   sp.block = ceil_div(T, W);
   sp.first = std::min(T, q * sp.block);
   sp.count = std::min(T, sp.first + sp.block) - sp.first;
-  sp.scatter = sp.reduce && scatter_pays(T, W);
-  if (sp.scatter) sp.slots = W * sp.block;
+  sp.scatter = reduce && scatter_pays(T, W);
+  sp.slots = sp.scatter ? W * sp.block : T;
   return sp;
+}
+
+Split split_of(const Optimizer& opt, const Dist& d, int64_t T) {
+  Split sp;
+  sp.slots = T;
+  // Path 3 (inner sharding) keeps P distributed by rows; only its small
+  // factorizations are split (inner_split).
+  if (T < 2 || d.inner) return sp;
+  // P = B Q is a partial sum over outer.
+  if (d.outer) return split_over(d.outer, T, true, ReduceOp::kSum);
+  // Without compressed sync the replicas hold the same gradient (averaged
+  // here, or synchronized by the caller when replicate_grad_sync is off),
+  // hence the same P: each orthogonalizes its slots and gathers the rest.
+  if (opt.rep) return split_over(opt.rep.get(), T, d.rep != nullptr, ReduceOp::kAvg);
+  return sp;
+}
+
+// Spec §2.6 path 3: the small matrices of the distributed (R)CQR of a
+// row-sharded P (S P, k x r, and the Gram matrix, r x r, per matrix) are
+// partial sums over the inner mesh. For a batch of two or more they are
+// summed with the same split as P in paths 1 and 2, so that each QR or
+// Cholesky runs on one inner rank only, and the r x r factors are
+// all-gathered (orth). A batch of one is summed with an all-reduce and
+// factored on every inner rank.
+Split inner_split(const Dist& d, int64_t T) {
+  if (!d.inner || T < 2) {
+    Split sp;
+    sp.slots = T;
+    return sp;
+  }
+  return split_over(d.inner, T, true, ReduceOp::kSum);
+}
+
+// This rank's slots of the T matrices x (e floats each, room for sp.slots)
+// reduced over sp.mesh: received in `own` (sp.block matrices) from the
+// reduce-scatter, else in place in x after the all-reduce (or as they are
+// when the mesh's ranks hold the same x already).
+float* reduce_slots(Backend& be, const Split& sp, float* x, int64_t T, int64_t e, float* own) {
+  if (sp.scatter) {
+    // The padding slots are summed and never factored nor gathered; zeros
+    // keep them finite.
+    if (sp.slots > T) be.zero(x + T * e, sizeof(float) * static_cast<size_t>((sp.slots - T) * e));
+    sp.mesh->reduce_scatter(x, own, sp.block * e, sp.op);
+    return own;
+  }
+  if (sp.reduce) sp.mesh->all_reduce(x, T * e, sp.op);
+  return x + sp.first * e;
+}
+
+// Every rank's slots all-gathered along the batch dim into x (T matrices of
+// e floats); this rank's sp.count matrices are `mine`, in place when they
+// lie at their slots of x.
+void gather_slots(Optimizer& opt, const Split& sp, int64_t T, int64_t e, const float* mine, float* x) {
+  const int32_t W = sp.mesh->size();
+  std::vector<int64_t>& cd = opt.coll_idx;  // capacity reserved at dion_create
+  cd.assign(2 * static_cast<size_t>(W), 0);
+  for (int32_t q = 0; q < W; ++q) {
+    const int64_t first = std::min(T, q * sp.block);
+    cd[static_cast<size_t>(q)] = (std::min(T, first + sp.block) - first) * e;
+    cd[static_cast<size_t>(W + q)] = first * e;
+  }
+  sp.mesh->all_gather_v(mine, x, cd.data(), cd.data() + W);
 }
 
 size_t workspace_floats(const Group& g, const Tensor& t, int64_t count) {
@@ -183,11 +235,22 @@ size_t workspace_floats(const Group& g, const Tensor& t, int64_t count) {
   // M, W (G, later X), P, the owned slots, R, Q
   size_t w = 2 * ws_floats(T * mn) + ws_floats(p_slots * s.a * s.r) + ws_floats(own * s.a * s.r) +
              2 * ws_floats(T * s.b * s.r);
+  // Inner sharding: S P and the Gram matrix padded for the reduce-scatter
+  // over the inner mesh, and its receive buffers (inner_split).
+  int64_t f_slots = T, f_own = 0;
+  if (T >= 2 && inner) {
+    const int64_t W = static_cast<int64_t>(t.shard_ext[1].size());
+    if (scatter_pays(T, W)) {
+      f_own = ceil_div(T, W);
+      f_slots = W * f_own;
+    }
+  }
   // per power iteration: the orthogonalisation of at most T matrices (a
   // copy of P for the fallback, sketch k x a, S P k x r, two r x r factors,
   // Cholesky info) and a copy of R
-  size_t per_iter = ws_floats(T * s.a * s.r) + ws_floats(T * s.k * s.a) + ws_floats(T * s.k * s.r) +
-                    2 * ws_floats(T * s.r * s.r) + ws_floats(T) + ws_floats(T * s.b * s.r);
+  size_t per_iter = ws_floats(T * s.a * s.r) + ws_floats(T * s.k * s.a) + ws_floats(f_slots * s.k * s.r) +
+                    ws_floats(f_own * s.k * s.r) + ws_floats(T * s.r * s.r) + ws_floats(f_slots * s.r * s.r) +
+                    ws_floats(f_own * s.r * s.r) + ws_floats(T) + ws_floats(T * s.b * s.r);
   // inner sharding: the whole P gathered over the inner mesh (twice, plus
   // the gather's receive buffer)
   if (inner) per_iter += 3 * ws_floats(T * s.ag * s.r);
@@ -232,8 +295,11 @@ void take_rows(Optimizer& opt, const Shape& s, int64_t T, const float* full, flo
 // With B's rows sharded over the inner mesh (P row-sharded), the randomized
 // Cholesky QR is distributed (spec §2.6 path 3): each rank sketches its rows
 // with its columns of the global sketch, and the k x r and r x r products are
-// summed over the mesh, so every rank factors the same small matrices. The
-// Householder cases (square P, a failed Cholesky) gather the whole P.
+// summed over the mesh. In a batch of two or more each rank factors only its
+// slots of the sums and the factors are all-gathered (inner_split); a batch
+// of one is factored on every rank. Either way every rank then solves its
+// rows with the same factors. The Householder cases (square P, a failed
+// Cholesky) gather the whole P.
 //
 // `list` names P's matrices (the sketch of each is keyed by its tensor), so a
 // rank orthogonalizing a slice of a batch draws the sketches a single process
@@ -265,13 +331,15 @@ void orth(Optimizer& opt, const Group& g, const TensorEntry* list, const Shape& 
   // rank-deficient P may already have turned into Inf/NaN.
   MatBatch P0{opt.ws.take(T * s.a * s.r), s.a, s.r, s.r, s.a * s.r, T};
   be.copy(P0.p, P.p, sizeof(float) * static_cast<size_t>(T * s.a * s.r));
-  MatBatch G{opt.ws.take(T * s.r * s.r), s.r, s.r, s.r, s.r * s.r, T};
+  const Split sp = inner_split(d, T);
+  const int64_t rr = s.r * s.r;
+  MatBatch G{opt.ws.take(sp.slots * rr), s.r, s.r, s.r, rr, T};
   int32_t* info = reinterpret_cast<int32_t*>(opt.ws.take(T));
   if (method == DION_QR_RCQR) {
     // Randomized Cholesky QR: R1 = qr_r(S P); P1 = P R1^-1; P2 = P1 chol(P1^T P1)^-1.
     MatBatch S{opt.ws.take(T * s.k * s.a), s.k, s.a, s.a, s.k * s.a, T};
-    MatBatch SP{opt.ws.take(T * s.k * s.r), s.k, s.r, s.r, s.k * s.r, T};
-    MatBatch R1{opt.ws.take(T * s.r * s.r), s.r, s.r, s.r, s.r * s.r, T};
+    MatBatch SP{opt.ws.take(sp.slots * s.k * s.r), s.k, s.r, s.r, s.k * s.r, T};
+    MatBatch R1{opt.ws.take(T * rr), s.r, s.r, s.r, rr, T};
     // The sketch is keyed by (tensor, step) read on the device, so a replayed
     // CUDA graph draws a new sketch every step; a rank holding rows
     // [a_off, a_off + a) of P draws those columns of the global sketch.
@@ -279,22 +347,45 @@ void orth(Optimizer& opt, const Group& g, const TensorEntry* list, const Shape& 
     be.randn(S.p, T, s.k, s.a, 0, s.a_off, s.ag, key, list, &g.scalars->step,
              static_cast<float>(std::sqrt(1.0 / static_cast<double>(s.k))));
     be.gemm(false, false, 1.0f, S, P, 0.0f, SP, prec);
-    if (d.inner) d.inner->all_reduce(SP.p, T * s.k * s.r, ReduceOp::kSum);
-    be.qr_r(SP, R1);
+    if (sp.mesh) {
+      const int64_t kr = s.k * s.r;
+      float* own = sp.scatter ? opt.ws.take(sp.block * kr) : nullptr;
+      float* mine = reduce_slots(be, sp, SP.p, T, kr, own);
+      float* r1 = R1.p + sp.first * rr;  // gathered in place
+      if (sp.count > 0)
+        be.qr_r(MatBatch{mine, s.k, s.r, s.r, kr, sp.count}, MatBatch{r1, s.r, s.r, s.r, rr, sp.count});
+      gather_slots(opt, sp, T, rr, r1, R1.p);
+    } else {
+      if (d.inner) d.inner->all_reduce(SP.p, T * s.k * s.r, ReduceOp::kSum);
+      be.qr_r(SP, R1);
+    }
     be.trsm_right_upper(R1, P, prec);
   }
   // (R)CQR's Cholesky step on P (or P1).
   be.gemm(true, false, 1.0f, P, P, 0.0f, G, DION_MATMUL_FP32);
-  if (d.inner) d.inner->all_reduce(G.p, T * s.r * s.r, ReduceOp::kSum);
-  be.cholesky_upper(G, info);
+  if (sp.mesh) {
+    float* own = sp.scatter ? opt.ws.take(sp.block * rr) : nullptr;
+    float* mine = reduce_slots(be, sp, G.p, T, rr, own);
+    // Each slot's flag is written by its owner only and summed over the
+    // mesh (the others hold 0), so every rank learns every matrix's: the
+    // fallback below is decided the same way on all of them.
+    be.zero(info, sizeof(int32_t) * static_cast<size_t>(T));
+    if (sp.count > 0) be.cholesky_upper(MatBatch{mine, s.r, s.r, s.r, rr, sp.count}, info + sp.first);
+    gather_slots(opt, sp, T, rr, mine, G.p);
+    d.inner->all_reduce(info, T, ReduceOp::kSum);
+  } else {
+    if (d.inner) d.inner->all_reduce(G.p, T * rr, ReduceOp::kSum);
+    be.cholesky_upper(G, info);
+  }
   be.trsm_right_upper(G, P, prec);
   if (!d.inner) {
     be.orth_fallback(P, P0, info);
     return;
   }
-  // Every inner rank factored the same G, so they agree on info; the whole
-  // P0 is gathered for the failed matrices only when the host can see that
-  // none failed (on a device, reading info would wait for the step).
+  // The inner ranks agree on info (they factored the same G, or gathered
+  // each slot's flag from its owner); the whole P0 is gathered for the
+  // failed matrices only when the host can see that none failed (on a
+  // device, reading info would wait for the step).
   if (be.host_memory()) {
     bool any = false;
     for (int64_t i = 0; i < T; ++i) any = any || info[i] != 0;
@@ -318,27 +409,13 @@ void orth(Optimizer& opt, const Group& g, const TensorEntry* list, const Shape& 
 void orth_split(Optimizer& opt, const Group& g, const Batch& bt, const Shape& s, const Dist& d, const Split& sp,
                 MatBatch P, float* own, int iter) {
   const int64_t ar = s.a * s.r, T = P.batch;
-  float* mine = P.p + sp.first * ar;
-  if (sp.scatter) {
-    sp.mesh->reduce_scatter(P.p, own, sp.block * ar, sp.op);
-    mine = own;
-  } else if (sp.reduce) {
-    sp.mesh->all_reduce(P.p, T * ar, sp.op);
-  }
+  float* mine = reduce_slots(*opt.backend, sp, P.p, T, ar, own);
   // The ranks of a replicate mesh sit at the same place of their outer
   // meshes, so they own the same slots.
   if (d.rep && sp.mesh != d.rep) d.rep->all_reduce(mine, sp.count * ar, ReduceOp::kAvg);
   if (sp.count > 0) orth(opt, g, bt.list + sp.first, s, d, MatBatch{mine, s.a, s.r, s.r, ar, sp.count}, iter);
-  const int32_t W = sp.mesh->size();
-  std::vector<int64_t>& cd = opt.coll_idx;  // capacity reserved at dion_create
-  cd.assign(2 * static_cast<size_t>(W), 0);
-  for (int32_t q = 0; q < W; ++q) {
-    const int64_t first = std::min(T, q * sp.block);
-    cd[static_cast<size_t>(q)] = (std::min(T, first + sp.block) - first) * ar;
-    cd[static_cast<size_t>(W + q)] = first * ar;
-  }
   // In place when the slots were orthogonalized in P itself.
-  sp.mesh->all_gather_v(mine, P.p, cd.data(), cd.data() + W);
+  gather_slots(opt, sp, T, ar, mine, P.p);
 }
 
 void step(Optimizer& opt, Group& g, const Batch& bt) {
@@ -360,9 +437,6 @@ void step(Optimizer& opt, Group& g, const Batch& bt) {
   const Split sp = split_of(opt, d, T);
   const int64_t ar = s.a * s.r;  // one matrix of P
   MatBatch P{opt.ws.take(sp.slots * ar), s.a, s.r, s.r, ar, T};
-  // The reduce-scatter's padding slots are summed and never orthogonalized
-  // nor gathered; zeros keep them finite.
-  if (sp.slots > T) be.zero(P.p + T * ar, sizeof(float) * static_cast<size_t>((sp.slots - T) * ar));
   float* own = sp.scatter ? opt.ws.take(sp.block * ar) : nullptr;  // this rank's reduced slots
   MatBatch R{opt.ws.take(T * s.b * s.r), s.b, s.r, s.r, s.b * s.r, T};
   MatBatch Qm{Q, s.b, s.r, s.r, s.b * s.r, T};

@@ -294,112 +294,144 @@ INSTANTIATE_TEST_SUITE_P(All, Shard, ::testing::ValuesIn(kConfigs),
 // Spec §2.6 paths 1 and 2: each matrix of a batch of T is orthogonalized on
 // one rank of its mesh (the outer mesh for outer-sharded matrices, the
 // replicate mesh for matrices no shard mesh splits), which then all-gathers
-// it. Rank q of a W-rank mesh owns slots [q B, min(T, (q + 1) B)), B =
-// ceil(T / W); a batch of one is not split. No counter sees an
-// orthogonalization, so the split is read off the exact per-rank byte
-// counters (what this rank hands to each collective): a rank hands the
-// all-gather only the matrices it orthogonalized, so ranks owning different
-// numbers of slots count different bytes. Every rank orthogonalizing every
-// matrix (an all-reduce of P and no gather) fails the equalities on the
-// ranks that own slots, for every T >= 2. The updates must still equal the
-// single-process run's.
+// it. Path 3 (P row-sharded over the inner mesh) splits the small
+// factorizations of its distributed RCQR the same way over the inner mesh:
+// S P and the Gram matrix are reduce-scattered, each rank factors its slots,
+// and the r x r factors are all-gathered. Rank q of a W-rank mesh owns slots
+// [q B, min(T, (q + 1) B)), B = ceil(T / W); a batch of one is not split. No
+// counter sees a factorization, so the split is read off the exact per-rank
+// byte counters (what this rank hands to each collective): a rank hands the
+// all-gather only the matrices it factored, so ranks owning different
+// numbers of slots count different bytes. Every rank factoring every matrix
+// (an all-reduce and no gather) fails the equalities on the ranks that own
+// slots, for every T >= 2. The updates must still equal the single-process
+// run's.
 //
-// One group of T m x n matrices, B = M (m >= n, and the outer mesh splits
-// the columns n, FSDP chunks), a = m, r = rank_fraction n, one power
-// iteration. Per step, on each multi-rank mesh, 4 bytes of the non-finite
-// flag (skip_nonfinite), then (a r floats = one matrix of P):
-//  outer (W = O, this rank's slot count c): P = B Q is a partial sum over
-//    outer. T = 1: all-reduce of T a r. T >= 2: a reduce-scatter of the
-//    batch padded to W B slots (W B a r) when the padding at most doubles
-//    the batch (W B <= 2 T), otherwise an all-reduce of T a r; then the
-//    all-gather of this rank's c a r. Then the int32 all-zero flags (T) and
-//    the column sums of squares of R (T r).
-//  replicate, compressed ((m + n) r < m n, rank_fraction 1/2): with an
-//    outer mesh, the average of this rank's c matrices of P (all T when
-//    T = 1); without, path 1's reduce-scatter (same rule, W = R) or
-//    all-reduce, then the all-gather of c a r. Then R = B^T P (T b r, b the
-//    local columns) and the all-zero flags (T).
-//  replicate, uncompressed (rank_fraction 1): the gradients (T a b); without
-//    an outer mesh and T >= 2, the replicas' P are equal and only the
-//    all-gather of this rank's c a r follows (no reduction, no padding).
-//  inner: the flag only (these matrices are not inner-sharded).
+// One group of T m x n matrices, B = M (m >= n; the outer mesh splits the
+// columns n, FSDP chunks), r = rank_fraction n, one power iteration, RCQR.
+// Two kinds of matrices: (paths 1, 2) the inner mesh splits nothing, a = m;
+// (path 3, layouts with an inner mesh) the inner mesh also splits the rows
+// m evenly, a = m / I the local rows. b is the local columns. Per step, on
+// each multi-rank mesh, 4 bytes of the non-finite flag (skip_nonfinite),
+// then (a r floats = one matrix of P; c this rank's slot count there):
+//  outer (W = O): paths 1, 2: P = B Q is a partial sum over outer. T = 1:
+//    all-reduce of T a r. T >= 2: a reduce-scatter of the batch padded to
+//    W B slots (W B a r) when the padding at most doubles the batch
+//    (W B <= 2 T), otherwise an all-reduce of T a r; then the all-gather
+//    of this rank's c a r. Path 3: the all-reduce of T a r (P stays
+//    row-sharded over inner and is not split over outer). Then the int32
+//    all-zero flags (T) and the column sums of squares of R (T r).
+//  replicate, compressed ((m + n) r < m n, rank_fraction 1/2): path 2 (an
+//    outer mesh): the average of this rank's c matrices of P (all T when
+//    T = 1); path 1: the reduce-scatter (same rule, W = R) or all-reduce,
+//    then the all-gather of c a r; path 3: the average of T a r. Then R =
+//    B^T P (T b r) and the all-zero flags (T).
+//  replicate, uncompressed (rank_fraction 1): the gradients (T a b); in
+//    path 1 (no shard mesh) and T >= 2, the replicas' P are equal and only
+//    the all-gather of this rank's c a r follows (no reduction, no padding).
+//  inner (W = I): paths 1, 2: the flag only. Path 3: the RCQR's partial
+//    sums, S P (k x r per matrix, k = 128 ceil(1.25 r / 128) = 128 with
+//    the default oversampling) and the Gram matrix P1^T P1 (r x r): T = 1:
+//    all-reduces of T k r and T r r. T >= 2: each reduced like P above (the
+//    reduce-scatter of W B matrices, or the all-reduce of T), each followed
+//    by the all-gather of this rank's c factors (R1, R2: c r r), and the
+//    int32 Cholesky flags summed (T) so that every rank knows every
+//    matrix's. On a device backend, where reading the flags would wait for
+//    the step, the Householder fallback's inputs P and P0 are gathered
+//    whatever the flags: two all-gathers of this rank's rows (T a r each).
+//    Then R = B^T P, a partial sum over inner (T b r), and the all-zero
+//    flags (T).
 TEST(ShardSplit, EachRankOrthogonalizesOnlyItsSlots) {
   const int64_t m = 24, n = 16;
-  for (int R = 1; R <= g_size; R *= 2)
-    for (int O = 1; O * R <= g_size; O *= 2) {
-      const int I = g_size / (R * O);
-      if (R * O * I != g_size || (R == 1 && O == 1)) continue;  // no mesh to split over
-      const Layout L{R, O, I};
-      Grid G(L);
-      for (int64_t T : {1, 2, 3, 5})
-        for (double frac : {0.5, 1.0}) {
-          SCOPED_TRACE("layout R=" + std::to_string(R) + " O=" + std::to_string(O) + " I=" + std::to_string(I) +
-                       " T=" + std::to_string(T) + " rank_fraction=" + std::to_string(frac));
-          const std::vector<Spec> S(static_cast<size_t>(T), Spec{m, n, 1, -1});
-          const Config c{"split", frac, DION_QR_RCQR, 1};
-          OptRun dist, ref;
-          build(dist, G, c, true, S);
-          build(ref, G, c, false, S);
-          if (HasFatalFailure()) return;
-          std::vector<std::vector<float>> x0;
-          for (const Local& l : dist.loc) x0.push_back(l.x);
-          for (int s = 0; s < 2; ++s) {
-            fill_grads(dist, ref, G, s, S);
-            ASSERT_EQ(dist.step(), DION_SUCCESS) << dion_last_error(dist.opt);
-            ASSERT_EQ(ref.step(), DION_SUCCESS) << dion_last_error(ref.opt);
-          }
-          const uint64_t a = static_cast<uint64_t>(m), r = static_cast<uint64_t>(frac * n),
-                         b = static_cast<uint64_t>(dist.loc[0].ext[1]), ar = a * r, T4 = 4u * T;
-          const bool compressed = R > 1 && (m + n) * static_cast<int64_t>(r) < m * n;
-          // This rank's slots of a split over W ranks (q its rank there).
-          auto owned = [T](int W, int q) {
-            const int64_t B = (T + W - 1) / W, first = std::min<int64_t>(T, q * B);
-            return static_cast<uint64_t>(std::min<int64_t>(T, first + B) - first);
-          };
-          // P's reduction over a W-rank mesh, then the gather of the owned slots.
-          auto reduce_split = [&](int W, int q) -> uint64_t {
-            if (T == 1) return T4 * ar;
-            const uint64_t B = static_cast<uint64_t>((T + W - 1) / W), padded = W * B;
-            const uint64_t reduce = padded <= 2u * static_cast<uint64_t>(T) ? 4u * padded * ar : T4 * ar;
-            return reduce + 4u * owned(W, q) * ar;
-          };
-          uint64_t want[3] = {0, 0, 0};  // replicate, outer, inner
-          if (O > 1) want[1] = 4 + reduce_split(O, G.o) + T4 + T4 * r;
-          if (R > 1) {
-            want[0] = 4;
-            if (compressed) {
-              if (O > 1)
-                want[0] += 4u * (T == 1 ? 1u : owned(O, G.o)) * ar;
-              else
-                want[0] += reduce_split(R, G.r);
-              want[0] += T4 * b * r + T4;
-            } else {
-              want[0] += T4 * a * b;
-              if (O == 1 && T >= 2) want[0] += 4u * owned(R, G.r) * ar;
+  for (int path3 = 0; path3 < 2; ++path3)
+    for (int R = 1; R <= g_size; R *= 2)
+      for (int O = 1; O * R <= g_size; O *= 2) {
+        const int I = g_size / (R * O);
+        if (R * O * I != g_size) continue;
+        if (path3 ? I == 1 : (R == 1 && O == 1)) continue;  // no mesh to split over
+        const Layout L{R, O, I};
+        Grid G(L);
+        for (int64_t T : {1, 2, 3, 5})
+          for (double frac : {0.5, 1.0}) {
+            SCOPED_TRACE(std::string(path3 ? "inner-sharded" : "not inner-sharded") + " layout R=" +
+                         std::to_string(R) + " O=" + std::to_string(O) + " I=" + std::to_string(I) +
+                         " T=" + std::to_string(T) + " rank_fraction=" + std::to_string(frac));
+            const std::vector<Spec> S(static_cast<size_t>(T), Spec{m, n, 1, path3 ? 0 : -1});
+            const Config c{"split", frac, DION_QR_RCQR, 1};
+            OptRun dist, ref;
+            build(dist, G, c, true, S);
+            build(ref, G, c, false, S);
+            if (HasFatalFailure()) return;
+            std::vector<std::vector<float>> x0;
+            for (const Local& l : dist.loc) x0.push_back(l.x);
+            for (int s = 0; s < 2; ++s) {
+              fill_grads(dist, ref, G, s, S);
+              ASSERT_EQ(dist.step(), DION_SUCCESS) << dion_last_error(dist.opt);
+              ASSERT_EQ(ref.step(), DION_SUCCESS) << dion_last_error(ref.opt);
+            }
+            const uint64_t a = static_cast<uint64_t>(dist.loc[0].ext[0]), r = static_cast<uint64_t>(frac * n),
+                           b = static_cast<uint64_t>(dist.loc[0].ext[1]), ar = a * r, T4 = 4u * T, sk = 128;
+            const bool compressed = R > 1 && (m + n) * static_cast<int64_t>(r) < m * n;
+            // This rank's slots of a split over W ranks (q its rank there).
+            auto owned = [T](int W, int q) {
+              const int64_t B = (T + W - 1) / W, first = std::min<int64_t>(T, q * B);
+              return static_cast<uint64_t>(std::min<int64_t>(T, first + B) - first);
+            };
+            // A batch of e-float matrices reduced over a W-rank mesh, then
+            // the gather of the owned slots' results (g floats each).
+            auto reduce_split = [&](int W, int q, uint64_t e, uint64_t g) -> uint64_t {
+              if (T == 1) return T4 * e;
+              const uint64_t B = static_cast<uint64_t>((T + W - 1) / W), padded = W * B;
+              const uint64_t reduce = padded <= 2u * static_cast<uint64_t>(T) ? 4u * padded * e : T4 * e;
+              return reduce + 4u * owned(W, q) * g;
+            };
+            uint64_t want[3] = {0, 0, 0};  // replicate, outer, inner
+            if (O > 1) want[1] = 4 + (path3 ? T4 * ar : reduce_split(O, G.o, ar, ar)) + T4 + T4 * r;
+            if (R > 1) {
+              want[0] = 4;
+              if (compressed) {
+                if (path3)
+                  want[0] += T4 * ar;
+                else if (O > 1)
+                  want[0] += 4u * (T == 1 ? 1u : owned(O, G.o)) * ar;
+                else
+                  want[0] += reduce_split(R, G.r, ar, ar);
+                want[0] += T4 * b * r + T4;
+              } else {
+                want[0] += T4 * a * b;
+                if (!path3 && O == 1 && T >= 2) want[0] += 4u * owned(R, G.r) * ar;
+              }
+            }
+            if (I > 1) {
+              want[2] = 4;
+              if (path3) {
+                want[2] += reduce_split(I, G.i, sk * r, r * r) + reduce_split(I, G.i, r * r, r * r);
+                if (T >= 2) want[2] += T4;
+                if (g_env.backend == DION_BACKEND_CUDA) want[2] += 2u * T4 * ar;
+                want[2] += T4 * b * r + T4;
+              }
+            }
+            const dion_mesh_t meshes[3] = {DION_MESH_REPLICATE, DION_MESH_OUTER, DION_MESH_INNER};
+            for (int k = 0; k < 3; ++k) {
+              uint64_t last = 0;
+              ASSERT_EQ(dion_get_comm_bytes(dist.opt, meshes[k], &last, nullptr), DION_SUCCESS);
+              EXPECT_EQ(last, want[k]) << "mesh " << k << " (0 replicate, 1 outer, 2 inner)";
+            }
+            // The same updates as one process on the global matrices.
+            for (size_t k = 0; k < S.size(); ++k) {
+              const Local& l = dist.loc[k];
+              if (l.numel() == 0) continue;
+              const std::vector<double> r1 = window(ref.loc[k].x, n, l.off, l.ext);
+              std::vector<double> du, dr;
+              for (int64_t e = 0; e < l.numel(); ++e) {
+                const size_t i = static_cast<size_t>(e);
+                du.push_back(static_cast<double>(l.x[i]) - x0[k][i]);
+                dr.push_back(r1[i] - x0[k][i]);
+              }
+              EXPECT_LT(rel_diff(du, dr), 1e-4) << "tensor " << k;
             }
           }
-          if (I > 1) want[2] = 4;
-          const dion_mesh_t meshes[3] = {DION_MESH_REPLICATE, DION_MESH_OUTER, DION_MESH_INNER};
-          for (int k = 0; k < 3; ++k) {
-            uint64_t last = 0;
-            ASSERT_EQ(dion_get_comm_bytes(dist.opt, meshes[k], &last, nullptr), DION_SUCCESS);
-            EXPECT_EQ(last, want[k]) << "mesh " << k << " (0 replicate, 1 outer, 2 inner)";
-          }
-          // The same updates as one process on the global matrices.
-          for (size_t k = 0; k < S.size(); ++k) {
-            const Local& l = dist.loc[k];
-            if (l.numel() == 0) continue;
-            const std::vector<double> r1 = window(ref.loc[k].x, n, l.off, l.ext);
-            std::vector<double> du, dr;
-            for (int64_t e = 0; e < l.numel(); ++e) {
-              const size_t i = static_cast<size_t>(e);
-              du.push_back(static_cast<double>(l.x[i]) - x0[k][i]);
-              dr.push_back(r1[i] - x0[k][i]);
-            }
-            EXPECT_LT(rel_diff(du, dr), 1e-4) << "tensor " << k;
-          }
-        }
-    }
+      }
 }
 
 // A rank whose shard leaves a gap fails add_group on every rank of every

@@ -20,9 +20,11 @@
 //  - with rank_fraction < 1 and a replicate mesh the replicate traffic is
 //    P and R (compressed), and the shard meshes carry the partial sums;
 //  - the orthogonalizations of a batch are split over the outer mesh
-//    (outer-sharded matrices) or the replicate mesh (unsharded ones): each
-//    rank hands the all-gather only its own slots, read off the exact
-//    per-rank byte counters (ShardSplit; derivation there);
+//    (outer-sharded matrices) or the replicate mesh (unsharded ones), and
+//    the small factorizations of the distributed RCQR of inner-sharded
+//    matrices (the QR of S P, the Cholesky of the Gram matrix) over the
+//    inner mesh: each rank hands the all-gather only its own slots, read off
+//    the exact per-rank byte counters (ShardSplit; derivation there);
 //  - shards that do not tile a dim, and metadata that differs between the
 //    ranks of a shard mesh, fail dion_add_group on every rank with a message
 //    naming the problem, and nothing is added.
