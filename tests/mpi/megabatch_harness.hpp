@@ -153,32 +153,7 @@ struct Local {
   float *dx = nullptr, *dg = nullptr;  // device copies (CUDA backend)
 };
 
-struct OptRun {
-  dion_optimizer_t opt = nullptr;
-  std::vector<Local> loc;
-  ~OptRun() {
-    dion_destroy(opt);
-    for (Local& l : loc) {
-      if (l.dx) g_env.free(l.dx);
-      if (l.dg) g_env.free(l.dg);
-    }
-  }
-  // Gradients to the device before a step; parameters back after.
-  void upload_grads() {
-    for (Local& l : loc)
-      if (l.dg) g_env.h2d(l.dg, l.g.data(), sizeof(float) * l.g.size());
-  }
-  void download_params() {
-    for (Local& l : loc)
-      if (l.dx) g_env.d2h(l.x.data(), l.dx, sizeof(float) * l.x.size());
-  }
-  dion_status_t step() {
-    upload_grads();
-    dion_status_t st = dion_step(opt, nullptr);
-    download_params();
-    return st;
-  }
-};
+using OptRun = OptRunOf<Local>;
 
 bool matrix_dim(const Spec& sp, bool flatten, int d) {
   const int nd = static_cast<int>(sp.shape.size());
@@ -201,16 +176,9 @@ dion_group_options_t group_options(const Config& c) {
 }
 
 void build(OptRun& run, const Grid& G, const Config& c, bool distributed) {
-  dion_options_t o;
-  dion_options_init(&o);
+  dion_options_t o = mesh_options(G);
   o.seed = 7;
-  o.backend = g_env.backend;
-  o.device = g_env.device;
-  if (distributed) {
-    o.replicate_comm = G.dc[0];
-    o.outer_comm = G.dc[1];
-    o.inner_comm = G.dc[2];
-  }
+  if (!distributed) o.replicate_comm = o.outer_comm = o.inner_comm = nullptr;
   ASSERT_EQ(dion_create(&run.opt, &o), DION_SUCCESS) << dion_last_error(nullptr);
   const auto& S = specs(c.flatten != 0);
   run.loc.resize(S.size());
@@ -572,13 +540,7 @@ TEST(MegabatchErrors, LocalSelectionOverTwoColumnDimsIsNotSupported) {
     SCOPED_TRACE("layout " + layout_name(L));
     Grid G(L);
     for (dion_selection_scope_t scope : {DION_SELECTION_LOCAL, DION_SELECTION_GLOBAL}) {
-      dion_options_t o;
-      dion_options_init(&o);
-      o.backend = g_env.backend;
-      o.device = g_env.device;
-      o.replicate_comm = G.dc[0];
-      o.outer_comm = G.dc[1];
-      o.inner_comm = G.dc[2];
+      dion_options_t o = mesh_options(G);
       dion_optimizer_t opt = nullptr;
       ASSERT_EQ(dion_create(&opt, &o), DION_SUCCESS) << dion_last_error(nullptr);
       int64_t off1 = 0, ext1 = 0, off2 = 0, ext2 = 0;

@@ -77,6 +77,19 @@ struct Grid {
   }
 };
 
+// Options for an optimizer on this backend over the grid's meshes
+// (replicate, outer, inner; null where a mesh has one rank).
+dion_options_t mesh_options(const Grid& G) {
+  dion_options_t o;
+  dion_options_init(&o);
+  o.backend = g_env.backend;
+  o.device = g_env.device;
+  o.replicate_comm = G.dc[0];
+  o.outer_comm = G.dc[1];
+  o.inner_comm = G.dc[2];
+  return o;
+}
+
 // FSDP chunking over the outer mesh, an even split over the inner mesh.
 void outer_shard(int64_t full, int W, int q, int64_t* off, int64_t* ext) {
   const int64_t chunk = (full + W - 1) / W;
@@ -104,6 +117,36 @@ struct Buf {
   Buf(const Buf&) = delete;
   Buf& operator=(const Buf&) = delete;
   float* ptr() { return d ? d : h.data(); }
+};
+
+// An optimizer and the local shards it steps (each harness's Local: host
+// values x, g and, on a device backend, their copies dx, dg), freed together.
+template <class LocalT>
+struct OptRunOf {
+  dion_optimizer_t opt = nullptr;
+  std::vector<LocalT> loc;
+  ~OptRunOf() {
+    dion_destroy(opt);
+    for (LocalT& l : loc) {
+      if (l.dx) g_env.free(l.dx);
+      if (l.dg) g_env.free(l.dg);
+    }
+  }
+  // Gradients to the device before a step; parameters back after.
+  void upload_grads() {
+    for (LocalT& l : loc)
+      if (l.dg) g_env.h2d(l.dg, l.g.data(), sizeof(float) * l.g.size());
+  }
+  void download_params() {
+    for (LocalT& l : loc)
+      if (l.dx) g_env.d2h(l.x.data(), l.dx, sizeof(float) * l.x.size());
+  }
+  dion_status_t step() {
+    upload_grads();
+    dion_status_t st = dion_step(opt, nullptr);
+    download_params();
+    return st;
+  }
 };
 
 double rel_diff(const std::vector<double>& a, const std::vector<double>& b) {

@@ -52,32 +52,7 @@ struct Local {
   int64_t global(int64_t a, int64_t b, int64_t n) const { return (off[0] + a) * n + off[1] + b; }
 };
 
-struct OptRun {
-  dion_optimizer_t opt = nullptr;
-  std::vector<Local> loc;
-  ~OptRun() {
-    dion_destroy(opt);
-    for (Local& l : loc) {
-      if (l.dx) g_env.free(l.dx);
-      if (l.dg) g_env.free(l.dg);
-    }
-  }
-  // Gradients to the device before a step; parameters back after.
-  void upload_grads() {
-    for (Local& l : loc)
-      if (l.dg) g_env.h2d(l.dg, l.g.data(), sizeof(float) * l.g.size());
-  }
-  void download_params() {
-    for (Local& l : loc)
-      if (l.dx) g_env.d2h(l.x.data(), l.dx, sizeof(float) * l.x.size());
-  }
-  dion_status_t step() {
-    upload_grads();
-    dion_status_t st = dion_step(opt, nullptr);
-    download_params();
-    return st;
-  }
-};
+using OptRun = OptRunOf<Local>;
 
 const std::vector<Spec>& specs() {
   // 18 x 12 over 8 outer ranks: chunks of 3 rows, the last two empty. Two
@@ -94,16 +69,10 @@ const std::vector<Spec>& specs() {
 }
 
 void build(OptRun& run, const Grid& G, const Config& c, bool distributed, const std::vector<Spec>& S = specs()) {
-  dion_options_t o;
-  dion_options_init(&o);
+  dion_options_t o = mesh_options(G);
   o.seed = 7;
-  o.backend = g_env.backend;
-  o.device = g_env.device;
-  if (distributed) {
-    o.replicate_comm = G.dc[0];
-    o.outer_comm = G.dc[1];
-    o.inner_comm = G.dc[2];
-  } else {
+  if (!distributed) {
+    o.replicate_comm = nullptr;
     // Dion's working orientation follows the shard dims (spec §2.2), so the
     // reference declares the same dims, whole, over 1-rank meshes.
     o.outer_comm = G.self[0];
@@ -442,13 +411,7 @@ TEST(ShardErrors, BadTilingAndMismatchedMetadataFailEverywhere) {
     Grid G(L);
     {
       OptRun run;
-      dion_options_t o;
-      dion_options_init(&o);
-      o.backend = g_env.backend;
-      o.device = g_env.device;
-      o.replicate_comm = G.dc[0];
-      o.outer_comm = G.dc[1];
-      o.inner_comm = G.dc[2];
+      dion_options_t o = mesh_options(G);
       ASSERT_EQ(dion_create(&run.opt, &o), DION_SUCCESS);
       // 12 x 20 sharded on dim 1 over the outer mesh: outer rank 0 (on every
       // replica and inner rank, so the replicas agree) claims one column too
@@ -488,13 +451,7 @@ TEST(ShardErrors, BadTilingAndMismatchedMetadataFailEverywhere) {
     }
     {
       OptRun run;
-      dion_options_t o;
-      dion_options_init(&o);
-      o.backend = g_env.backend;
-      o.device = g_env.device;
-      o.replicate_comm = G.dc[0];
-      o.outer_comm = G.dc[1];
-      o.inner_comm = G.dc[2];
+      dion_options_t o = mesh_options(G);
       ASSERT_EQ(dion_create(&run.opt, &o), DION_SUCCESS);
       // The last world rank gives a different global shape.
       const int64_t m = 16, n = g_rank == g_size - 1 ? 17 : 16;
