@@ -52,9 +52,7 @@ def dion(mesh, device, args, rank_fraction):
     C.train_both(model, opt, ref, refopt, DIMS, args.steps, device)
     worst = C.compare_updates(model, ref, x0, args.tol)
     C.progress("fsdp_tp: state_dict() and its states against the reference's")
-    sd = C.on_every_rank("state_dict()", opt.state_dict)
-    params = [p for g in opt.param_groups for p in g["params"]]
-    C.compare_states(sd, params, refopt, args.tol)
+    C.compare_states(opt, refopt, args.tol)
     C.progress("fsdp_tp: close()", sync=True)
     opt.close()
     refopt.close()

@@ -37,15 +37,13 @@ def dion(mesh, device, args, rank_fraction):
     C.train_both(model, opt, ref, refopt, DIMS, args.steps, device)
     worst = C.compare_updates(model, ref, x0, args.tol)
     C.progress("tp: state_dict() and its states against the reference's")
-    sd = C.on_every_rank("state_dict()", opt.state_dict)
-    params = [p for g in opt.param_groups for p in g["params"]]
     def check(ti, p, name, v):
         # libdion keeps r whole on the inner mesh: Q is replicated over TP
         if name == "Q" and not all(pl.is_replicate() for pl in v.placements):
             return "placements %s, expected Replicate" % (v.placements,)
         return None
 
-    C.compare_states(sd, params, refopt, args.tol, check)
+    C.compare_states(opt, refopt, args.tol, check)
     C.progress("tp: close() (destroys the communicators)", sync=True)
     opt.close()
     refopt.close()

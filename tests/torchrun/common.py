@@ -331,11 +331,14 @@ def on_every_rank(what, fn, *args, **kw):
     return out
 
 
-def compare_states(sd, params, refopt, tol, check=None):
+def compare_states(opt, refopt, tol, check=None):
     """Every state of the distributed optimizer's state_dict against the reference's, within tol.
 
     check(ti, p, name, v) may return a problem (a string) about a state's placements. As in compare_updates,
-    every state is gathered (full_tensor, a collective) on every rank before any problem is raised."""
+    every state is gathered (full_tensor, a collective) on every rank before any problem is raised, and
+    state_dict() itself is agreed on every rank first (on_every_rank)."""
+    sd = on_every_rank("state_dict()", opt.state_dict)
+    params = [p for g in opt.param_groups for p in g["params"]]
     bad = []
     for ti, p in enumerate(params):
         for name, v in sd["state"][ti].items():
