@@ -136,6 +136,18 @@ bool scatter_pays(int64_t T, int64_t W) { return W * ceil_div(T, W) <= 2 * T; }
 
 // Rank q's slots of a batch of T split over `mesh` (q its rank there),
 // reduced over it with `op` first when `reduce`.
+// The slots a batch of T matrices takes in the workspace when it is reduced
+// over W ranks (`slots`: W B with the reduce-scatter, else T) and the
+// receive buffer of the scatter (`own`: B, else 0). Batches of one are not
+// split.
+struct SlotPad {
+  int64_t slots, own;
+};
+SlotPad slot_pad(int64_t T, int64_t W) {
+  if (T < 2 || !scatter_pays(T, W)) return {T, 0};
+  return {W * ceil_div(T, W), ceil_div(T, W)};
+}
+
 Split split_over(Collectives* mesh, int64_t T, bool reduce, ReduceOp op) {
   Split sp;
   sp.mesh = mesh;
@@ -146,7 +158,7 @@ Split split_over(Collectives* mesh, int64_t T, bool reduce, ReduceOp op) {
   sp.first = std::min(T, q * sp.block);
   sp.count = std::min(T, sp.first + sp.block) - sp.first;
   sp.scatter = reduce && scatter_pays(T, W);
-  sp.slots = sp.scatter ? W * sp.block : T;
+  sp.slots = sp.scatter ? slot_pad(T, W).slots : T;
   return sp;
 }
 
@@ -219,38 +231,21 @@ size_t workspace_floats(const Group& g, const Tensor& t, int64_t count) {
   // P's slots and the reduce-scatter's receive buffer (split_of). The outer
   // mesh's size is known here; the replicate mesh's is not, but a scatter
   // over W >= 2 replicas takes W B <= 2 T slots and leaves B <= ceil(T / 2).
-  int64_t p_slots = T, own = 0;
-  if (T >= 2 && !inner) {
-    if (outer) {
-      const int64_t W = static_cast<int64_t>(t.shard_ext[0].size());
-      if (scatter_pays(T, W)) {
-        own = ceil_div(T, W);
-        p_slots = W * own;
-      }
-    } else {
-      p_slots = 2 * T;
-      own = ceil_div(T, 2);
-    }
-  }
+  SlotPad p{T, 0};
+  if (T >= 2 && !inner)
+    p = outer ? slot_pad(T, static_cast<int64_t>(t.shard_ext[0].size())) : SlotPad{2 * T, ceil_div(T, 2)};
   // M, W (G, later X), P, the owned slots, R, Q
-  size_t w = 2 * ws_floats(T * mn) + ws_floats(p_slots * s.a * s.r) + ws_floats(own * s.a * s.r) +
+  size_t w = 2 * ws_floats(T * mn) + ws_floats(p.slots * s.a * s.r) + ws_floats(p.own * s.a * s.r) +
              2 * ws_floats(T * s.b * s.r);
   // Inner sharding: S P and the Gram matrix padded for the reduce-scatter
   // over the inner mesh, and its receive buffers (inner_split).
-  int64_t f_slots = T, f_own = 0;
-  if (T >= 2 && inner) {
-    const int64_t W = static_cast<int64_t>(t.shard_ext[1].size());
-    if (scatter_pays(T, W)) {
-      f_own = ceil_div(T, W);
-      f_slots = W * f_own;
-    }
-  }
+  const SlotPad f = inner ? slot_pad(T, static_cast<int64_t>(t.shard_ext[1].size())) : SlotPad{T, 0};
   // per power iteration: the orthogonalisation of at most T matrices (a
   // copy of P for the fallback, sketch k x a, S P k x r, two r x r factors,
   // Cholesky info) and a copy of R
-  size_t per_iter = ws_floats(T * s.a * s.r) + ws_floats(T * s.k * s.a) + ws_floats(f_slots * s.k * s.r) +
-                    ws_floats(f_own * s.k * s.r) + ws_floats(T * s.r * s.r) + ws_floats(f_slots * s.r * s.r) +
-                    ws_floats(f_own * s.r * s.r) + ws_floats(T) + ws_floats(T * s.b * s.r);
+  size_t per_iter = ws_floats(T * s.a * s.r) + ws_floats(T * s.k * s.a) + ws_floats(f.slots * s.k * s.r) +
+                    ws_floats(f.own * s.k * s.r) + ws_floats(T * s.r * s.r) + ws_floats(f.slots * s.r * s.r) +
+                    ws_floats(f.own * s.r * s.r) + ws_floats(T) + ws_floats(T * s.b * s.r);
   // inner sharding: the whole P gathered over the inner mesh (twice, plus
   // the gather's receive buffer)
   if (inner) per_iter += 3 * ws_floats(T * s.ag * s.r);
