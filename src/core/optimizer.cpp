@@ -757,12 +757,16 @@ bool Optimizer::dion_compressed(const Tensor& t, dion_algorithm_t algo) const {
   return (m + n) * static_cast<double>(t.rank) < m * n;
 }
 
-// Replaces n typed elements with their average over the replicate mesh,
-// staged in the workspace (sized for it at dion_add_group), so it runs on
-// backend memory whatever the backend. Enqueued on the current stream, as are
+// Replaces n typed elements with their average over the replicate mesh:
+// fp32 in place, other dtypes staged in the workspace as fp32 (sized for it
+// at dion_add_group). Enqueued on the current stream, as are
 // the mesh's collectives outside an overlapped step.
 void Optimizer::average_in_place(void* data, dion_dtype_t dt, int64_t n) {
   if (n == 0) return;
+  if (dt == DION_DTYPE_FP32) {  // staging would only copy it there and back
+    rep->all_reduce(static_cast<float*>(data), n, ReduceOp::kAvg);
+    return;
+  }
   ws.reset();
   float* buf = ws.take(n);
   backend->load(buf, data, dt, n);
@@ -789,8 +793,8 @@ static void average_gradients(Optimizer& o) {
 // tensors, each averaged by its own all-reduce of the same elements as in
 // average_gradients (so with the same result bit for bit; only the order of
 // the tensors differs, bucket order instead of tensor order, the same on
-// every rank). An fp32 gradient is averaged in place (average_in_place's
-// load and store are then exact copies); another dtype is converted into
+// every rank). An fp32 gradient is averaged in place, as average_in_place
+// does; another dtype is converted into
 // `stage`, averaged and converted back, all on the comm stream, whose order
 // alone keeps consecutive tensors from sharing the buffer.
 bool Optimizer::average_bucket_on_comm(const Bucket& b, int slot) {
