@@ -287,7 +287,12 @@ typedef struct dion_optimizer_s* dion_optimizer_t;
  * gradients in place (in their buffers, as DDP does), except for Dion
  * tensors where (m + n) r < m n, whose P and R are averaged instead. On the
  * CUDA backend the NCCL collectives are enqueued on the stream of the call
- * (dion_step's, ...), in order with the optimizer's kernels. */
+ * (dion_step's, ...), in order with the optimizer's kernels; a step that
+ * averages gradients over a multi-rank replicate mesh runs them on the
+ * optimizer's own communication stream instead, forked from and joined back
+ * to the call's stream, so that the next batch's average overlaps the
+ * current batch's compute (same results; DION_OVERLAP=0 turns it off, see
+ * docs/ENV.md). */
 DION_API dion_status_t dion_create(dion_optimizer_t* optimizer, const dion_options_t* options);
 
 /* Destroys the optimizer and frees everything libdion allocated for it. Waits
