@@ -910,10 +910,9 @@ class CommRoute {
 // state write reads it, and the blocking waits (done_ recorded at end_step,
 // after the final join) cover the comm stream.
 //
-// Nothing here waits for the device: the non-finite check writes a flag in
-// backend memory that every later write of a parameter or state reads (a
-// skipped step computes and discards). The host backend reads the flag
-// directly and returns early instead.
+// The non-finite check writes a flag in backend memory that every later
+// write of a parameter or state reads (a skipped step computes and
+// discards); the host backend reads the flag directly and returns early.
 void Optimizer::step() {
   for (Group& g : groups)
     for (Bucket& b : g.buckets) refresh_table(b);
