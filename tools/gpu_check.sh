@@ -3,7 +3,7 @@
 # suites (ctest -L gpu), the unit suites, and the benchmarks, writing every
 # log under the folder given as $1 (default: gpu-logs).
 #
-#   tools/gpu_check.sh OUTDIR [all|build|test|bench|nccl|mesh-bench|torchrun|racecheck]
+#   tools/gpu_check.sh OUTDIR [all|build|test|bench|nccl|mesh-bench|torchrun|racecheck|memcheck]
 #
 # `nccl` runs the NCCL suites (ctest -L nccl: 2 and 4 ranks, one GPU each;
 # on a 2-GPU machine the 4-rank runs are skipped) and the op tests;
@@ -13,7 +13,11 @@
 # `racecheck` runs the op suites under compute-sanitizer racecheck, one
 # process per test case in parallel (the whole ops_linalg program under
 # racecheck does not finish in 240 s), each bounded by RACECHECK_TIMEOUT
-# (default 480 s).
+# (default 480 s); `memcheck` runs every GPU test program (tests/gpu) under
+# compute-sanitizer memcheck with leak checking, one process per test case,
+# MEMCHECK_JOBS (default 12) at a time, each bounded by MEMCHECK_TIMEOUT
+# (default 540 s); test_cuda_resources (1000 optimizers, its own leak
+# measurement) is left out.
 # Environment: BUILD_DIR (default build-gpu), BENCH_ARGS (extra dion-bench
 # arguments for a partial benchmark run, e.g. "--workload gpt-160m").
 set -uo pipefail
@@ -79,6 +83,30 @@ if [ "$what" = racecheck ]; then
   # one file instead of one per case (the run's files come back by count)
   tail -n 5 "$out"/racecheck/*.log > "$out/racecheck-tails.txt" 2>&1; rm -rf "$out/racecheck"
   echo "racecheck: $(( $(date +%s) - t0 )) s"
+fi
+if [ "$what" = memcheck ]; then
+  t0=$(date +%s)
+  cs=compute-sanitizer
+  command -v $cs > /dev/null || cs=/usr/local/cuda/bin/compute-sanitizer
+  mkdir -p "$out/memcheck"
+  for prog in "$build"/tests/ops_* "$build"/tests/test_cuda_* "$build"/tests/test_rng_device; do
+    name=$(basename "$prog")
+    [ -x "$prog" ] && [ "$name" != test_cuda_resources ] || continue
+    "$prog" --gtest_list_tests | awk -v p="$name" '/^[^ ]/{suite=$1} /^  /{print p, suite $1}'
+  done > "$out/memcheck-cases.txt"
+  export cs build out
+  xargs -P "${MEMCHECK_JOBS:-12}" -L 1 sh -c 'log="$out/memcheck/$0.$(echo "$1" | tr / _).log"
+    timeout "${MEMCHECK_TIMEOUT:-540}" $cs --tool memcheck --leak-check full --error-exitcode 9 \
+      "$build/tests/$0" --gtest_filter="$1" > "$log" 2>&1; r=$?; echo "$0.$1 rc=$r"; exit $((r != 0))' \
+    < "$out/memcheck-cases.txt" > "$out/memcheck-rc.txt" || rc=1
+  grep -vc " rc=0$" "$out/memcheck-rc.txt" | sed 's/^/cases with rc != 0: /'
+  grep -v " rc=0$" "$out/memcheck-rc.txt"
+  for f in "$out"/memcheck/*.log; do
+    echo "$(basename "$f" .log): $(grep -E 'ERROR SUMMARY|LEAK SUMMARY|PASSED|FAILED|SKIPPED' "$f" | tr '\n' ' ' | cut -c1-160)"
+  done > "$out/memcheck-summary.txt"
+  echo "memcheck: $(wc -l < "$out/memcheck-cases.txt") cases, $(grep -c 'ERROR SUMMARY: 0 errors' "$out/memcheck-summary.txt") with 0 errors"
+  tail -n 5 "$out"/memcheck/*.log > "$out/memcheck-tails.txt" 2>&1; rm -rf "$out/memcheck"
+  echo "memcheck: $(( $(date +%s) - t0 )) s"
 fi
 if [ "$what" = mesh-bench ]; then
   DION_BENCH_MESH="$build/dion-bench-mesh" bash bench/run_mesh.sh "$out" "${MESH_ALGOS:-dion muon dion2}" || rc=1
