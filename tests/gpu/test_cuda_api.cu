@@ -586,6 +586,53 @@ TEST(CudaApiState, WriteReadRoundTripThroughHostAndDeviceBuffers) {
   }
 }
 
+// With the legacy default stream (stream NULL, dion.h), dion_state_read and
+// dion_state_write are ordered after the work already enqueued there, as on
+// any other stream: a 100 ms kernel on the legacy stream writes the read's
+// destination (or the write's source) at its end, and the call must come
+// after it. PyTorch's default stream is the legacy stream, and its caching
+// allocator hands out memory that such pending kernels still write (the
+// torchrun TP case saw a state read overwritten by an all-gather's
+// rearrangement when the read did not wait).
+TEST(CudaApiState, ReadAndWriteOnTheLegacyStreamFollowTheWorkAlreadyThere) {
+  DION_REQUIRE_GPU();
+  CUDA_ASSERT(cudaSetDevice(0));
+  DevModel m;
+  m.build({{opts(DION_ALGO_DION), {{"legacy.dion", {64, 48}}}}}, DION_DTYPE_FP32, 57);
+  if (HasFatalFailure()) return;
+  DION_ASSERT_OK(m.opt.get(), dion_step(m.opt, nullptr));
+  CUDA_ASSERT(cudaDeviceSynchronize());
+  const dion_state_info_t info = state_info(m.opt, 0);  // the momentum
+  const size_t bytes = static_cast<size_t>(info.local_bytes);
+  const int64_t n = static_cast<int64_t>(bytes / elem_size(info.dtype));
+  std::vector<unsigned char> state(bytes);
+  DION_ASSERT_OK(m.opt.get(), dion_state_read(m.opt, 0, state.data(), bytes, nullptr));
+  const uint64_t spin_ns = 100ull * 1000 * 1000;
+
+  // Read: the kernel writes a pattern into the destination, then the read.
+  const std::vector<unsigned char> pattern = random_bytes(n, info.dtype, 77, 5.0);
+  DeviceBuffer pat(bytes), dst(bytes);
+  CUDA_ASSERT(pat.upload(pattern));
+  CUDA_ASSERT(cudaDeviceSynchronize());
+  spin_then_copy<<<1, 256, 0, 0>>>(spin_ns, pat.as<unsigned char>(), static_cast<unsigned char*>(dst.get()), bytes);
+  CUDA_ASSERT(cudaGetLastError());
+  DION_ASSERT_OK(m.opt.get(), dion_state_read(m.opt, 0, dst.get(), bytes, nullptr));
+  CUDA_ASSERT(cudaDeviceSynchronize());
+  EXPECT_TRUE(same_bits(dst.download(), state)) << "dion_state_read ran before the kernel ahead of it on the legacy stream";
+
+  // Write: the kernel writes the new value into the source, then the write.
+  DeviceBuffer src(bytes);
+  CUDA_ASSERT(src.upload(state));
+  CUDA_ASSERT(cudaDeviceSynchronize());
+  spin_then_copy<<<1, 256, 0, 0>>>(spin_ns, pat.as<unsigned char>(), static_cast<unsigned char*>(src.get()), bytes);
+  CUDA_ASSERT(cudaGetLastError());
+  DION_ASSERT_OK(m.opt.get(), dion_state_write(m.opt, 0, src.get(), bytes, nullptr));
+  std::vector<unsigned char> back(bytes, 0xCD);
+  DION_ASSERT_OK(m.opt.get(), dion_state_read(m.opt, 0, back.data(), bytes, nullptr));
+  EXPECT_TRUE(same_bits(back, pattern)) << "dion_state_write read its source before the kernel ahead of it wrote it";
+  CUDA_ASSERT(cudaDeviceSynchronize());
+}
+
 // dion_get_memory_usage: the state bytes cover every state buffer, and the
 // workspace (allocated by the first step at the latest) is not empty.
 TEST(CudaApiState, MemoryUsageReportsStateAndWorkspace) {

@@ -855,10 +855,13 @@ class CudaBackend final : public Backend {
 
   void wait_for_work() {
     wait_event(done_, "cudaEventSynchronize (last step)");
-    if (stream_) {
-      check(cudaEventRecord(mark_, stream_), "cudaEventRecord (wait)");
-      wait_event(mark_, "cudaStreamSynchronize");
-    }
+    // The caller's stream, the legacy default stream when none was given
+    // (dion.h: NULL is that stream, not "no stream"): own_ is non-blocking,
+    // so without this wait a blocking copy overtakes what the caller has
+    // enqueued on the legacy stream and still writes (or reads) the same
+    // memory, e.g. PyTorch's default stream reusing a freed buffer.
+    check(cudaEventRecord(mark_, stream_ ? stream_ : cudaStreamLegacy), "cudaEventRecord (wait)");
+    wait_event(mark_, "cudaStreamSynchronize");
     // A completed step ends with the caller's stream waiting for the comm
     // stream (done_ covers it); one that failed midway may not have.
     if (comm_) {
