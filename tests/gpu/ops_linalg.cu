@@ -14,6 +14,7 @@
 // (condition numbers < 100), 1e-4 relative to the largest entry covers both
 // libraries' algorithms with margin, while any wrong index or transpose moves
 // entries by O(1).
+#include <cstring>
 #include <cuda.h>
 
 #include "ops_util.h"
@@ -63,6 +64,61 @@ TEST_F(OpsTest, GemmAllTransposesAndPrecisions) {
         const double tol = prec == DION_MATMUL_FP32 ? 1e-5 : prec == DION_MATMUL_TF32 ? 3e-3 : 2e-2;
         EXPECT_TRUE(close(c.h, c.dev(), 0.0, tol * S));
       }
+}
+
+// Matmul precision BF16 on fp32 operands rounds each operand element to bf16
+// once, to nearest even, and accumulates in fp32: against a float64 product
+// of the host-rounded operands the error is only the fp32 accumulation's
+// (k * 2^-24 relative to the sum of |terms|), far below the 2^-8 that one
+// differently rounded (e.g. truncated) operand would leave. Shapes large
+// enough for tensor-core GEMMs, padded, transposed and broadcast operands.
+float round_bf16(float x) {
+  uint32_t u;
+  std::memcpy(&u, &x, 4);
+  u += 0x7FFFu + ((u >> 16) & 1u);
+  u &= 0xFFFF0000u;
+  float y;
+  std::memcpy(&y, &u, 4);
+  return y;
+}
+
+TEST_F(OpsTest, GemmBf16RoundsEachOperandOnceToNearest) {
+  const int64_t m = 130, n = 96, k = 200, B = 3;
+  for (int t = 0; t < 4; ++t)
+    for (int bcast = 0; bcast < 3; ++bcast) {
+      const bool ta = t & 1, tb = t & 2;
+      SCOPED_TRACE(testing::Message() << "ta " << ta << " tb " << tb << " broadcast " << bcast);
+      Mat a = ta ? Mat::padded(k, m, B) : Mat::padded(m, k, B);
+      Mat b = tb ? Mat::padded(n, k, B, 1, 2) : Mat::padded(k, n, B, 1, 2);
+      if (bcast == 1) a.stride = 0;
+      if (bcast == 2) b.stride = 0;
+      a.fill([&] { return gauss(); });
+      b.fill([&] { return gauss(); });
+      Mat c = Mat::padded(m, n, B, 4, 3);
+      c.fill([&] { return gauss(); });
+      const std::vector<float> c0 = c.h;
+      const float alpha = 0.7f, beta = 0.3f;
+      cuda->gemm(ta, tb, alpha, a.D(), b.D(), beta, c.D(), DION_MATMUL_BF16);
+      const std::vector<float> got = c.dev();
+      double worst = 0;
+      for (int64_t bt = 0; bt < B; ++bt)
+        for (int64_t i = 0; i < m; ++i)
+          for (int64_t j = 0; j < n; ++j) {
+            const size_t e = static_cast<size_t>(bt * c.stride + i * c.ld + j);
+            double want = static_cast<double>(beta) * c0[e], mag = std::fabs(want);
+            for (int64_t l = 0; l < k; ++l) {
+              const float av = ta ? a.h[bt * a.stride + l * a.ld + i] : a.h[bt * a.stride + i * a.ld + l];
+              const float bv = tb ? b.h[bt * b.stride + j * b.ld + l] : b.h[bt * b.stride + l * b.ld + j];
+              const double term = static_cast<double>(alpha) * round_bf16(av) * round_bf16(bv);
+              want += term;
+              mag += std::fabs(term);
+            }
+            worst = std::max(worst, std::fabs(got[e] - want) / mag);
+          }
+      // fp32 accumulation of k terms (plus alpha, beta and the final rounding):
+      // k * 2^-24 = 1.2e-5 at k = 200.
+      EXPECT_LT(worst, 2e-5);
+    }
 }
 
 TEST_F(OpsTest, GemmBetaZeroAndEmptyK) {
