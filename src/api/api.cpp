@@ -482,7 +482,7 @@ DION_API dion_status_t dion_get_memory_usage(dion_optimizer_t h, uint64_t* state
     uint64_t s = 0;
     for (const StateBuf& b : o.states) s += b.bytes();
     if (state_bytes) *state_bytes = s;
-    if (workspace_bytes) *workspace_bytes = o.ws.capacity_bytes() + o.table_bytes;
+    if (workspace_bytes) *workspace_bytes = o.ws.capacity_bytes() + o.table_bytes + o.backend->scratch_bytes();
   });
 }
 

@@ -207,6 +207,11 @@ class CudaBackend final : public Backend {
     bind_stream();
   }
   void* stream() const override { return stream_; }
+  size_t scratch_bytes() const override {
+    size_t n = kCublasWorkspaceBytes;
+    for (const Buffer& b : scratch_) n += b.bytes;
+    return n;
+  }
 
   // ---- memory ----
   void* alloc(size_t bytes) override {
