@@ -1,6 +1,7 @@
 // SPDX-License-Identifier: MIT
 // Element-wise kernels: dtype conversions (single and multi-tensor), the
-// non-finite check, the device-side step counters, and the fp32 vector ops.
+// non-finite check, the device-side step counters, the fp32 vector ops and
+// the Muon family's fused momentum and update passes on typed buffers.
 // The arithmetic is written as in the host backend, operation for operation;
 // with -fmad=false (CMakeLists.txt) both give the same bits.
 #include <cfloat>
@@ -145,19 +146,105 @@ __global__ void nan_to_num_kernel(float* x, int64_t n) {
   }
 }
 
-__global__ void apply_update_kernel(float* x, const float* u, int64_t n, const GroupScalars* gs, float lr_mult,
-                                    bool cautious) {
+// One element of apply_update, shared by the fp32 kernel and the typed
+// (multi-tensor) one so that both give the same bits.
+struct Update {
+  float lwd, decay, lr_adj;
+  bool cautious;
   // lr and wd live on the device so a captured graph sees their updates.
-  const float lr = static_cast<float>(gs->lr), wd = static_cast<float>(gs->weight_decay);
-  const float lwd = lr * wd, decay = 1.0f - lwd, lr_adj = lr * lr_mult;
-  for (int64_t i = global_thread(); i < n; i += grid_threads()) {
-    float xi = x[i];
-    const float ui = u[i];
+  __device__ Update(const GroupScalars* gs, float lr_mult, bool cautious_) : cautious(cautious_) {
+    const float lr = static_cast<float>(gs->lr), wd = static_cast<float>(gs->weight_decay);
+    lwd = lr * wd;
+    decay = 1.0f - lwd;
+    lr_adj = lr * lr_mult;
+  }
+  __device__ __forceinline__ float operator()(float xi, float ui) const {
     if (cautious)
       xi = (xi * ui >= 0.0f) ? xi - lwd * xi : xi;
     else
       xi *= decay;
-    x[i] = xi - lr_adj * ui;
+    return xi - lr_adj * ui;
+  }
+};
+
+__global__ void apply_update_kernel(float* x, const float* u, int64_t n, const GroupScalars* gs, float lr_mult,
+                                    bool cautious) {
+  const Update op(gs, lr_mult, cautious);
+  for (int64_t i = global_thread(); i < n; i += grid_threads()) x[i] = op(x[i], u[i]);
+}
+
+// ---- fused passes over typed buffers (Backend::momentum_multi, apply_update_multi) ----
+// Laid out as load_multi / store_multi: grid.y walks the tensors, x their
+// elements, 8 per thread with 16-byte accesses where every buffer of the
+// tensor is 16-byte aligned, element by element otherwise. Each element goes
+// through the fp32 operations of the calls they replace, in their order.
+
+// axpby(mu, g, g_scale, m), then lincomb(mu, m, g_scale, g, u) or u = m.
+struct Momentum {
+  float mu, g_scale;
+  bool nesterov;
+  __device__ __forceinline__ float operator()(float& m, float g) const {
+    m = mu * m + g_scale * g;
+    return nesterov ? mu * m + g_scale * g : m;
+  }
+};
+
+__global__ void momentum_multi_kernel(const TensorEntry* list, int64_t count, int64_t n, Momentum op, bool store_state,
+                                      float* u, const int32_t* skip) {
+  const bool write = store_state && !(skip && *skip);  // uniform over the grid
+  for (int64_t t = blockIdx.y; t < count; t += gridDim.y) {
+    void* pm = list[t].ptr[kState0];
+    const void* pg = list[t].ptr[kGrad];
+    const dion_dtype_t dm = static_cast<dion_dtype_t>(list[t].dtype[kState0]);
+    const dion_dtype_t dg = static_cast<dion_dtype_t>(list[t].dtype[kGrad]);
+    float* ut = u + t * n;
+    int64_t i0 = 0;
+    if (aligned16(pm) && aligned16(pg) && aligned16(ut)) {
+      const int64_t n8 = n / 8;
+      for (int64_t j = global_thread(); j < n8; j += grid_threads()) {
+        float m[8], g[8], o[8];
+        load8(pm, dm, j, m);
+        load8(pg, dg, j, g);
+#pragma unroll
+        for (int k = 0; k < 8; ++k) o[k] = op(m[k], g[k]);
+        if (write) store8(pm, dm, j, m);
+        store8(ut, DION_DTYPE_FP32, j, o);
+      }
+      i0 = n8 * 8;
+    }
+    for (int64_t i = i0 + global_thread(); i < n; i += grid_threads()) {
+      float m = load_elem(pm, dm, i);
+      ut[i] = op(m, load_elem(pg, dg, i));
+      if (write) store_elem(pm, dm, i, m);
+    }
+  }
+}
+
+__global__ void apply_update_multi_kernel(const TensorEntry* list, int64_t count, int64_t n, const void* u,
+                                          dion_dtype_t du, const GroupScalars* gs, float lr_mult, bool cautious,
+                                          const int32_t* skip) {
+  if (skip && *skip) return;
+  const Update op(gs, lr_mult, cautious);
+  const int64_t usize = du == DION_DTYPE_FP32 ? 4 : 2;
+  for (int64_t t = blockIdx.y; t < count; t += gridDim.y) {
+    void* px = list[t].ptr[kParam];
+    const dion_dtype_t dx = static_cast<dion_dtype_t>(list[t].dtype[kParam]);
+    const void* ut = static_cast<const char*>(u) + t * n * usize;
+    int64_t i0 = 0;
+    if (aligned16(px) && aligned16(ut)) {
+      const int64_t n8 = n / 8;
+      for (int64_t j = global_thread(); j < n8; j += grid_threads()) {
+        float x[8], v[8];
+        load8(px, dx, j, x);
+        load8(ut, du, j, v);
+#pragma unroll
+        for (int k = 0; k < 8; ++k) x[k] = op(x[k], v[k]);
+        store8(px, dx, j, x);
+      }
+      i0 = n8 * 8;
+    }
+    for (int64_t i = i0 + global_thread(); i < n; i += grid_threads())
+      store_elem(px, dx, i, op(load_elem(px, dx, i), load_elem(ut, du, i)));
   }
 }
 
@@ -262,6 +349,23 @@ void apply_update(const Ctx& c, float* x, const float* u, int64_t n, const Group
   if (n <= 0) return;
   apply_update_kernel<<<blocks_1d(c, n), kThreads, 0, c.stream>>>(x, u, n, gs, lr_mult, cautious);
   cuda::check_launch("apply_update kernel");
+}
+
+void momentum_multi(const Ctx& c, const TensorEntry* list, int64_t count, int64_t n, float mu, float g_scale,
+                    bool nesterov, bool store_state, float* u, const int32_t* skip) {
+  if (count <= 0 || n <= 0) return;
+  momentum_multi_kernel<<<grid_multi(c, count, (n + 7) / 8), kThreads, 0, c.stream>>>(
+      list, count, n, Momentum{mu, g_scale, nesterov}, store_state, u, skip);
+  cuda::check_launch("momentum_multi kernel");
+}
+
+void apply_update_multi(const Ctx& c, const TensorEntry* list, int64_t count, int64_t n, const void* u,
+                        dion_dtype_t u_dtype, const GroupScalars* gs, float lr_mult, bool cautious,
+                        const int32_t* skip) {
+  if (count <= 0 || n <= 0) return;
+  apply_update_multi_kernel<<<grid_multi(c, count, (n + 7) / 8), kThreads, 0, c.stream>>>(
+      list, count, n, u, u_dtype, gs, lr_mult, cautious, skip);
+  cuda::check_launch("apply_update_multi kernel");
 }
 
 void decay(const Ctx& c, float* x, int64_t n, const GroupScalars* gs) {

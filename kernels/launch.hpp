@@ -36,6 +36,11 @@ void nan_to_num(const Ctx& c, float* x, int64_t n);
 void apply_update(const Ctx& c, float* x, const float* u, int64_t n, const GroupScalars* gs, float lr_mult,
                   bool cautious);
 void decay(const Ctx& c, float* x, int64_t n, const GroupScalars* gs);
+void momentum_multi(const Ctx& c, const TensorEntry* list, int64_t count, int64_t n, float mu, float g_scale,
+                    bool nesterov, bool store_state, float* u, const int32_t* skip);
+void apply_update_multi(const Ctx& c, const TensorEntry* list, int64_t count, int64_t n, const void* u,
+                        dion_dtype_t u_dtype, const GroupScalars* gs, float lr_mult, bool cautious,
+                        const int32_t* skip);
 // C = beta * C (0 where beta == 0, whatever C held): a GEMM with k == 0.
 void scale_matrix(const Ctx& c, MatBatch m, float beta);
 
@@ -48,6 +53,8 @@ void lion(const Ctx& c, const TensorEntry* list, int64_t count, int64_t max_n, c
 // ---- reduce.cu ----
 size_t frob_normalize_scratch(const Ctx& c, const MatBatch& m);
 void frob_normalize(const Ctx& c, MatBatch m, float factor, float eps, void* scratch);
+// Takes frob_normalize_scratch(c, m) too.
+void frob_normalize_bf16(const Ctx& c, ConstMatBatch m, float factor, float eps, void* out, void* scratch);
 size_t col_normalize_scratch(const Ctx& c, const MatBatch& m);
 void col_normalize(const Ctx& c, MatBatch m, float eps, void* scratch);
 size_t slice_l1_scratch(const Ctx& c, const ConstMatBatch& m, Axis axis);
@@ -69,6 +76,12 @@ void gather_slices(const Ctx& c, ConstMatBatch m, Axis axis, const int32_t* idx,
 void scale_slices(const Ctx& c, MatBatch m, Axis axis, const int32_t* idx, int64_t k, float s);
 void add_slices(const Ctx& c, MatBatch m, Axis axis, const int32_t* idx, int64_t k, ConstMatBatch u,
                 const GroupScalars* gs, float mult);
+void store_slices_multi(const Ctx& c, const TensorEntry* list, int64_t count, Field f, ConstMatBatch m, Axis axis,
+                        const int32_t* idx, int64_t k, const int32_t* skip);
+size_t decay_add_slices_multi_scratch(int64_t count, int64_t per, int64_t rows, int64_t cols, Axis axis, int64_t k);
+void decay_add_slices_multi(const Ctx& c, const TensorEntry* list, int64_t count, int64_t per, int64_t rows,
+                            int64_t cols, Axis axis, const int32_t* idx, int64_t k, ConstMatBatch u,
+                            const GroupScalars* gs, float mult, const int32_t* skip, void* scratch);
 
 // ---- linalg.cu ----
 // ptrs[b] = base + b * stride (device pointer arrays for the batched cuBLAS/cuSOLVER calls).

@@ -46,20 +46,62 @@ __global__ void frob_partial_kernel(MatBatch m, int64_t nchunks, double* partial
   }
 }
 
+// 1 / (factor ||m[b]||_F + eps) from the partial sums of matrix b. Every
+// block that calls it (with kThreads threads) adds the same partials in the
+// same order, so frob_normalize and frob_normalize_bf16 get the same float.
+// Contains __syncthreads: call it from all threads of the block.
+__device__ __forceinline__ float frob_inv(const double* partial, int64_t b, int64_t nchunks, float factor, float eps,
+                                          double* sh) {
+  double s = 0.0;
+  for (int64_t c = threadIdx.x; c < nchunks; c += blockDim.x) s += partial[b * nchunks + c];
+  s = block_sum(s, sh);
+  return static_cast<float>(1.0 / (factor * sqrt(s) + eps));
+}
+
 __global__ void frob_scale_kernel(MatBatch m, int64_t nchunks, const double* partial, float factor, float eps) {
   __shared__ double sh[33];
   const int64_t elems = m.rows * m.cols, chunk = ceil_div(elems, nchunks);
   const int64_t e0 = blockIdx.x * chunk, e1 = min(e0 + chunk, elems);
   for (int64_t b = blockIdx.y; b < m.batch; b += gridDim.y) {
-    // Every block of matrix b adds the same partials in the same order.
-    double s = 0.0;
-    for (int64_t c = threadIdx.x; c < nchunks; c += blockDim.x) s += partial[b * nchunks + c];
-    s = block_sum(s, sh);
-    const float inv = static_cast<float>(1.0 / (factor * sqrt(s) + eps));
+    const float inv = frob_inv(partial, b, nchunks, factor, eps, sh);
     float* p = mat_at(m, b);
     if (e0 + threadIdx.x < e1)
       for (FlatWalk w(e0 + threadIdx.x, blockDim.x, m.cols); w.e < e1; w.next(blockDim.x, m.cols))
         p[w.offset(m.ld)] *= inv;
+  }
+}
+
+// The scaling pass of frob_normalize writing bf16(x * inv) to a dense bf16
+// batch instead of x * inv in place: one read of x and a 2-byte write, where
+// frob_normalize and a store took two reads, a 4-byte write and a 2-byte one.
+// grid.y walks the matrices, x the 8-element chunks of each (16-byte
+// accesses when the matrix is dense and both sides are aligned).
+__global__ void frob_bf16_kernel(ConstMatBatch m, int64_t nchunks, const double* partial, float factor, float eps,
+                                 uint16_t* out) {
+  __shared__ double sh[33];
+  const int64_t elems = m.rows * m.cols;
+  for (int64_t b = blockIdx.y; b < m.batch; b += gridDim.y) {
+    const float inv = frob_inv(partial, b, nchunks, factor, eps, sh);
+    const float* p = mat_at(m, b);
+    uint16_t* o = out + b * elems;
+    int64_t i0 = 0;
+    if (m.ld == m.cols && aligned16(p) && aligned16(o)) {
+      const int64_t n8 = elems / 8;
+      for (int64_t j = global_thread(); j < n8; j += grid_threads()) {
+        float v[8];
+        load8(p, DION_DTYPE_FP32, j, v);
+#pragma unroll
+        for (int k = 0; k < 8; ++k) v[k] *= inv;
+        store8(o, DION_DTYPE_BF16, j, v);
+      }
+      i0 = n8 * 8;
+    }
+    for (int64_t i = i0 + global_thread(); i < elems; i += grid_threads()) {
+      const int64_t r = i / m.cols;
+      float v = p[r * m.ld + (i - r * m.cols)];
+      v *= inv;
+      o[i] = float_to_bf16(v);
+    }
   }
 }
 
@@ -267,6 +309,19 @@ void frob_normalize(const Ctx& c, MatBatch m, float factor, float eps, void* scr
   cuda::check_launch("frob_normalize partial-sum kernel");
   frob_scale_kernel<<<flat_grid(nch, m.batch), kThreads, 0, c.stream>>>(m, nch, partial, factor, eps);
   cuda::check_launch("frob_normalize scale kernel");
+}
+
+void frob_normalize_bf16(const Ctx& c, ConstMatBatch m, float factor, float eps, void* out, void* scratch) {
+  if (m.batch <= 0 || m.rows <= 0 || m.cols <= 0) return;
+  // The partial sums exactly as frob_normalize takes them (same chunks).
+  const int64_t nch = flat_chunks(c, m.rows, m.cols, m.batch);
+  double* partial = static_cast<double*>(scratch);
+  const MatBatch mm{const_cast<float*>(m.p), m.rows, m.cols, m.ld, m.stride, m.batch};  // read only
+  frob_partial_kernel<<<flat_grid(nch, m.batch), kThreads, 0, c.stream>>>(mm, nch, partial);
+  cuda::check_launch("frob_normalize_bf16 partial-sum kernel");
+  frob_bf16_kernel<<<grid_multi(c, m.batch, ceil_div(m.rows * m.cols, 8)), kThreads, 0, c.stream>>>(
+      m, nch, partial, factor, eps, static_cast<uint16_t*>(out));
+  cuda::check_launch("frob_normalize_bf16 scale kernel");
 }
 
 size_t col_normalize_scratch(const Ctx& c, const MatBatch& m) {

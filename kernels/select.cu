@@ -1,6 +1,7 @@
 // SPDX-License-Identifier: MIT
-// Dion2's slice selection: top-k of score vectors, and gather / scale / add
-// of the selected rows or columns.
+// Dion2's slice selection: top-k of score vectors, gather / scale / add of
+// the selected rows or columns, and the fused passes on typed buffers that
+// store the selected slices of the momentum and update the parameters.
 //
 // topk: one block per vector. A radix select over the scores' bits (4 passes
 // of 8 bits, counting with integer shared-memory atomics) finds the k-th
@@ -135,6 +136,113 @@ struct AddSlices {
   }
 };
 
+// ---- Dion2's fused passes over typed buffers ----
+
+// store_multi of the selected slices only: matrix b of m belongs to tensor
+// b / per, where it is the (b % per)-th dense rows x cols matrix.
+struct StoreSlices {
+  const TensorEntry* list;
+  int f;
+  ConstMatBatch m;
+  const int32_t* idx;
+  int64_t k, per;
+  bool rows;
+  const int32_t* skip;
+  __device__ void operator()(int64_t b, int64_t i, int64_t j) const {
+    if (skip && *skip) return;
+    const int32_t* ix = idx + b * k;
+    const int64_t r = rows ? ix[i] : i, c = rows ? j : ix[j];
+    const TensorEntry& e = list[b / per];
+    store_elem(e.ptr[f], static_cast<dion_dtype_t>(e.dtype[f]), (b % per) * m.rows * m.cols + r * m.cols + c,
+               mat_at(m, b)[r * m.ld + c]);
+  }
+};
+
+// pos[b * N + idx[b * k + s]] = s: the inverse of each matrix's index list
+// (pos is -1 elsewhere), so the whole-matrix pass finds an element's slice
+// of u with one lookup.
+struct FillPos {
+  const int32_t* idx;
+  int64_t k, N;
+  int32_t* pos;
+  __device__ void operator()(int64_t b, int64_t, int64_t s) const {
+    pos[b * N + idx[b * k + s]] = static_cast<int32_t>(s);
+  }
+};
+
+// Where the walk over a tensor's elements stands: matrix q of the tensor,
+// row r, column c. Advanced element by element, so a thread divides once
+// per chunk of eight.
+struct MatPos {
+  int64_t q, r, c;
+  __device__ MatPos(int64_t e, int64_t rows, int64_t cols) {
+    const int64_t msize = rows * cols;
+    q = e / msize;
+    const int64_t rem = e - q * msize;
+    r = rem / cols;
+    c = rem - r * cols;
+  }
+  __device__ __forceinline__ void next(int64_t rows, int64_t cols) {
+    if (++c == cols) {
+      c = 0;
+      if (++r == rows) {
+        r = 0;
+        ++q;
+      }
+    }
+  }
+};
+
+// decay (x *= 1 - lr wd, the factor computed in double as decay_kernel
+// does), then add_slices' x += alpha * u on the selected slices, in fp32.
+struct DecayAdd {
+  float d, alpha;
+  int64_t per, N;
+  bool rows;
+  const int32_t* pos;  // null: nothing selected
+  ConstMatBatch u;
+  __device__ __forceinline__ float operator()(float x, int64_t t, const MatPos& p) const {
+    x *= d;
+    if (pos) {
+      const int64_t b = t * per + p.q;
+      const int32_t s = pos[b * N + (rows ? p.r : p.c)];
+      if (s >= 0) x += alpha * mat_at(u, b)[rows ? s * u.ld + p.c : p.r * u.ld + s];
+    }
+    return x;
+  }
+};
+
+__global__ void decay_add_slices_multi_kernel(const TensorEntry* list, int64_t count, int64_t rows, int64_t cols,
+                                              DecayAdd op, const GroupScalars* gs, float mult, const int32_t* skip) {
+  if (skip && *skip) return;
+  // From the device-side lr and wd, so a captured graph follows their changes.
+  op.d = static_cast<float>(1.0 - gs->lr * gs->weight_decay);
+  op.alpha = static_cast<float>(mult * gs->lr);
+  const int64_t n = op.per * rows * cols;
+  for (int64_t t = blockIdx.y; t < count; t += gridDim.y) {
+    void* px = list[t].ptr[kParam];
+    const dion_dtype_t dx = static_cast<dion_dtype_t>(list[t].dtype[kParam]);
+    int64_t i0 = 0;
+    if (aligned16(px)) {
+      const int64_t n8 = n / 8;
+      for (int64_t j = global_thread(); j < n8; j += grid_threads()) {
+        float x[8];
+        load8(px, dx, j, x);
+        MatPos p(8 * j, rows, cols);
+#pragma unroll
+        for (int k = 0; k < 8; ++k) {
+          x[k] = op(x[k], t, p);
+          p.next(rows, cols);
+        }
+        store8(px, dx, j, x);
+      }
+      i0 = n8 * 8;
+    }
+    for (int64_t i = i0 + global_thread(); i < n; i += grid_threads())
+      store_elem(px, dx, i, op(load_elem(px, dx, i), t, MatPos(i, rows, cols)));
+  }
+}
+
 }  // namespace
 
 void topk(const Ctx& c, const float* scores, int64_t batch, int64_t n, int64_t k, int32_t* idx) {
@@ -160,6 +268,40 @@ void add_slices(const Ctx& c, MatBatch m, Axis axis, const int32_t* idx, int64_t
   const bool rows = axis == kRows;
   for_each_2d(c, m.batch, rows ? k : m.rows, rows ? m.cols : k, AddSlices{m, u, idx, k, rows, gs, mult},
               "add_slices kernel");
+}
+
+void store_slices_multi(const Ctx& c, const TensorEntry* list, int64_t count, Field f, ConstMatBatch m, Axis axis,
+                        const int32_t* idx, int64_t k, const int32_t* skip) {
+  if (count <= 0 || k <= 0 || m.batch <= 0) return;
+  const bool rows = axis == kRows;
+  for_each_2d(c, m.batch, rows ? k : m.rows, rows ? m.cols : k,
+              StoreSlices{list, static_cast<int>(f), m, idx, k, m.batch / count, rows, skip},
+              "store_slices_multi kernel");
+}
+
+size_t decay_add_slices_multi_scratch(int64_t count, int64_t per, int64_t rows, int64_t cols, Axis axis, int64_t k) {
+  if (k <= 0) return 0;
+  return sizeof(int32_t) * static_cast<size_t>(count * per * (axis == kRows ? rows : cols));
+}
+
+void decay_add_slices_multi(const Ctx& c, const TensorEntry* list, int64_t count, int64_t per, int64_t rows,
+                            int64_t cols, Axis axis, const int32_t* idx, int64_t k, ConstMatBatch u,
+                            const GroupScalars* gs, float mult, const int32_t* skip, void* scratch) {
+  const int64_t n = per * rows * cols;
+  if (count <= 0 || n <= 0) return;
+  const bool by_rows = axis == kRows;
+  const int64_t N = by_rows ? rows : cols;
+  int32_t* pos = nullptr;
+  if (k > 0) {
+    pos = static_cast<int32_t*>(scratch);
+    cuda::check(cudaMemsetAsync(pos, 0xff, sizeof(int32_t) * static_cast<size_t>(count * per * N), c.stream),
+                "cudaMemsetAsync (decay_add_slices_multi)");  // -1 everywhere
+    for_each_2d(c, count * per, 1, k, FillPos{idx, k, N, pos}, "decay_add_slices_multi index kernel");
+  }
+  const DecayAdd op{0.0f, 0.0f, per, N, by_rows, pos, u};
+  decay_add_slices_multi_kernel<<<grid_multi(c, count, (n + 7) / 8), kThreads, 0, c.stream>>>(list, count, rows, cols,
+                                                                                            op, gs, mult, skip);
+  cuda::check_launch("decay_add_slices_multi kernel");
 }
 
 }  // namespace dion::kernels

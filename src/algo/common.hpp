@@ -23,7 +23,11 @@ inline StateBuf& state_of(Optimizer& opt, const Tensor& t, size_t k) { return op
 
 // Orthogonalizes each (rows x cols) matrix of `x` in place with the group's
 // orthogonalizer (spec §1.2). Workspace: orthogonalize_ws_floats().
-void orthogonalize(Optimizer& opt, const dion_group_options_t& o, MatBatch x);
+// With `bf16_result` not null, a result computed in bf16 (matmul precision
+// BF16 on the CUDA backend) is not widened into x: *bf16_result points to it
+// (workspace, dense: the matrices one after the other) and x is left
+// unspecified; otherwise *bf16_result = nullptr and x holds the result.
+void orthogonalize(Optimizer& opt, const dion_group_options_t& o, MatBatch x, const void** bf16_result = nullptr);
 size_t orthogonalize_ws_floats(int64_t rows, int64_t cols, int64_t batch);
 
 

@@ -151,21 +151,22 @@ size_t dion2_family_workspace(const Group& g, const Tensor& t, int64_t count) {
   const int64_t rows = max_local_extent(t, flatten && t.ndim >= 3 ? 0 : t.ndim - 2);  // variances per matrix
   const MbPiece mp = largest_piece(p.mb, matrix_piece(t, p.mb, flatten));
   if (p.whole) {
-    // M, G (then the update), X; the exchange of M; on the owner the
-    // scores, indices and selected slices of its whole matrices.
+    // M, the update (G and X stay in their typed buffers); the exchange of
+    // M; on the owner the scores, indices and selected slices of its whole
+    // matrices.
     const MbSizes u = megabatch_sizes(p.mb, matrix_piece(t, p.mb, flatten), B);
     const Sel s = selection(g.opt, p, t, u.whole.rows(), u.whole.cols());
     const int64_t c = u.owned;
-    size_t w = 3 * ws_floats(N) + u.ws_floats + ws_floats(c * s.N) + ws_floats(c * s.k) + ws_floats(c * s.k * s.len);
+    size_t w = 2 * ws_floats(N) + u.ws_floats + ws_floats(c * s.N) + ws_floats(c * s.k) + ws_floats(c * s.k * s.len);
     w += orthogonalize_ws_floats(s.axis == kRows ? s.k : s.len, s.axis == kRows ? s.len : s.k, c);
     if (nor) w += ws_floats(B * rows) + megabatch_sizes(p.mb, neuron_piece(t, p.mb, flatten), B).ws_floats;
     return w;
   }
-  // M, G (then X); the local scores, indices and selected slices; their
-  // exchange and orthogonalization.
+  // M (G and X stay in their typed buffers); the local scores, indices and
+  // selected slices; their exchange and orthogonalization.
   const Sel s = selection(g.opt, p, t, mp.rows(), mp.cols());
   const MbSizes u = megabatch_sizes(p.mb, selected_piece(p, t, flatten, s), B);
-  size_t w = 2 * ws_floats(N) + ws_floats(B * s.N) + ws_floats(B * s.k) + ws_floats(B * s.k * s.len) + u.ws_floats;
+  size_t w = ws_floats(N) + ws_floats(B * s.N) + ws_floats(B * s.k) + ws_floats(B * s.k * s.len) + u.ws_floats;
   w += orthogonalize_ws_floats(u.whole.rows(), u.whole.cols(), u.owned);
   if (nor)
     w += ws_floats(B * rows) + ws_floats(B * s.k) + megabatch_sizes(p.mb, selected_neuron_piece(p, t, s), B).ws_floats;
@@ -182,9 +183,11 @@ void dion2_family_step(Optimizer& opt, Group& g, const Batch& bt, bool nor) {
   const Dion2Plan p = dion2_plan(&opt, g, t, B);
   const float decay = static_cast<float>(nor ? o.mu : o.ef_decay);
   const double lr_mult = adjusted_lr(o, 1.0, t.geom.m, t.geom.n);  // from the FULL matrix shape
-  float* M = load_ws(opt, bt, kState0, n);
-  float* W = load_ws(opt, bt, kGrad, n);  // G, later X (local scope) or the update (whole)
-  be.axpby(1.0f, W, 1.0f, M, n * T);       // M += G (no decay here)
+  // M += G (no decay here) into fp32 workspace, in one pass over the typed
+  // M and G (Backend::momentum_multi with mu = 1). The local scope also
+  // stores M there (all of it; the selected slices, decayed below, again).
+  float* M = opt.ws.take(n * T);
+  be.momentum_multi(bt.list, T, n, 1.0f, 1.0f, false, !p.whole, M, opt.skip_flag());
 
   if (p.whole) {
     Unshard um(opt, p.mb, matrix_piece(t, p.mb, flatten), B);
@@ -217,10 +220,10 @@ void dion2_family_step(Optimizer& opt, Group& g, const Batch& bt, bool nor) {
     // The update: the orthogonalized slices in place, zero elsewhere.
     be.zero(Mo, sizeof(float) * static_cast<size_t>(c * wr * wc));
     if (c > 0) be.add_slices(Mw, s.axis, idx, s.k, S, nullptr, 1.0f);
+    float* W = opt.ws.take(n * T);
     um.backward(W);
-    float* X = load_ws(opt, bt, kParam, n);
-    be.apply_update(X, W, n * T, g.scalars, static_cast<float>(lr_mult), false);
-    store_ws(opt, bt, kParam, X, n);
+    be.apply_update_multi(bt.list, T, n, W, DION_DTYPE_FP32, g.scalars, static_cast<float>(lr_mult), false,
+                          opt.skip_flag());
     return;
   }
 
@@ -239,8 +242,9 @@ void dion2_family_step(Optimizer& opt, Group& g, const Batch& bt, bool nor) {
     be.topk(scores, B, s.N, s.k, idx);
     be.gather_slices(Mm, s.axis, idx, s.k, S);
     be.scale_slices(Mm, s.axis, idx, s.k, decay);  // error feedback on the selected slices only
+    // The rest of M went to the state with M += G.
+    be.store_slices_multi(bt.list, T, kState0, Mm, s.axis, idx, s.k, opt.skip_flag());
   }
-  store_ws(opt, bt, kState0, M, n);
   Unshard us(opt, p.mb, selected_piece(p, t, flatten, s), B);
   float* So = us.forward(S.p);
   MatBatch Sw = mat(So, us.whole().rows(), us.whole().cols(), us.count());
@@ -263,11 +267,9 @@ void dion2_family_step(Optimizer& opt, Group& g, const Batch& bt, bool nor) {
     store_ws(opt, bt, kState1, V, Vs.numel);
   }
   us.backward(S.p);
-  be.load_multi(W, bt.list, T, kParam, n);
-  MatBatch X = mat(W, t.geom.srows, t.geom.scols, B);
-  be.decay(W, n * T, g.scalars);
-  if (B > 0 && s.k > 0) be.add_slices(X, s.axis, idx, s.k, S, g.scalars, static_cast<float>(-lr_mult));
-  store_ws(opt, bt, kParam, W, n);
+  // X = (1 - lr wd) X; X[I] -= lr lr_mult S on the typed params, in one pass.
+  be.decay_add_slices_multi(bt.list, T, t.geom.batch, t.geom.srows, t.geom.scols, s.axis, idx, B > 0 ? s.k : 0, S,
+                            g.scalars, static_cast<float>(-lr_mult), opt.skip_flag());
 }
 
 void dion2_family_check(const Group& g, const Tensor& t) { dion2_plan(nullptr, g, t, 1); }

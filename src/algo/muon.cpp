@@ -14,8 +14,9 @@ size_t muon_family_workspace(const Group& g, const Tensor& t, int64_t count) {
   const int64_t N = max_local_numel(t) * count, B = max_local_batch(t, flatten) * count;
   const MbPlan plan = megabatch_plan(nullptr, t, flatten, B);
   const MbSizes u = megabatch_sizes(plan, matrix_piece(t, plan, flatten), B);
-  // M, G, U, X; the exchange; the orthogonalization of the owned matrices
-  size_t w = 4 * ws_floats(N) + u.ws_floats + orthogonalize_ws_floats(u.whole.rows(), u.whole.cols(), u.owned);
+  // U (M, G and X stay in their typed buffers); the exchange; the
+  // orthogonalization of the owned matrices
+  size_t w = ws_floats(N) + u.ws_floats + orthogonalize_ws_floats(u.whole.rows(), u.whole.cols(), u.owned);
   if (g.opt.algorithm == DION_ALGO_NORMUON) {
     const int64_t rows = max_local_extent(t, flatten && t.ndim >= 3 ? 0 : t.ndim - 2);
     w += ws_floats(B * rows) + megabatch_sizes(plan, neuron_piece(t, plan, flatten), B).ws_floats;
@@ -32,22 +33,19 @@ void muon_family_step(Optimizer& opt, Group& g, const Batch& bt, bool normalize)
   const Tensor& t = bt.t;
   const bool flatten = o.flatten != 0;
   const int64_t n = t.numel_local, T = bt.count, N = n * T, B = t.geom.batch * T;
-  float* M = load_ws(opt, bt, kState0, n);
-  float* G = load_ws(opt, bt, kGrad, n);
-  const float mu = static_cast<float>(o.mu);
-  be.axpby(mu, G, 1.0f, M, N);  // M = mu M + G
-  store_ws(opt, bt, kState0, M, n);
+  // M = mu M + G, stored back; U = nesterov ? mu M + G : M, in fp32: one
+  // pass over the typed M and G (Backend::momentum_multi).
   float* U = opt.ws.take(N);
-  if (o.nesterov)
-    be.lincomb(mu, M, 1.0f, G, U, N);
-  else
-    be.copy(U, M, sizeof(float) * static_cast<size_t>(N));
+  be.momentum_multi(bt.list, T, n, static_cast<float>(o.mu), 1.0f, o.nesterov != 0, true, U, opt.skip_flag());
   const MbPlan plan = megabatch_plan(&opt, t, flatten, B);
   Unshard uu(opt, plan, matrix_piece(t, plan, flatten), B);
   float* Uo = uu.forward(U);
   const MbPiece& w = uu.whole();
   MatBatch Um{Uo, w.rows(), w.cols(), w.cols(), w.rows() * w.cols(), uu.count()};
-  orthogonalize(opt, o, Um);
+  // Without an exchange or a normalisation the update reads the
+  // orthogonalizer's bf16 result (if it has one) where it lies, laid out as U.
+  const void* Ob = nullptr;
+  orthogonalize(opt, o, Um, plan.levels == 0 && !normalize ? &Ob : nullptr);
   if (normalize) {
     // On the owner, over whole rows and the whole matrix: the single-device
     // statistics (the reference normalizes each rank's row shard after the
@@ -61,10 +59,9 @@ void muon_family_step(Optimizer& opt, Group& g, const Batch& bt, bool normalize)
     store_ws(opt, bt, kState1, V, Vs.numel);
   }
   uu.backward(U);
-  float* X = load_ws(opt, bt, kParam, n);
   const double lr_mult = adjusted_lr(o, 1.0, t.geom.m, t.geom.n);
-  be.apply_update(X, U, N, g.scalars, static_cast<float>(lr_mult), o.cautious_wd != 0);
-  store_ws(opt, bt, kParam, X, n);
+  be.apply_update_multi(bt.list, T, n, Ob ? Ob : U, Ob ? DION_DTYPE_BF16 : DION_DTYPE_FP32, g.scalars,
+                        static_cast<float>(lr_mult), o.cautious_wd != 0, opt.skip_flag());
 }
 
 namespace {

@@ -38,11 +38,14 @@ constexpr Coeffs kNewtonSchulz[] = {
 
 // The iteration on bf16 matrices with fp32 accumulation, as microsoft/dion
 // runs it: half the memory traffic of fp32 operands and bf16 tensor cores
-// without conversion passes. The input (normalised in fp32) is rounded to
-// bf16 once and the result widened back; every product is rounded to bf16.
-// The CUDA backend only: the host's reference arithmetic stays fp32.
+// without conversion passes. The input is normalised in fp32 and rounded to
+// bf16 in one pass (frob_normalize_bf16: the bits of frob_normalize and a
+// store, without writing the normalised fp32 x, which nothing reads), and
+// the result widened back into x (or, with bf16_result, left in bf16 for a
+// caller that reads it there); every product is rounded to bf16. The CUDA
+// backend only: the host's reference arithmetic stays fp32.
 void orthogonalize_bf16(Optimizer& opt, const dion_group_options_t& o, MatBatch x, const Coeffs* table, bool tall,
-                        int64_t s) {
+                        int64_t s, float factor, const void** bf16_result) {
   Backend& be = *opt.backend;
   const int64_t nx = x.rows * x.cols * x.batch, ns = s * s * x.batch;
   // bf16 buffers carved from the fp32 workspace (two elements per float).
@@ -54,7 +57,7 @@ void orthogonalize_bf16(Optimizer& opt, const dion_group_options_t& o, MatBatch 
   // x may have ld > cols: convert row by row only when it is dense.
   DION_REQUIRE(x.ld == x.cols && x.stride == x.rows * x.cols, DION_ERROR_INTERNAL,
                "orthogonalize_bf16: the input must be dense");
-  be.store(X.p, DION_DTYPE_BF16, x.p, nx);
+  be.frob_normalize_bf16(x, factor, static_cast<float>(o.epsilon), X.p);
   MatBatch cur = X, nxt = Y;
   for (int it = 0; it < o.ortho_steps; ++it) {
     const Coeffs& k = table[std::min(it, 4)];
@@ -71,7 +74,10 @@ void orthogonalize_bf16(Optimizer& opt, const dion_group_options_t& o, MatBatch 
       be.gemm_bf16(false, false, 1.0f, B, cur, 0.0f, nxt);
     std::swap(cur, nxt);
   }
-  be.load(x.p, cur.p, DION_DTYPE_BF16, nx);
+  if (bf16_result)
+    *bf16_result = cur.p;  // the caller reads the bf16 result: no widening pass
+  else
+    be.load(x.p, cur.p, DION_DTYPE_BF16, nx);
 }
 
 }  // namespace
@@ -81,20 +87,21 @@ size_t orthogonalize_ws_floats(int64_t rows, int64_t cols, int64_t batch) {
   return ws_floats(s * s * batch) * 2 + ws_floats(rows * cols * batch);
 }
 
-void orthogonalize(Optimizer& opt, const dion_group_options_t& o, MatBatch x) {
+void orthogonalize(Optimizer& opt, const dion_group_options_t& o, MatBatch x, const void** bf16_result) {
   Backend& be = *opt.backend;
+  if (bf16_result) *bf16_result = nullptr;
   if (x.batch == 0 || x.rows == 0 || x.cols == 0) return;
   const bool pe = o.orthogonalizer == DION_ORTHO_POLAR_EXPRESS;
   const Coeffs* table = pe ? kPolarExpress : kNewtonSchulz;
   const int ntab = 5;
-  be.frob_normalize(x, pe ? static_cast<float>(kPolarExpressSafety) : 1.0f, static_cast<float>(o.epsilon));
-
+  const float factor = pe ? static_cast<float>(kPolarExpressSafety) : 1.0f;
   const bool tall = x.rows > x.cols;
   const int64_t s = tall ? x.cols : x.rows;
   if (o.matmul_precision == DION_MATMUL_BF16 && !be.host_memory()) {
-    orthogonalize_bf16(opt, o, x, table, tall, s);
+    orthogonalize_bf16(opt, o, x, table, tall, s, factor, bf16_result);
     return;
   }
+  be.frob_normalize(x, factor, static_cast<float>(o.epsilon));
   MatBatch A{opt.ws.take(s * s * x.batch), s, s, s, s * s, x.batch};
   MatBatch B{opt.ws.take(s * s * x.batch), s, s, s, s * s, x.batch};
   MatBatch Y{opt.ws.take(x.rows * x.cols * x.batch), x.rows, x.cols, x.cols, x.rows * x.cols, x.batch};

@@ -238,6 +238,12 @@ class Backend {
   virtual void col_scale(MatBatch m, const float* sumsq, float eps) = 0;
   // Per-slice L1 norms along `axis` (axis kRows: one value per row) -> out
   virtual void slice_l1(ConstMatBatch m, Axis axis, float* out) = 0;
+  // frob_normalize(x, factor, eps) followed by store(out, DION_DTYPE_BF16, x)
+  // in one pass that leaves x unchanged: out (dense, rows * cols bf16
+  // elements per matrix, matrices one after the other) = bf16(x * inv) with
+  // inv the float frob_normalize computes, so the bits are those of the two
+  // calls. The Muon family's bf16 iteration starts from it.
+  virtual void frob_normalize_bf16(ConstMatBatch x, float factor, float eps, void* out) = 0;
 
   // ---- optimizer updates ----
   // Decay and orthonormal update (fp32 buffers): with lr = gs->lr, wd =
@@ -275,6 +281,46 @@ class Backend {
   // alpha = mult * gs->lr (mult when gs is null).
   virtual void add_slices(MatBatch m, Axis axis, const int32_t* idx, int64_t k, ConstMatBatch u,
                           const GroupScalars* gs, float mult) = 0;
+
+  // ---- fused passes over typed buffers (the Muon family, Dion2) ----
+  // Each replaces a sequence of the calls above, named in its comment, that
+  // loads typed buffers into fp32 workspace, runs element-wise ops there and
+  // stores back: one pass over the typed buffers instead of one per call,
+  // with the same fp32 operations in the same order and the same roundings,
+  // so the results are the sequence's bit for bit. `count` tensors of the
+  // table, n elements each; fp32 buffers hold tensor i at offset i * n.
+  // Typed fields are written only when !*skip; fp32 outputs always.
+  //
+  // Momentum, with M = state 0 and G = grad:
+  //   load_multi(m, kState0); load_multi(g, kGrad); axpby(mu, g, g_scale, m);
+  //   [store_state: store_multi(kState0, m, skip)];
+  //   nesterov ? lincomb(mu, m, g_scale, g, u) : u = m
+  // i.e. m = mu M + g_scale G; M <- m; u = nesterov ? mu m + g_scale G : m
+  // (u from the unrounded m). M is not written when !store_state.
+  virtual void momentum_multi(const TensorEntry* list, int64_t count, int64_t n, float mu, float g_scale,
+                              bool nesterov, bool store_state, float* u, const int32_t* skip) = 0;
+  // The parameter update: load_multi(x, kParam); apply_update(x, u, count * n,
+  // gs, lr_mult, cautious); store_multi(kParam, x, skip). u holds elements
+  // of u_dtype (a bf16 u is the Muon family's bf16 iteration's result,
+  // widened exactly: the bits of load(u) and apply_update on it).
+  virtual void apply_update_multi(const TensorEntry* list, int64_t count, int64_t n, const void* u,
+                                  dion_dtype_t u_dtype, const GroupScalars* gs, float lr_mult, bool cautious,
+                                  const int32_t* skip) = 0;
+  // store_multi(f) of the selected slices of m only (the rest of field f is
+  // left as it is): m holds count * per matrices (per = m.batch / count),
+  // tensor i's at i * per, and field f of tensor i holds its `per` matrices
+  // dense (rows x cols each, one after the other). idx as scale_slices takes it.
+  virtual void store_slices_multi(const TensorEntry* list, int64_t count, Field f, ConstMatBatch m, Axis axis,
+                                  const int32_t* idx, int64_t k, const int32_t* skip) = 0;
+  // Dion2's parameter update: the params of the `count` tensors, each `per`
+  // dense rows x cols matrices, as one fp32 batch x of count * per matrices
+  // (u holds as many, shaped as gather_slices' out):
+  //   load_multi(x, kParam); decay(x, all, gs);
+  //   k > 0: add_slices(x, axis, idx, k, u, gs, mult); store_multi(kParam, x, skip)
+  // The indices of a matrix must be distinct (topk's are).
+  virtual void decay_add_slices_multi(const TensorEntry* list, int64_t count, int64_t per, int64_t rows, int64_t cols,
+                                      Axis axis, const int32_t* idx, int64_t k, ConstMatBatch u,
+                                      const GroupScalars* gs, float mult, const int32_t* skip) = 0;
 };
 
 // Created by the backend implementations.

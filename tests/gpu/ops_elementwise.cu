@@ -697,5 +697,253 @@ TEST_F(OpsTest, Slices) {
   }
 }
 
+// ---- fused passes over typed buffers (Backend::momentum_multi, ...) ----
+// Each must give the bits of the op sequence it replaces on the same backend
+// (the same fp32 operations, no FMA contraction: exact), and the host's
+// fused op within the tolerances above. Tensors of a batch share their
+// length n (as load_multi's do) but not their dtypes; n = 776 takes the
+// vector path with no tail, 777 a tail and fp32 rows of alternating
+// alignment, 5 the element path only, and a shift of one element the
+// element path everywhere. A set skip flag must leave every typed buffer
+// as it was, bit for bit.
+
+// Two identical sets of tensors: one runs the old sequence, one the fused op.
+struct TensorPair {
+  Tensors a, b;
+  TensorPair(std::mt19937& rng, const std::vector<std::vector<int>>& dtypes, int64_t n, int64_t shift)
+      : a(copy_rng(rng), dtypes, std::vector<int64_t>(dtypes.size(), n), shift),
+        b(rng, dtypes, std::vector<int64_t>(dtypes.size(), n), shift) {}
+  static std::mt19937& copy_rng(std::mt19937& rng) {
+    static thread_local std::mt19937 c;
+    c = rng;
+    return c;
+  }
+  ::testing::AssertionResult same_field(int f) const {
+    for (size_t i = 0; i < a.t.size(); ++i) {
+      ::testing::AssertionResult r = same_bits(a.dev_raw(i, f), b.dev_raw(i, f));
+      if (!r) return r << " (tensor " << i << ", field " << f << ")";
+    }
+    return ::testing::AssertionSuccess();
+  }
+  ::testing::AssertionResult unchanged(int f) const {  // b's device copy still holds the inputs
+    for (size_t i = 0; i < b.t.size(); ++i) {
+      ::testing::AssertionResult r = same_bits(b.t[i].h[f], b.dev_raw(i, f));
+      if (!r) return r << " (tensor " << i << ", field " << f << ")";
+    }
+    return ::testing::AssertionSuccess();
+  }
+};
+
+class FusedMultiTest : public OpsTest, public ::testing::WithParamInterface<std::tuple<int64_t, int64_t>> {};
+
+TEST_P(FusedMultiTest, MomentumMulti) {
+  const int64_t n = std::get<0>(GetParam()), shift = std::get<1>(GetParam()), T = 5, N = T * n;
+  // {param, grad, momentum, -}: the momentum's dtype differs from the grad's in some.
+  const std::vector<std::vector<int>> dtypes = {{1, 0, 0, -1}, {1, 1, 1, -1}, {2, 2, 1, -1}, {1, 1, 0, -1},
+                                                {0, 0, 2, -1}};
+  for (int variant = 0; variant < 4; ++variant)
+    for (int32_t skip : {0, 1}) {
+      const bool nesterov = variant & 1, store_state = !(variant & 2);
+      const float mu = store_state ? 0.95f : 1.0f;  // Muon, or Dion2's M += G
+      SCOPED_TRACE(::testing::Message() << "nesterov " << nesterov << ", store " << store_state << ", skip " << skip);
+      TensorPair tp(rng, dtypes, n, shift);
+      Dev<int32_t> dskip(std::vector<int32_t>{skip});
+      Dev<float> M(N), G(N), U(N), U2(N);
+      cuda->load_multi(M.p(), tp.a.dev_table.p(), T, kState0, n);
+      cuda->load_multi(G.p(), tp.a.dev_table.p(), T, kGrad, n);
+      cuda->axpby(mu, G.p(), 1.0f, M.p(), N);
+      if (store_state) cuda->store_multi(tp.a.dev_table.p(), T, kState0, M.p(), n, dskip.p());
+      if (nesterov)
+        cuda->lincomb(mu, M.p(), 1.0f, G.p(), U.p(), N);
+      else
+        cuda->copy(U.p(), M.p(), sizeof(float) * static_cast<size_t>(N));
+      cuda->momentum_multi(tp.b.dev_table.p(), T, n, mu, 1.0f, nesterov, store_state, U2.p(), dskip.p());
+      const std::vector<float> u2 = U2.get();
+      EXPECT_TRUE(same_bits(U.get(), u2));
+      EXPECT_TRUE(tp.same_field(kState0));
+      EXPECT_TRUE(tp.unchanged(kGrad));
+      if (skip || !store_state) EXPECT_TRUE(tp.unchanged(kState0));
+      std::vector<float> uh(N);
+      host->momentum_multi(tp.b.host_list.data(), T, n, mu, 1.0f, nesterov, store_state, uh.data(), &skip);
+      EXPECT_TRUE(close(uh, u2, kUlps));
+      for (size_t i = 0; i < tp.b.t.size(); ++i) {
+        const int dt = tp.b.host_list[i].dtype[kState0];
+        EXPECT_TRUE(close(tp.b.host_vals(i, kState0), tp.b.dev_vals(i, kState0), dtype_rtol(dt),
+                          dt == DION_DTYPE_FP16 ? 6e-8 : 0.0))
+            << "tensor " << i;
+      }
+    }
+}
+
+TEST_P(FusedMultiTest, ApplyUpdateMulti) {
+  const int64_t n = std::get<0>(GetParam()), shift = std::get<1>(GetParam()), T = 4, N = T * n;
+  const std::vector<std::vector<int>> dtypes = {{0, -1, -1, -1}, {1, -1, -1, -1}, {2, -1, -1, -1}, {1, -1, -1, -1}};
+  const GroupScalars gs{0.02, 0.1, 0.9, 0.95, 3, 0};
+  Dev<GroupScalars> dgs(std::vector<GroupScalars>{gs});
+  // u in fp32, or the bf16 iteration's result (the old sequence widened it with load).
+  for (dion_dtype_t du : {DION_DTYPE_FP32, DION_DTYPE_BF16})
+  for (bool cautious : {false, true})
+    for (int32_t skip : {0, 1}) {
+      SCOPED_TRACE(::testing::Message() << dtype_name(du) << " u, cautious " << cautious << ", skip " << skip);
+      TensorPair tp(rng, dtypes, n, shift);
+      Dev<int32_t> dskip(std::vector<int32_t>{skip});
+      std::vector<float> u = univ(static_cast<size_t>(N));
+      std::vector<uint16_t> ub(u.size());
+      for (size_t i = 0; i < u.size(); ++i) ub[i] = float_to_bf16(u[i]);
+      // A bf16 u one element past an aligned address when the tensors are shifted: its element path too.
+      Dev<uint16_t> Ub16(static_cast<size_t>(N + shift));
+      cuda_ok(cudaMemcpy(Ub16.p() + shift, ub.data(), ub.size() * 2, cudaMemcpyHostToDevice), "upload");
+      Dev<float> U(u), X(N);
+      if (du == DION_DTYPE_BF16) cuda->load(U.p(), Ub16.p() + shift, DION_DTYPE_BF16, N);
+      cuda->load_multi(X.p(), tp.a.dev_table.p(), T, kParam, n);
+      cuda->apply_update(X.p(), U.p(), N, dgs.p(), 1.7f, cautious);
+      cuda->store_multi(tp.a.dev_table.p(), T, kParam, X.p(), n, dskip.p());
+      const void* du_ptr = du == DION_DTYPE_BF16 ? static_cast<const void*>(Ub16.p() + shift) : U.p();
+      cuda->apply_update_multi(tp.b.dev_table.p(), T, n, du_ptr, du, dgs.p(), 1.7f, cautious, dskip.p());
+      EXPECT_TRUE(tp.same_field(kParam));
+      if (skip) EXPECT_TRUE(tp.unchanged(kParam));
+      host->apply_update_multi(tp.b.host_list.data(), T, n,
+                               du == DION_DTYPE_BF16 ? static_cast<const void*>(ub.data()) : u.data(), du, &gs, 1.7f,
+                               cautious, &skip);
+      compare_tensors(tp.b, 1);
+    }
+}
+
+INSTANTIATE_TEST_SUITE_P(Sizes, FusedMultiTest,
+                         ::testing::Combine(::testing::Values(int64_t{776}, int64_t{777}, int64_t{5}),
+                                            ::testing::Values(int64_t{0}, int64_t{1})));
+
+// Dion2: the selected slices of each matrix, distinct and ascending (as topk's).
+std::vector<int32_t> pick_slices(std::mt19937& rng, int64_t batch, int64_t n, int64_t k) {
+  std::vector<int32_t> idx, all(static_cast<size_t>(n));
+  for (int64_t b = 0; b < batch; ++b) {
+    std::iota(all.begin(), all.end(), 0);
+    std::shuffle(all.begin(), all.end(), rng);
+    std::sort(all.begin(), all.begin() + k);
+    idx.insert(idx.end(), all.begin(), all.begin() + k);
+  }
+  return idx;
+}
+
+// The local scope's momentum: stored whole (momentum_multi), its selected
+// slices scaled, then only those stored again.
+TEST_F(OpsTest, StoreSlicesMulti) {
+  const int64_t per = 2, rows = 7, cols = 9, n = per * rows * cols, T = 3, B = T * per, k = 3;
+  const std::vector<std::vector<int>> dtypes = {{-1, -1, 0, -1}, {-1, -1, 1, -1}, {-1, -1, 2, -1}};
+  for (int64_t shift : {0, 1})
+    for (Axis ax : {kRows, kCols})
+      for (int32_t skip : {0, 1}) {
+        SCOPED_TRACE(::testing::Message() << "shift " << shift << ", axis " << ax << ", skip " << skip);
+        TensorPair tp(rng, dtypes, n, shift);
+        Dev<int32_t> dskip(std::vector<int32_t>{skip}), none(std::vector<int32_t>{0});
+        const std::vector<float> m0 = univ(static_cast<size_t>(B * rows * cols), -4.0f, 4.0f);
+        Dev<float> M(m0);
+        cuda->store_multi(tp.a.dev_table.p(), T, kState0, M.p(), n, none.p());
+        cuda->store_multi(tp.b.dev_table.p(), T, kState0, M.p(), n, none.p());
+        const std::vector<uint8_t> before = tp.b.dev_raw(1, kState0);
+        const std::vector<int32_t> idx = pick_slices(rng, B, ax == kRows ? rows : cols, k);
+        Dev<int32_t> didx(idx);
+        const MatBatch m{M.p(), rows, cols, cols, rows * cols, B};
+        cuda->scale_slices(m, ax, didx.p(), k, 0.3f);
+        cuda->store_multi(tp.a.dev_table.p(), T, kState0, M.p(), n, dskip.p());
+        cuda->store_slices_multi(tp.b.dev_table.p(), T, kState0, m, ax, didx.p(), k, dskip.p());
+        if (skip)
+          EXPECT_TRUE(same_bits(before, tp.b.dev_raw(1, kState0)));
+        else
+          EXPECT_TRUE(tp.same_field(kState0));
+        // The host's: from the same stored state.
+        std::vector<float> mh = m0;
+        int32_t no = 0;
+        host->store_multi(tp.b.host_list.data(), T, kState0, mh.data(), n, &no);
+        const MatBatch hm{mh.data(), rows, cols, cols, rows * cols, B};
+        host->scale_slices(hm, ax, idx.data(), k, 0.3f);
+        host->store_slices_multi(tp.b.host_list.data(), T, kState0, hm, ax, idx.data(), k, &skip);
+        for (size_t i = 0; i < tp.b.t.size(); ++i)
+          EXPECT_TRUE(same_bits(tp.b.t[i].h[kState0], tp.b.dev_raw(i, kState0))) << "tensor " << i;
+      }
+}
+
+// The local scope's parameter update: decay all, add the selected slices.
+TEST_F(OpsTest, DecayAddSlicesMulti) {
+  const int64_t per = 2, rows = 7, cols = 9, n = per * rows * cols, T = 3, B = T * per;
+  const std::vector<std::vector<int>> dtypes = {{0, -1, -1, -1}, {1, -1, -1, -1}, {2, -1, -1, -1}};
+  const GroupScalars gs{0.03, 0.1, 0.9, 0.99, 1, 0};
+  Dev<GroupScalars> dgs(std::vector<GroupScalars>{gs});
+  for (int64_t shift : {0, 1})
+    for (Axis ax : {kRows, kCols})
+      for (int64_t k : {0, 1, 4})
+        for (int32_t skip : {0, 1}) {
+          SCOPED_TRACE(::testing::Message() << "shift " << shift << ", axis " << ax << ", k " << k << ", skip "
+                                            << skip);
+          TensorPair tp(rng, dtypes, n, shift);
+          Dev<int32_t> dskip(std::vector<int32_t>{skip});
+          const std::vector<int32_t> idx = pick_slices(rng, B, ax == kRows ? rows : cols, k);
+          Dev<int32_t> didx(idx.empty() ? std::vector<int32_t>{0} : idx);
+          // S shaped as gather_slices' out, padded.
+          Mat S = ax == kRows ? Mat::padded(k, cols, B) : Mat::padded(rows, k, B);
+          S.fill([&] { return gauss(); });
+          Dev<float> X(B * rows * cols);
+          cuda->load_multi(X.p(), tp.a.dev_table.p(), T, kParam, n);
+          cuda->decay(X.p(), B * rows * cols, dgs.p());
+          if (k > 0)
+            cuda->add_slices(MatBatch{X.p(), rows, cols, cols, rows * cols, B}, ax, didx.p(), k, S.D(), dgs.p(), -1.3f);
+          cuda->store_multi(tp.a.dev_table.p(), T, kParam, X.p(), n, dskip.p());
+          cuda->decay_add_slices_multi(tp.b.dev_table.p(), T, per, rows, cols, ax, didx.p(), k, S.D(), dgs.p(), -1.3f,
+                                       dskip.p());
+          EXPECT_TRUE(tp.same_field(kParam));
+          if (skip) EXPECT_TRUE(tp.unchanged(kParam));
+          host->decay_add_slices_multi(tp.b.host_list.data(), T, per, rows, cols, ax, idx.data(), k, S.H(), &gs, -1.3f,
+                                       &skip);
+          compare_tensors(tp.b, 1);
+        }
+}
+
+// orthogonalize_bf16's start: the bits of frob_normalize and a store to
+// bf16, from padded, odd and large (many chunks per matrix) batches, into an
+// aligned and a misaligned output; the same bits on every run.
+TEST_F(OpsTest, FrobNormalizeBf16) {
+  struct Case {
+    int64_t rows, cols, batch, pad, gap;
+  } cases[] = {{9, 13, 3, 3, 5}, {64, 48, 2, 0, 0}, {1024, 1000, 4, 0, 0}, {1, 7, 5, 0, 0}, {33, 100, 2, 4, 0}};
+  for (const Case& c : cases)
+    for (int64_t out_shift : {0, 1}) {
+      SCOPED_TRACE(::testing::Message() << c.rows << "x" << c.cols << "x" << c.batch << " pad " << c.pad << " shift "
+                                        << out_shift);
+      Mat m = Mat::padded(c.rows, c.cols, c.batch, c.pad, c.gap);
+      m.fill([&] { return 3.0f * gauss(); });
+      const std::vector<float> x0 = m.h;
+      const int64_t elems = c.rows * c.cols * c.batch;
+      Dev<uint16_t> got(static_cast<size_t>(elems + out_shift)), want(static_cast<size_t>(elems));
+      for (int run = 0; run < 2; ++run) {
+        cuda->frob_normalize_bf16(m.D(), 1.02f, 1e-7f, got.p() + out_shift);
+        const std::vector<uint16_t> g = got.get();
+        if (run == 0) {
+          EXPECT_TRUE(same_bits(x0, m.dev())) << "the input must be left alone";
+          // The old sequence: normalise in place, then store row by row (the batch is padded).
+          Mat y = Mat::padded(c.rows, c.cols, c.batch, c.pad, c.gap);
+          y.h = x0;
+          y.sync();
+          cuda->frob_normalize(y.D(), 1.02f, 1e-7f);
+          for (int64_t b = 0; b < c.batch; ++b)
+            for (int64_t i = 0; i < c.rows; ++i)
+              cuda->store(want.p() + (b * c.rows + i) * c.cols, DION_DTYPE_BF16, y.d.p() + b * y.stride + i * y.ld,
+                          c.cols);
+          EXPECT_TRUE(same_bits(want.get(), std::vector<uint16_t>(g.begin() + out_shift, g.end())));
+          // The host's: within one bf16 ulp (the sums agree to double rounding).
+          std::vector<uint16_t> h(static_cast<size_t>(elems));
+          host->frob_normalize_bf16(m.H(), 1.02f, 1e-7f, h.data());
+          std::vector<float> hf(h.size()), gf(h.size());
+          for (size_t i = 0; i < h.size(); ++i) {
+            hf[i] = bf16_to_float(h[i]);
+            gf[i] = bf16_to_float(g[i + static_cast<size_t>(out_shift)]);
+          }
+          EXPECT_TRUE(close(hf, gf, 1.0 / 128));
+        } else {
+          EXPECT_TRUE(same_bits(want.get(), std::vector<uint16_t>(g.begin() + out_shift, g.end())));
+        }
+      }
+    }
+}
+
 }  // namespace
 }  // namespace dion_ops_test

@@ -704,6 +704,14 @@ class CudaBackend final : public Backend {
     void* s = scratch(kReduce, kernels::frob_normalize_scratch(ctx(), m));
     kernels::frob_normalize(ctx(), m, factor, eps, s);
   }
+  void frob_normalize_bf16(ConstMatBatch m, float factor, float eps, void* out) override {
+    if (m.batch <= 0 || m.rows <= 0 || m.cols <= 0) return;
+    DeviceScope ds(device_);
+    ProfScope ps(prof_, "frob_normalize_bf16", stream_);
+    const MatBatch shape{nullptr, m.rows, m.cols, m.ld, m.stride, m.batch};
+    void* s = scratch(kReduce, kernels::frob_normalize_scratch(ctx(), shape));
+    kernels::frob_normalize_bf16(ctx(), m, factor, eps, out, s);
+  }
   void col_normalize(MatBatch m, float eps) override {
     if (m.batch <= 0 || m.rows <= 0 || m.cols <= 0) return;
     DeviceScope ds(device_);
@@ -778,9 +786,38 @@ class CudaBackend final : public Backend {
     kernels::add_slices(ctx(), m, axis, idx, k, u, gs, mult);
   }
 
+  // ---- fused passes over typed buffers ----
+  void momentum_multi(const TensorEntry* list, int64_t count, int64_t n, float mu, float g_scale, bool nesterov,
+                      bool store_state, float* u, const int32_t* skip) override {
+    DeviceScope ds(device_);
+    ProfScope ps(prof_, "momentum_multi", stream_);
+    kernels::momentum_multi(ctx(), list, count, n, mu, g_scale, nesterov, store_state, u, skip);
+  }
+  void apply_update_multi(const TensorEntry* list, int64_t count, int64_t n, const void* u, dion_dtype_t u_dtype,
+                          const GroupScalars* gs, float lr_mult, bool cautious, const int32_t* skip) override {
+    DeviceScope ds(device_);
+    ProfScope ps(prof_, "apply_update_multi", stream_);
+    kernels::apply_update_multi(ctx(), list, count, n, u, u_dtype, gs, lr_mult, cautious, skip);
+  }
+  void store_slices_multi(const TensorEntry* list, int64_t count, Field f, ConstMatBatch m, Axis axis,
+                          const int32_t* idx, int64_t k, const int32_t* skip) override {
+    DeviceScope ds(device_);
+    ProfScope ps(prof_, "store_slices_multi", stream_);
+    kernels::store_slices_multi(ctx(), list, count, f, m, axis, idx, k, skip);
+  }
+  void decay_add_slices_multi(const TensorEntry* list, int64_t count, int64_t per, int64_t rows, int64_t cols,
+                              Axis axis, const int32_t* idx, int64_t k, ConstMatBatch u, const GroupScalars* gs,
+                              float mult, const int32_t* skip) override {
+    DeviceScope ds(device_);
+    ProfScope ps(prof_, "decay_add_slices_multi", stream_);
+    const size_t bytes = kernels::decay_add_slices_multi_scratch(count, per, rows, cols, axis, k);
+    void* s = bytes ? scratch(kPos, bytes) : nullptr;
+    kernels::decay_add_slices_multi(ctx(), list, count, per, rows, cols, axis, idx, k, u, gs, mult, skip, s);
+  }
+
  private:
   // Scratch buffers, one per purpose, so that one call can hold several.
-  enum Slot { kPtrA, kPtrB, kMat, kTau, kWork, kInfo, kReduce, kDblA, kDblG, kInv, kTmp, kBf16A, kBf16B, kSlotCount };
+  enum Slot { kPtrA, kPtrB, kMat, kTau, kWork, kInfo, kReduce, kDblA, kDblG, kInv, kTmp, kBf16A, kBf16B, kPos, kSlotCount };
   enum LworkOp { kOpGeqrf, kOpOrgqr, kOpPotrf, kOpDpotrf };
   struct Buffer {
     void* p = nullptr;

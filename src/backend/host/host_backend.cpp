@@ -369,6 +369,18 @@ class HostBackend final : public Backend {
         for (int64_t j = 0; j < m.cols; ++j) p[i * m.ld + j] *= inv;
     }
   }
+  void frob_normalize_bf16(ConstMatBatch m, float factor, float eps, void* out) override {
+    uint16_t* o = static_cast<uint16_t*>(out);
+    for (int64_t b = 0; b < m.batch; ++b) {
+      const float* p = at(m, b);
+      double s = 0;
+      for (int64_t i = 0; i < m.rows; ++i)
+        for (int64_t j = 0; j < m.cols; ++j) s += static_cast<double>(p[i * m.ld + j]) * p[i * m.ld + j];
+      const float inv = static_cast<float>(1.0 / (factor * std::sqrt(s) + eps));
+      for (int64_t i = 0; i < m.rows; ++i)
+        for (int64_t j = 0; j < m.cols; ++j) *o++ = float_to_bf16(p[i * m.ld + j] * inv);
+    }
+  }
   void col_normalize(MatBatch m, float eps) override {
     std::vector<double>& s = col_acc_;
     for (int64_t b = 0; b < m.batch; ++b) {
@@ -541,9 +553,82 @@ class HostBackend final : public Backend {
     }
   }
 
+  // ---- fused passes over typed buffers: the loops of the calls they replace, merged ----
+  void momentum_multi(const TensorEntry* list, int64_t count, int64_t n, float mu, float g_scale, bool nesterov,
+                      bool store_state, float* u, const int32_t* skip) override {
+    const bool write = store_state && !(skip && *skip);
+    for (int64_t t = 0; t < count; ++t) {
+      const TensorEntry& e = list[t];
+      const auto dm = static_cast<dion_dtype_t>(e.dtype[kState0]), dg = static_cast<dion_dtype_t>(e.dtype[kGrad]);
+      float* ut = u + t * n;
+      for (int64_t i = 0; i < n; ++i) {
+        const float g = load_elem(e.ptr[kGrad], dg, i);
+        const float m = mu * load_elem(e.ptr[kState0], dm, i) + g_scale * g;  // axpby
+        if (write) store_elem(e.ptr[kState0], dm, i, m);
+        ut[i] = nesterov ? mu * m + g_scale * g : m;  // lincomb
+      }
+    }
+  }
+  void apply_update_multi(const TensorEntry* list, int64_t count, int64_t n, const void* u, dion_dtype_t u_dtype,
+                          const GroupScalars* gs, float lr_mult, bool cautious, const int32_t* skip) override {
+    if (skip && *skip) return;
+    std::vector<float>& x = tmp_;
+    std::vector<float>& uf = tmp2_;
+    x.resize(static_cast<size_t>(n));
+    uf.resize(static_cast<size_t>(n));
+    for (int64_t t = 0; t < count; ++t) {
+      const auto dx = static_cast<dion_dtype_t>(list[t].dtype[kParam]);
+      load(x.data(), list[t].ptr[kParam], dx, n);
+      load(uf.data(), static_cast<const char*>(u) + t * n * static_cast<int64_t>(dtype_size(u_dtype)), u_dtype, n);
+      apply_update(x.data(), uf.data(), n, gs, lr_mult, cautious);
+      store(list[t].ptr[kParam], dx, x.data(), n);
+    }
+  }
+  void store_slices_multi(const TensorEntry* list, int64_t count, Field f, ConstMatBatch m, Axis axis,
+                          const int32_t* idx, int64_t k, const int32_t* skip) override {
+    if ((skip && *skip) || count <= 0 || k <= 0) return;
+    const int64_t per = m.batch / count, msize = m.rows * m.cols;
+    for (int64_t b = 0; b < m.batch; ++b) {
+      const TensorEntry& e = list[b / per];
+      const auto dt = static_cast<dion_dtype_t>(e.dtype[f]);
+      const int64_t base = (b % per) * msize;
+      const float* p = at(m, b);
+      const int32_t* ix = idx + b * k;
+      if (axis == kRows)
+        for (int64_t s = 0; s < k; ++s)
+          for (int64_t j = 0; j < m.cols; ++j) store_elem(e.ptr[f], dt, base + ix[s] * m.cols + j, p[ix[s] * m.ld + j]);
+      else
+        for (int64_t i = 0; i < m.rows; ++i)
+          for (int64_t s = 0; s < k; ++s) store_elem(e.ptr[f], dt, base + i * m.cols + ix[s], p[i * m.ld + ix[s]]);
+    }
+  }
+  void decay_add_slices_multi(const TensorEntry* list, int64_t count, int64_t per, int64_t rows, int64_t cols,
+                              Axis axis, const int32_t* idx, int64_t k, ConstMatBatch u, const GroupScalars* gs,
+                              float mult, const int32_t* skip) override {
+    if (skip && *skip) return;
+    const int64_t msize = rows * cols;
+    std::vector<float>& x = tmp_;
+    x.resize(static_cast<size_t>(msize));
+    for (int64_t t = 0; t < count; ++t) {
+      const auto dx = static_cast<dion_dtype_t>(list[t].dtype[kParam]);
+      for (int64_t q = 0; q < per; ++q) {
+        void* p = static_cast<char*>(list[t].ptr[kParam]) + q * msize * static_cast<int64_t>(dtype_size(dx));
+        const int64_t b = t * per + q;
+        load(x.data(), p, dx, msize);
+        decay(x.data(), msize, gs);
+        if (k > 0) {
+          ConstMatBatch ub(at(u, b), u.rows, u.cols, u.ld, 0, 1);
+          add_slices(MatBatch{x.data(), rows, cols, cols, 0, 1}, axis, idx + b * k, k, ub, gs, mult);
+        }
+        store(p, dx, x.data(), msize);
+      }
+    }
+  }
+
  private:
   std::vector<double> col_acc_;
   std::vector<int32_t> order_;
+  std::vector<float> tmp_, tmp2_;
 };
 
 }  // namespace

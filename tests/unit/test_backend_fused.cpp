@@ -1,0 +1,228 @@
+// SPDX-License-Identifier: MIT
+//
+// The host backend's fused passes over typed buffers (Backend::momentum_multi,
+// apply_update_multi, store_slices_multi, decay_add_slices_multi,
+// frob_normalize_bf16) against the op sequences they replace in the Muon
+// family and Dion2 (load_multi, the fp32 ops, store_multi), bit for bit: the
+// fused ops promise the same fp32 operations in the same order with the same
+// roundings, so there is no tolerance. Every dtype of every field (the
+// momentum's dtype differing from the parameter's), odd lengths, several
+// tensors per table, and a set skip flag (nothing typed is written).
+//
+// The Backend classes are internal (libdion.so exports only dion_*): this
+// suite compiles the host backend's source itself (tests/CMakeLists.txt).
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cstring>
+#include <memory>
+#include <random>
+#include <vector>
+
+#include "core/backend.hpp"
+#include "core/dtype.hpp"
+
+namespace {
+
+using namespace dion;
+
+constexpr dion_dtype_t kDtypes[] = {DION_DTYPE_FP32, DION_DTYPE_BF16, DION_DTYPE_FP16};
+
+// `count` tensors whose fields have the given dtypes, held twice (a and b)
+// with the same contents, so one copy runs the old sequence and one the
+// fused op.
+struct Twin {
+  std::vector<std::vector<uint8_t>> a[4], b[4];
+  std::vector<TensorEntry> la, lb;
+
+  Twin(std::mt19937& rng, int64_t count, int64_t n, const dion_dtype_t (&dt)[4]) {
+    std::normal_distribution<float> g(0.0f, 1.0f);
+    for (int f = 0; f < 4; ++f) {
+      a[f].resize(static_cast<size_t>(count));
+      b[f].resize(static_cast<size_t>(count));
+    }
+    for (int64_t i = 0; i < count; ++i) {
+      TensorEntry ea{}, eb{};
+      ea.n = eb.n = n;
+      for (int f = 0; f < 4; ++f) {
+        std::vector<uint8_t>& buf = a[f][static_cast<size_t>(i)];
+        buf.resize(static_cast<size_t>(n) * dtype_size(dt[f]));
+        for (int64_t k = 0; k < n; ++k) store_elem(buf.data(), dt[f], k, g(rng));
+        b[f][static_cast<size_t>(i)] = buf;
+        ea.dtype[f] = eb.dtype[f] = dt[f];
+        ea.ptr[f] = buf.data();
+        eb.ptr[f] = b[f][static_cast<size_t>(i)].data();
+      }
+      la.push_back(ea);
+      lb.push_back(eb);
+    }
+  }
+  bool same(int f) const { return a[f] == b[f]; }
+};
+
+bool same_floats(const std::vector<float>& x, const std::vector<float>& y) {
+  return x.size() == y.size() && std::memcmp(x.data(), y.data(), x.size() * sizeof(float)) == 0;
+}
+
+// k distinct ascending indices of [0, n) per matrix (what topk returns).
+std::vector<int32_t> pick(std::mt19937& rng, int64_t batch, int64_t n, int64_t k) {
+  std::vector<int32_t> idx, all(static_cast<size_t>(n));
+  for (int64_t b = 0; b < batch; ++b) {
+    for (int64_t i = 0; i < n; ++i) all[static_cast<size_t>(i)] = static_cast<int32_t>(i);
+    std::shuffle(all.begin(), all.end(), rng);
+    std::sort(all.begin(), all.begin() + k);
+    idx.insert(idx.end(), all.begin(), all.begin() + k);
+  }
+  return idx;
+}
+
+class HostFused : public ::testing::Test {
+ protected:
+  std::unique_ptr<Backend> be{make_host_backend()};
+  std::mt19937 rng{20261122u};
+};
+
+// Muon's momentum (mu, nesterov) and Dion2's M += G (mu = 1, M not stored).
+TEST_F(HostFused, MomentumMultiEqualsLoadAxpbyStore) {
+  const int64_t count = 3, n = 37, N = count * n;
+  for (dion_dtype_t dm : kDtypes)
+    for (dion_dtype_t dg : kDtypes)
+      for (int variant = 0; variant < 4; ++variant)
+        for (int32_t skip : {0, 1}) {
+          const bool nesterov = variant & 1, store_state = !(variant & 2);
+          const float mu = store_state ? 0.95f : 1.0f;
+          SCOPED_TRACE(::testing::Message() << dtype_name(dm) << " momentum, " << dtype_name(dg) << " grad, nesterov "
+                                            << nesterov << ", store " << store_state << ", skip " << skip);
+          Twin tw(rng, count, n, {DION_DTYPE_BF16, dg, dm, DION_DTYPE_FP32});
+          const std::vector<std::vector<uint8_t>> before = tw.b[kState0];
+          // The old sequence on copy a.
+          std::vector<float> M(N), G(N), U(N);
+          be->load_multi(M.data(), tw.la.data(), count, kState0, n);
+          be->load_multi(G.data(), tw.la.data(), count, kGrad, n);
+          be->axpby(mu, G.data(), 1.0f, M.data(), N);
+          if (store_state) be->store_multi(tw.la.data(), count, kState0, M.data(), n, &skip);
+          if (nesterov)
+            be->lincomb(mu, M.data(), 1.0f, G.data(), U.data(), N);
+          else
+            U = M;
+          // The fused op on copy b.
+          std::vector<float> U2(N, -1.0f);
+          be->momentum_multi(tw.lb.data(), count, n, mu, 1.0f, nesterov, store_state, U2.data(), &skip);
+          EXPECT_TRUE(same_floats(U, U2));
+          for (int f = 0; f < 4; ++f) EXPECT_TRUE(tw.same(f)) << "field " << f;
+          if (skip || !store_state)
+            EXPECT_TRUE(tw.b[kState0] == before) << "the momentum must not be written";
+          else
+            EXPECT_FALSE(tw.b[kState0] == before);
+        }
+}
+
+// u in fp32, or the bf16 iteration's result (the old sequence widened it first).
+TEST_F(HostFused, ApplyUpdateMultiEqualsLoadUpdateStore) {
+  const int64_t count = 3, n = 29, N = count * n;
+  GroupScalars gs{0.02, 0.1, 0.9, 0.99, 3, 0};
+  for (dion_dtype_t dx : kDtypes)
+    for (dion_dtype_t du : {DION_DTYPE_FP32, DION_DTYPE_BF16})
+      for (bool cautious : {false, true})
+        for (int32_t skip : {0, 1}) {
+          SCOPED_TRACE(::testing::Message()
+                       << dtype_name(dx) << " u " << dtype_name(du) << " cautious " << cautious << " skip " << skip);
+          Twin tw(rng, count, n, {dx, DION_DTYPE_FP32, DION_DTYPE_FP32, DION_DTYPE_FP32});
+          const std::vector<std::vector<uint8_t>> before = tw.a[kParam];
+          std::vector<float> U(N), X(N);
+          std::normal_distribution<float> g(0.0f, 1.0f);
+          for (auto& u : U) u = g(rng);
+          std::vector<uint16_t> Ub(N);
+          be->store(Ub.data(), DION_DTYPE_BF16, U.data(), N);
+          if (du == DION_DTYPE_BF16) be->load(U.data(), Ub.data(), DION_DTYPE_BF16, N);
+          be->load_multi(X.data(), tw.la.data(), count, kParam, n);
+          be->apply_update(X.data(), U.data(), N, &gs, 0.7f, cautious);
+          be->store_multi(tw.la.data(), count, kParam, X.data(), n, &skip);
+          const void* u = du == DION_DTYPE_BF16 ? static_cast<const void*>(Ub.data()) : U.data();
+          be->apply_update_multi(tw.lb.data(), count, n, u, du, &gs, 0.7f, cautious, &skip);
+          EXPECT_TRUE(tw.same(kParam));
+          if (skip) EXPECT_TRUE(tw.b[kParam] == before) << "a skipped step wrote the parameters";
+        }
+}
+
+// Dion2's local scope: M (fp32) stored whole, its selected slices scaled,
+// then those stored again, equals scaling then storing all of M.
+TEST_F(HostFused, StoreSlicesMultiEqualsStoreMulti) {
+  const int64_t count = 2, per = 3, rows = 7, cols = 5, n = per * rows * cols, B = count * per;
+  for (dion_dtype_t dm : kDtypes)
+    for (Axis axis : {kRows, kCols})
+      for (int32_t skip : {0, 1}) {
+        SCOPED_TRACE(::testing::Message() << dtype_name(dm) << " axis " << axis << " skip " << skip);
+        Twin tw(rng, count, n, {DION_DTYPE_FP32, DION_DTYPE_FP32, dm, DION_DTYPE_FP32});
+        std::vector<float> M(B * rows * cols);
+        be->load_multi(M.data(), tw.la.data(), count, kParam, n);  // any values
+        const int32_t no = 0;
+        be->store_multi(tw.la.data(), count, kState0, M.data(), n, &no);
+        be->store_multi(tw.lb.data(), count, kState0, M.data(), n, &no);
+        const std::vector<std::vector<uint8_t>> before = tw.b[kState0];
+        const int64_t N = axis == kRows ? rows : cols, k = 2;
+        const std::vector<int32_t> idx = pick(rng, B, N, k);
+        MatBatch m{M.data(), rows, cols, cols, rows * cols, B};
+        be->scale_slices(m, axis, idx.data(), k, 0.25f);
+        be->store_multi(tw.la.data(), count, kState0, M.data(), n, &skip);
+        be->store_slices_multi(tw.lb.data(), count, kState0, m, axis, idx.data(), k, &skip);
+        if (skip)
+          EXPECT_TRUE(tw.b[kState0] == before);
+        else
+          EXPECT_TRUE(tw.same(kState0));
+      }
+}
+
+TEST_F(HostFused, DecayAddSlicesMultiEqualsLoadDecayAddStore) {
+  const int64_t count = 3, per = 2, rows = 6, cols = 9, n = per * rows * cols, B = count * per;
+  GroupScalars gs{0.05, 0.1, 0.9, 0.99, 3, 0};
+  for (dion_dtype_t dx : kDtypes)
+    for (Axis axis : {kRows, kCols})
+      for (int64_t k : {0, 1, 3})
+        for (int32_t skip : {0, 1}) {
+          SCOPED_TRACE(::testing::Message() << dtype_name(dx) << " axis " << axis << " k " << k << " skip " << skip);
+          Twin tw(rng, count, n, {dx, DION_DTYPE_FP32, DION_DTYPE_FP32, DION_DTYPE_FP32});
+          const std::vector<std::vector<uint8_t>> before = tw.b[kParam];
+          const int64_t N = axis == kRows ? rows : cols;
+          const std::vector<int32_t> idx = pick(rng, B, N, k);
+          // S shaped as gather_slices' out, with padding (ld > its columns).
+          const int64_t srows = axis == kRows ? k : rows, scols = axis == kRows ? cols : k, ld = scols + 2;
+          std::vector<float> S(static_cast<size_t>(B * srows * ld + 1));
+          std::normal_distribution<float> g(0.0f, 1.0f);
+          for (auto& v : S) v = g(rng);
+          ConstMatBatch Sm(S.data(), srows, scols, ld, srows * ld, B);
+          std::vector<float> X(B * rows * cols);
+          be->load_multi(X.data(), tw.la.data(), count, kParam, n);
+          be->decay(X.data(), B * rows * cols, &gs);
+          if (k > 0)
+            be->add_slices(MatBatch{X.data(), rows, cols, cols, rows * cols, B}, axis, idx.data(), k, Sm, &gs, -0.8f);
+          be->store_multi(tw.la.data(), count, kParam, X.data(), n, &skip);
+          be->decay_add_slices_multi(tw.lb.data(), count, per, rows, cols, axis, k ? idx.data() : nullptr, k, Sm, &gs,
+                                     -0.8f, &skip);
+          EXPECT_TRUE(tw.same(kParam));
+          if (skip) EXPECT_TRUE(tw.b[kParam] == before);
+        }
+}
+
+// orthogonalize_bf16's start: frob_normalize then store to bf16, from a
+// padded batch (ld > cols), for both factors the orthogonalizers use.
+TEST_F(HostFused, FrobNormalizeBf16EqualsNormalizeThenStore) {
+  const int64_t rows = 9, cols = 13, ld = 16, batch = 3, stride = rows * ld + 4;
+  std::normal_distribution<float> g(0.0f, 3.0f);
+  for (float factor : {1.0f, 1.02f}) {
+    std::vector<float> x(static_cast<size_t>(stride * batch));
+    for (auto& v : x) v = g(rng);
+    std::vector<float> y = x;
+    be->frob_normalize(MatBatch{y.data(), rows, cols, ld, stride, batch}, factor, 1e-7f);
+    std::vector<uint16_t> want(static_cast<size_t>(rows * cols * batch)), got(want.size(), 0xffff);
+    for (int64_t b = 0; b < batch; ++b)
+      for (int64_t i = 0; i < rows; ++i)
+        be->store(want.data() + (b * rows + i) * cols, DION_DTYPE_BF16, y.data() + b * stride + i * ld, cols);
+    const std::vector<float> x0 = x;
+    be->frob_normalize_bf16(ConstMatBatch(x.data(), rows, cols, ld, stride, batch), factor, 1e-7f, got.data());
+    EXPECT_EQ(want, got) << "factor " << factor;
+    EXPECT_TRUE(same_floats(x0, x)) << "the input must be left alone";
+  }
+}
+
+}  // namespace
