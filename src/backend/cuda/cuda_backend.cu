@@ -397,12 +397,12 @@ class CudaBackend final : public Backend {
     // buffers are passed as they are, B first, with m and n swapped.
     const int M = to_int(m, "gemm m"), N = to_int(n, "gemm n"), K = to_int(k, "gemm k");
     if (precision == DION_MATMUL_BF16 && gemm_bf16_operands_) {
-      // The operands rounded to bf16 (to nearest, the rounding
-      // CUBLAS_COMPUTE_32F_FAST_16BF applies too) into dense scratch, then a
-      // bf16 x bf16 -> fp32 GEMM with fp32 accumulation. On Dion's rank-r
-      // products this runs several times faster than FAST_16BF on fp32
-      // operands (H100: docs/benchmarks.md), for one extra pass over each
-      // operand. DION_GEMM_BF16_OPERANDS=0 keeps FAST_16BF.
+      // DION_GEMM_BF16_OPERANDS=1: the operands rounded to bf16 (to nearest)
+      // into dense scratch, then a bf16 x bf16 -> fp32 GEMM with fp32
+      // accumulation. Off by default: on gpt-1.3b Dion bf16 (H100) the step
+      // took the same time as with FAST_16BF on the fp32 operands (107.5 vs
+      // 107.7 ms: the GEMM time there is the many small products of the
+      // triangular inverses, not these) for 200 MiB more scratch.
       const int64_t na = a.stride == 0 ? 1 : c.batch, nb = b.stride == 0 ? 1 : c.batch;
       uint16_t* ab = static_cast<uint16_t*>(
           scratch(kBf16A, sizeof(uint16_t) * static_cast<size_t>(std::max<int64_t>(na * a.rows * a.cols, 1))));
@@ -1019,7 +1019,7 @@ class CudaBackend final : public Backend {
   int64_t potrf_batched_max_ = env_int("DION_POTRF_BATCHED_MAX", kPotrfBatchedMaxN);
   // DION_TRSM_INVERSE=0 keeps cuBLAS's triangular solve for tall B too.
   bool trsm_via_inverse_ = env_int("DION_TRSM_INVERSE", 1) != 0;
-  bool gemm_bf16_operands_ = env_int("DION_GEMM_BF16_OPERANDS", 1) != 0;
+  bool gemm_bf16_operands_ = env_int("DION_GEMM_BF16_OPERANDS", 0) != 0;
   cublasHandle_t blas_ = nullptr;
   cusolverDnHandle_t solver_ = nullptr;
   void* blas_ws_ = nullptr;
