@@ -79,7 +79,7 @@ if [ "$what" = racecheck ]; then
     for case in $("$build/tests/$prog" --gtest_list_tests | awk '/^[^ ]/{suite=$1} /^  /{print suite $1}' |
       grep -E -- "${RACECHECK_CASES:-.}"); do
       timeout "${RACECHECK_TIMEOUT:-480}" $cs --tool racecheck --racecheck-report all --error-exitcode 9 \
-        "$build/tests/$prog" --gtest_filter="$case" > "$out/racecheck/$prog.$case.log" 2>&1 &
+        "$build/tests/$prog" --gtest_filter="$case" > "$out/racecheck/$prog.$(echo "$case" | tr / _).log" 2>&1 &
       pids+=($!)
     done
   done
