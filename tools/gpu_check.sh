@@ -14,7 +14,7 @@
 # process per test case in parallel (the whole ops_linalg program under
 # racecheck does not finish in 240 s), each bounded by RACECHECK_TIMEOUT
 # (default 480 s), the cases whose names match the extended regular
-# expression RACECHECK_CASES (default: all); `memcheck` runs every GPU test program (tests/gpu) under
+# expression RACECHECK_CASES (default: all) and not RACECHECK_SKIP; `memcheck` runs every GPU test program (tests/gpu) under
 # compute-sanitizer memcheck with leak checking, one process per test case,
 # MEMCHECK_JOBS (default 12) at a time, each bounded by MEMCHECK_TIMEOUT
 # (default 540 s); test_cuda_resources (1000 optimizers, its own leak
@@ -77,7 +77,7 @@ if [ "$what" = racecheck ]; then
   pids=()
   for prog in ops_linalg ops_elementwise; do
     for case in $("$build/tests/$prog" --gtest_list_tests | awk '/^[^ ]/{suite=$1} /^  /{print suite $1}' |
-      grep -E -- "${RACECHECK_CASES:-.}"); do
+      grep -E -- "${RACECHECK_CASES:-.}" | grep -v -E -- "${RACECHECK_SKIP:-^$}"); do
       timeout "${RACECHECK_TIMEOUT:-480}" $cs --tool racecheck --racecheck-report all --error-exitcode 9 \
         "$build/tests/$prog" --gtest_filter="$case" > "$out/racecheck/$prog.$(echo "$case" | tr / _).log" 2>&1 &
       pids+=($!)
