@@ -234,8 +234,8 @@ size_t workspace_floats(const Group& g, const Tensor& t, int64_t count) {
   SlotPad p{T, 0};
   if (T >= 2 && !inner)
     p = outer ? slot_pad(T, static_cast<int64_t>(t.shard_ext[0].size())) : SlotPad{2 * T, ceil_div(T, 2)};
-  // M, W (G, later X), P, the owned slots, R, Q
-  size_t w = 2 * ws_floats(T * mn) + ws_floats(p.slots * s.a * s.r) + ws_floats(p.own * s.a * s.r) +
+  // M (M + G, later the update), P, the owned slots, R, Q
+  size_t w = ws_floats(T * mn) + ws_floats(p.slots * s.a * s.r) + ws_floats(p.own * s.a * s.r) +
              2 * ws_floats(T * s.b * s.r);
   // Inner sharding: S P and the Gram matrix padded for the reduce-scatter
   // over the inner mesh, and its receive buffers (inner_split).
@@ -423,9 +423,10 @@ void step(Optimizer& opt, Group& g, const Batch& bt) {
   const int64_t n_el = t.numel_local;
   const dion_matmul_precision_t prec = o.matmul_precision;
 
-  float* M = load_ws(opt, bt, kState0, n_el);
-  float* W = load_ws(opt, bt, kGrad, n_el);  // G now, X later
-  be.axpby(1.0f, W, 1.0f, M, T * n_el);      // M += G
+  // M + G in fp32 (one pass over the typed momentum and gradient; the
+  // momentum is stored after the error feedback below).
+  float* M = opt.ws.take(T * n_el);
+  be.momentum_multi(bt.list, T, n_el, 1.0f, 1.0f, false, false, M, opt.skip_flag());
   float* Q = load_ws(opt, bt, kState1, s.b * s.r);
 
   MatBatch Mm{M, t.geom.srows, t.geom.scols, t.geom.scols, n_el, T};
@@ -491,16 +492,15 @@ void step(Optimizer& opt, Group& g, const Batch& bt) {
   }
   store_ws(opt, bt, kState1, R.p, s.b * s.r);
   // X = (1 - lr wd) X - lr sqrt(m/n) P Q^T (in storage orientation); the
-  // momentum's buffer (stored above) receives U = P Q^T.
-  be.load_multi(W, bt.list, T, kParam, n_el);
+  // momentum's buffer (stored above) receives U = P Q^T, and the typed
+  // parameters are updated from it in one pass.
   MatBatch U = Mm;
   if (!s.bT)
     be.gemm(false, true, 1.0f, P, R, 0.0f, U, prec);
   else
     be.gemm(false, true, 1.0f, R, P, 0.0f, U, prec);
   const float lr_mult = static_cast<float>(std::sqrt(static_cast<double>(t.geom.m) / static_cast<double>(t.geom.n)));
-  be.apply_update(W, U.p, T * n_el, g.scalars, lr_mult, false);
-  store_ws(opt, bt, kParam, W, n_el);
+  be.apply_update_multi(bt.list, T, n_el, U.p, DION_DTYPE_FP32, g.scalars, lr_mult, false, opt.skip_flag());
 }
 
 }  // namespace
