@@ -98,8 +98,6 @@ void fill_identity(const Ctx& c, MatBatch m);
 void add_diag_bf16(const Ctx& c, MatBatch m, float v);
 // out[b] (rows x cols, row-major, dense) <- m[b] in double.
 void to_double(const Ctx& c, ConstMatBatch m, double* out);
-// out (dense rows x cols per matrix, bf16 bits) = m rounded to nearest even.
-void to_bf16(const Ctx& c, ConstMatBatch m, uint16_t* out);
 // r_out[b] (n x n row-major) <- the upper triangle of l[b] (n x n, dense,
 // read row-major: the lower factor of a column-major potrf), zeros below.
 void extract_r_double(const Ctx& c, const double* l, MatBatch r_out);

@@ -60,14 +60,6 @@ struct ToDouble {
   }
 };
 
-struct ToBf16 {
-  ConstMatBatch m;
-  uint16_t* out;
-  __device__ void operator()(int64_t b, int64_t i, int64_t j) const {
-    out[(b * m.rows + i) * m.cols + j] = float_to_bf16(mat_at(m, b)[i * m.ld + j]);
-  }
-};
-
 struct ExtractRDouble {
   const double* l;
   MatBatch r;
@@ -247,14 +239,6 @@ void add_diag_bf16(const Ctx& c, MatBatch m, float v) {
 
 void to_double(const Ctx& c, ConstMatBatch m, double* out) {
   for_each_2d(c, m.batch, m.rows, m.cols, ToDouble{m, out}, "to_double kernel");
-}
-
-void to_bf16(const Ctx& c, ConstMatBatch m, uint16_t* out) {
-  if (m.ld == m.cols && (m.stride == m.rows * m.cols || m.batch == 1)) {
-    store(c, out, DION_DTYPE_BF16, m.p, m.batch * m.rows * m.cols);  // dense: the vectorized conversion
-    return;
-  }
-  for_each_2d(c, m.batch, m.rows, m.cols, ToBf16{m, out}, "to_bf16 kernel");
 }
 
 void extract_r_double(const Ctx& c, const double* l, MatBatch r_out) {

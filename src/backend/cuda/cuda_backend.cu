@@ -396,30 +396,6 @@ class CudaBackend final : public Backend {
     // Row-major C = op(A) op(B) is column-major C^T = op(B)^T op(A)^T: the
     // buffers are passed as they are, B first, with m and n swapped.
     const int M = to_int(m, "gemm m"), N = to_int(n, "gemm n"), K = to_int(k, "gemm k");
-    if (precision == DION_MATMUL_BF16 && gemm_bf16_operands_) {
-      // DION_GEMM_BF16_OPERANDS=1: the operands rounded to bf16 (to nearest)
-      // into dense scratch, then a bf16 x bf16 -> fp32 GEMM with fp32
-      // accumulation. Off by default: on gpt-1.3b Dion bf16 (H100) the step
-      // took the same time as with FAST_16BF on the fp32 operands (107.5 vs
-      // 107.7 ms: the GEMM time there is the many small products of the
-      // triangular inverses, not these) for 200 MiB more scratch.
-      const int64_t na = a.stride == 0 ? 1 : c.batch, nb = b.stride == 0 ? 1 : c.batch;
-      uint16_t* ab = static_cast<uint16_t*>(
-          scratch(kBf16A, sizeof(uint16_t) * static_cast<size_t>(std::max<int64_t>(na * a.rows * a.cols, 1))));
-      uint16_t* bb = static_cast<uint16_t*>(
-          scratch(kBf16B, sizeof(uint16_t) * static_cast<size_t>(std::max<int64_t>(nb * b.rows * b.cols, 1))));
-      kernels::to_bf16(ctx(), ConstMatBatch(a.p, a.rows, a.cols, a.ld, a.stride, na), ab);
-      kernels::to_bf16(ctx(), ConstMatBatch(b.p, b.rows, b.cols, b.ld, b.stride, nb), bb);
-      const int ldab = to_int(std::max<int64_t>(a.cols, 1), "gemm lda"), ldbb = to_int(std::max<int64_t>(b.cols, 1), "gemm ldb"),
-                ldcc = to_int(std::max<int64_t>(c.ld, 1), "gemm ldc");
-      check(cublasGemmStridedBatchedEx(blas_, tb ? CUBLAS_OP_T : CUBLAS_OP_N, ta ? CUBLAS_OP_T : CUBLAS_OP_N, N, M, K,
-                                       &alpha, bb, CUDA_R_16BF, ldbb, b.stride == 0 ? 0 : b.rows * b.cols, ab,
-                                       CUDA_R_16BF, ldab, a.stride == 0 ? 0 : a.rows * a.cols, &beta, c.p, CUDA_R_32F,
-                                       ldcc, c.stride, to_int(c.batch, "gemm batch"), CUBLAS_COMPUTE_32F,
-                                       CUBLAS_GEMM_DEFAULT),
-            "cublasGemmStridedBatchedEx (bf16 operands)");
-      return;
-    }
     const int lda = to_int(std::max<int64_t>(a.ld, 1), "gemm lda"), ldb = to_int(std::max<int64_t>(b.ld, 1), "gemm ldb"),
               ldc = to_int(std::max<int64_t>(c.ld, 1), "gemm ldc");
     check(cublasGemmStridedBatchedEx(blas_, tb ? CUBLAS_OP_T : CUBLAS_OP_N, ta ? CUBLAS_OP_T : CUBLAS_OP_N, N, M, K,
@@ -817,7 +793,7 @@ class CudaBackend final : public Backend {
 
  private:
   // Scratch buffers, one per purpose, so that one call can hold several.
-  enum Slot { kPtrA, kPtrB, kMat, kTau, kWork, kInfo, kReduce, kDblA, kDblG, kInv, kTmp, kBf16A, kBf16B, kPos, kSlotCount };
+  enum Slot { kPtrA, kPtrB, kMat, kTau, kWork, kInfo, kReduce, kDblA, kDblG, kInv, kTmp, kPos, kSlotCount };
   enum LworkOp { kOpGeqrf, kOpOrgqr, kOpPotrf, kOpDpotrf };
   struct Buffer {
     void* p = nullptr;
@@ -1019,7 +995,6 @@ class CudaBackend final : public Backend {
   int64_t potrf_batched_max_ = env_int("DION_POTRF_BATCHED_MAX", kPotrfBatchedMaxN);
   // DION_TRSM_INVERSE=0 keeps cuBLAS's triangular solve for tall B too.
   bool trsm_via_inverse_ = env_int("DION_TRSM_INVERSE", 1) != 0;
-  bool gemm_bf16_operands_ = env_int("DION_GEMM_BF16_OPERANDS", 0) != 0;
   cublasHandle_t blas_ = nullptr;
   cusolverDnHandle_t solver_ = nullptr;
   void* blas_ws_ = nullptr;
