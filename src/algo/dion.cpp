@@ -134,8 +134,6 @@ int64_t ceil_div(int64_t x, int64_t y) { return (x + y - 1) / y; }
 // still split.
 bool scatter_pays(int64_t T, int64_t W) { return W * ceil_div(T, W) <= 2 * T; }
 
-// Rank q's slots of a batch of T split over `mesh` (q its rank there),
-// reduced over it with `op` first when `reduce`.
 // The slots a batch of T matrices takes in the workspace when it is reduced
 // over W ranks (`slots`: W B with the reduce-scatter, else T) and the
 // receive buffer of the scatter (`own`: B, else 0). Batches of one are not
@@ -148,6 +146,15 @@ SlotPad slot_pad(int64_t T, int64_t W) {
   return {W * ceil_div(T, W), ceil_div(T, W)};
 }
 
+// No split: every rank orthogonalizes the T matrices.
+Split unsplit(int64_t T) {
+  Split sp;
+  sp.slots = T;
+  return sp;
+}
+
+// Rank q's slots of a batch of T split over `mesh` (q its rank there),
+// reduced over it with `op` first when `reduce`.
 Split split_over(Collectives* mesh, int64_t T, bool reduce, ReduceOp op) {
   Split sp;
   sp.mesh = mesh;
@@ -163,18 +170,16 @@ Split split_over(Collectives* mesh, int64_t T, bool reduce, ReduceOp op) {
 }
 
 Split split_of(const Optimizer& opt, const Dist& d, int64_t T) {
-  Split sp;
-  sp.slots = T;
   // Path 3 (inner sharding) keeps P distributed by rows; only its small
   // factorizations are split (inner_split).
-  if (T < 2 || d.inner) return sp;
+  if (T < 2 || d.inner) return unsplit(T);
   // P = B Q is a partial sum over outer.
   if (d.outer) return split_over(d.outer, T, true, ReduceOp::kSum);
   // Without compressed sync the replicas hold the same gradient (averaged
   // here, or synchronized by the caller when replicate_grad_sync is off),
   // hence the same P: each orthogonalizes its slots and gathers the rest.
   if (opt.rep) return split_over(opt.rep.get(), T, d.rep != nullptr, ReduceOp::kAvg);
-  return sp;
+  return unsplit(T);
 }
 
 // Spec §2.6 path 3: the small matrices of the distributed (R)CQR of a
@@ -185,11 +190,7 @@ Split split_of(const Optimizer& opt, const Dist& d, int64_t T) {
 // all-gathered (orth). A batch of one is summed with an all-reduce and
 // factored on every inner rank.
 Split inner_split(const Dist& d, int64_t T) {
-  if (!d.inner || T < 2) {
-    Split sp;
-    sp.slots = T;
-    return sp;
-  }
+  if (!d.inner || T < 2) return unsplit(T);
   return split_over(d.inner, T, true, ReduceOp::kSum);
 }
 

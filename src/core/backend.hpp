@@ -282,7 +282,7 @@ class Backend {
   virtual void add_slices(MatBatch m, Axis axis, const int32_t* idx, int64_t k, ConstMatBatch u,
                           const GroupScalars* gs, float mult) = 0;
 
-  // ---- fused passes over typed buffers (the Muon family, Dion2) ----
+  // ---- fused passes over typed buffers (Dion, the Muon family, Dion2) ----
   // Each replaces a sequence of the calls above, named in its comment, that
   // loads typed buffers into fp32 workspace, runs element-wise ops there and
   // stores back: one pass over the typed buffers instead of one per call,

@@ -25,6 +25,7 @@
 
 #include "../reference/ref_linalg.h"
 #include "dion.h"
+#include "../hash_uniform.h"
 
 namespace dion_gpu_test {
 
@@ -199,15 +200,8 @@ inline double ulp(dion_dtype_t dt, double x) {
 // this much relative.
 inline double unit_roundoff(dion_dtype_t dt) { return std::ldexp(1.0, -significand_bits(dt)); }
 
-// A deterministic value in [-1, 1) from (seed, index): splitmix64, as the
-// unit suites (tests/unit/test_api_common.h) draw their data.
-inline float hash_uniform(uint64_t seed, uint64_t i) {
-  uint64_t z = seed * 0x9E3779B97F4A7C15ull + i + 0x632BE59BD9B4E019ull;
-  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-  z ^= z >> 31;
-  return static_cast<float>(static_cast<double>(z >> 40) / static_cast<double>(1ull << 23) - 1.0);
-}
+using ::hash_uniform;  // tests/hash_uniform.h
+
 // `n` elements of dtype `dt`, scale * hash_uniform(seed, i) rounded to dt.
 inline std::vector<unsigned char> random_bytes(int64_t n, dion_dtype_t dt, uint64_t seed, double scale) {
   std::vector<unsigned char> v(static_cast<size_t>(n) * elem_size(dt));

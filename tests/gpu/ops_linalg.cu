@@ -14,28 +14,53 @@
 // (condition numbers < 100), 1e-4 relative to the largest entry covers both
 // libraries' algorithms with margin, while any wrong index or transpose moves
 // entries by O(1).
-#include <cstdlib>
-#include <cstring>
 #include <cuda.h>
 
+#include "../reference/ref_linalg.h"
 #include "ops_util.h"
 
 namespace dion_ops_test {
 namespace {
 
+// The operands of a batched GEMM test, C (m x n) = op(A) op(B) + C: padded
+// (ld > cols, gaps between matrices), transposed as ta / tb say, A broadcast
+// (stride 0) for bcast 1 and B for bcast 2, filled with gen(); c0 is C's
+// initial host copy.
+struct GemmOperands {
+  bool ta, tb;
+  Mat a, b, c;
+  std::vector<float> c0;
+  // op(A)[bt](i, l) and op(B)[bt](l, j) on the host
+  float av(int64_t bt, int64_t i, int64_t l) const {
+    return ta ? a.h[bt * a.stride + l * a.ld + i] : a.h[bt * a.stride + i * a.ld + l];
+  }
+  float bv(int64_t bt, int64_t l, int64_t j) const {
+    return tb ? b.h[bt * b.stride + j * b.ld + l] : b.h[bt * b.stride + l * b.ld + j];
+  }
+};
+template <class G>
+GemmOperands gemm_operands(bool ta, bool tb, int bcast, int64_t m, int64_t n, int64_t k, int64_t B, G gen) {
+  GemmOperands o{ta, tb, ta ? Mat::padded(k, m, B) : Mat::padded(m, k, B),
+                 tb ? Mat::padded(n, k, B, 1, 2) : Mat::padded(k, n, B, 1, 2), Mat::padded(m, n, B, 4, 3), {}};
+  if (bcast == 1) o.a.stride = 0;
+  if (bcast == 2) o.b.stride = 0;
+  o.a.fill(gen);
+  o.b.fill(gen);
+  o.c.fill(gen);
+  o.c0 = o.c.h;
+  return o;
+}
+
 // Scale S_max of a GEMM (see the top).
-double gemm_scale(bool ta, bool tb, float alpha, Mat& a, Mat& b, float beta, const std::vector<float>& c0, Mat& c) {
-  const int64_t k = ta ? a.rows : a.cols;
+double gemm_scale(const GemmOperands& o, float alpha, float beta) {
+  const Mat& c = o.c;
+  const int64_t k = o.ta ? o.a.rows : o.a.cols;
   double s = 0;
   for (int64_t bt = 0; bt < c.batch; ++bt)
     for (int64_t i = 0; i < c.rows; ++i)
       for (int64_t j = 0; j < c.cols; ++j) {
-        double t = std::fabs(beta * c0[bt * c.stride + i * c.ld + j]);
-        for (int64_t l = 0; l < k; ++l) {
-          const float av = ta ? a.h[bt * a.stride + l * a.ld + i] : a.h[bt * a.stride + i * a.ld + l];
-          const float bv = tb ? b.h[bt * b.stride + j * b.ld + l] : b.h[bt * b.stride + l * b.ld + j];
-          t += std::fabs(static_cast<double>(alpha) * av * bv);
-        }
+        double t = std::fabs(beta * o.c0[bt * c.stride + i * c.ld + j]);
+        for (int64_t l = 0; l < k; ++l) t += std::fabs(static_cast<double>(alpha) * o.av(bt, i, l) * o.bv(bt, l, j));
         s = std::max(s, t);
       }
   return s;
@@ -49,17 +74,10 @@ TEST_F(OpsTest, GemmAllTransposesAndPrecisions) {
         const bool ta = t & 1, tb = t & 2;
         SCOPED_TRACE(testing::Message() << "ta " << ta << " tb " << tb << " broadcast " << bcast << " precision "
                                         << prec);
-        Mat a = ta ? Mat::padded(k, m, B) : Mat::padded(m, k, B);
-        Mat b = tb ? Mat::padded(n, k, B, 1, 2) : Mat::padded(k, n, B, 1, 2);
-        if (bcast == 1) a.stride = 0;
-        if (bcast == 2) b.stride = 0;
-        a.fill([&] { return gauss(); });
-        b.fill([&] { return gauss(); });
-        Mat c = Mat::padded(m, n, B, 4, 3);
-        c.fill([&] { return gauss(); });
-        const std::vector<float> c0 = c.h;
+        GemmOperands o = gemm_operands(ta, tb, bcast, m, n, k, B, [&] { return gauss(); });
+        Mat &a = o.a, &b = o.b, &c = o.c;
         const float alpha = 0.7f, beta = 0.3f;
-        const double S = gemm_scale(ta, tb, alpha, a, b, beta, c0, c);
+        const double S = gemm_scale(o, alpha, beta);
         cuda->gemm(ta, tb, alpha, a.D(), b.D(), beta, c.D(), prec);
         host->gemm(ta, tb, alpha, a.H(), b.H(), beta, c.H(), DION_MATMUL_FP32);
         const double tol = prec == DION_MATMUL_FP32 ? 1e-5 : prec == DION_MATMUL_TF32 ? 3e-3 : 2e-2;
@@ -67,68 +85,42 @@ TEST_F(OpsTest, GemmAllTransposesAndPrecisions) {
       }
 }
 
-// Matmul precision BF16 on fp32 operands rounds each operand element to bf16
-// once and accumulates in fp32. With DION_GEMM_BF16_OPERANDS=1 (the library's
-// own rounding, to nearest even) the error against a float64 product of the
-// host-rounded operands is only the fp32 accumulation's (k * 2^-24 relative
-// to the sum of |terms|), far below the 2^-8 that one differently rounded
-// (e.g. truncated) operand would leave. With the default (cuBLAS's
-// CUBLAS_COMPUTE_32F_FAST_16BF, whose rounding direction cuBLAS does not
-// document) the bound is that of one rounding of each operand in either
-// direction: 2 * 2^-8 relative to the sum of |terms|. Shapes large enough for
-// tensor-core GEMMs, padded, transposed and broadcast operands.
-float round_bf16(float x) {
-  uint32_t u;
-  std::memcpy(&u, &x, 4);
-  u += 0x7FFFu + ((u >> 16) & 1u);
-  u &= 0xFFFF0000u;
-  float y;
-  std::memcpy(&y, &u, 4);
-  return y;
-}
+// Matmul precision BF16 on fp32 operands (cuBLAS's
+// CUBLAS_COMPUTE_32F_FAST_16BF) rounds each operand element to bf16 once and
+// accumulates in fp32: against a float64 product of the operands rounded to
+// bf16 on the host, the error is at most one rounding of each operand in
+// either direction (cuBLAS does not document which), 2 * 2^-8 relative to the
+// sum of |terms|, plus the fp32 accumulation's k * 2^-24. Shapes large enough
+// for tensor-core GEMMs, padded, transposed and broadcast operands.
+float round_bf16(float x) { return dionref::bf16_bits_to_float(dionref::float_to_bf16_bits(x)); }
 
-TEST_F(OpsTest, GemmBf16RoundsEachOperandOnceToNearest) {
+TEST_F(OpsTest, GemmBf16RoundsEachOperandOnce) {
   const int64_t m = 130, n = 96, k = 200, B = 3;
-  for (const char* own : {"0", "1"})
   for (int t = 0; t < 4; ++t)
     for (int bcast = 0; bcast < 3; ++bcast) {
       const bool ta = t & 1, tb = t & 2;
-      SCOPED_TRACE(testing::Message() << "DION_GEMM_BF16_OPERANDS=" << own << " ta " << ta << " tb " << tb
-                                      << " broadcast " << bcast);
-      setenv("DION_GEMM_BF16_OPERANDS", own, 1);
-      std::unique_ptr<Backend> be(make_cuda_backend(0));
-      unsetenv("DION_GEMM_BF16_OPERANDS");
-      Mat a = ta ? Mat::padded(k, m, B) : Mat::padded(m, k, B);
-      Mat b = tb ? Mat::padded(n, k, B, 1, 2) : Mat::padded(k, n, B, 1, 2);
-      if (bcast == 1) a.stride = 0;
-      if (bcast == 2) b.stride = 0;
-      a.fill([&] { return gauss(); });
-      b.fill([&] { return gauss(); });
-      Mat c = Mat::padded(m, n, B, 4, 3);
-      c.fill([&] { return gauss(); });
-      const std::vector<float> c0 = c.h;
+      SCOPED_TRACE(testing::Message() << "ta " << ta << " tb " << tb << " broadcast " << bcast);
+      GemmOperands o = gemm_operands(ta, tb, bcast, m, n, k, B, [&] { return gauss(); });
+      Mat& c = o.c;
       const float alpha = 0.7f, beta = 0.3f;
-      be->gemm(ta, tb, alpha, a.D(), b.D(), beta, c.D(), DION_MATMUL_BF16);
+      cuda->gemm(ta, tb, alpha, o.a.D(), o.b.D(), beta, c.D(), DION_MATMUL_BF16);
       const std::vector<float> got = c.dev();
       double worst = 0;
       for (int64_t bt = 0; bt < B; ++bt)
         for (int64_t i = 0; i < m; ++i)
           for (int64_t j = 0; j < n; ++j) {
             const size_t e = static_cast<size_t>(bt * c.stride + i * c.ld + j);
-            double want = static_cast<double>(beta) * c0[e], mag = std::fabs(want);
+            double want = static_cast<double>(beta) * o.c0[e], mag = std::fabs(want);
             for (int64_t l = 0; l < k; ++l) {
-              const float av = ta ? a.h[bt * a.stride + l * a.ld + i] : a.h[bt * a.stride + i * a.ld + l];
-              const float bv = tb ? b.h[bt * b.stride + j * b.ld + l] : b.h[bt * b.stride + l * b.ld + j];
-              const double term = static_cast<double>(alpha) * round_bf16(av) * round_bf16(bv);
+              const double term = static_cast<double>(alpha) * round_bf16(o.av(bt, i, l)) * round_bf16(o.bv(bt, l, j));
               want += term;
               mag += std::fabs(term);
             }
             worst = std::max(worst, std::fabs(got[e] - want) / mag);
           }
-      // fp32 accumulation of k terms (plus alpha, beta and the final rounding):
-      // k * 2^-24 = 1.2e-5 at k = 200; or one rounding of either direction of
-      // each operand (2 * 2^-8) on top of it.
-      EXPECT_LT(worst, own[0] == '1' ? 2e-5 : 2.0 / 256 + 2e-5);
+      // One rounding of either direction of each operand (2 * 2^-8), and the
+      // fp32 accumulation of k terms: k * 2^-24 = 1.2e-5 at k = 200.
+      EXPECT_LT(worst, 2.0 / 256 + 2e-5);
     }
 }
 

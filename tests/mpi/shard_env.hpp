@@ -19,6 +19,7 @@
 #include <vector>
 
 #include "dion_mpi.h"
+#include "../hash_uniform.h"
 
 // What differs between the backends.
 struct ShardEnv {
@@ -36,14 +37,6 @@ extern ShardEnv g_env;
 extern int g_rank, g_size;
 
 namespace {
-
-float hash_uniform(uint64_t seed, uint64_t i) {
-  uint64_t z = seed * 0x9E3779B97F4A7C15ull + i + 0x632BE59BD9B4E019ull;
-  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-  z ^= z >> 31;
-  return static_cast<float>(static_cast<double>(z >> 40) / static_cast<double>(1ull << 23) - 1.0);
-}
 
 struct Layout {
   int R, O, I;

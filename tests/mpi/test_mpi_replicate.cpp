@@ -25,18 +25,11 @@
 
 #include "dion_mpi.h"
 #include "rank_printer.hpp"
+#include "../hash_uniform.h"
 
 namespace {
 
 int g_rank = 0, g_size = 1;
-
-float hash_uniform(uint64_t seed, uint64_t i) {
-  uint64_t z = seed * 0x9E3779B97F4A7C15ull + i + 0x632BE59BD9B4E019ull;
-  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-  z ^= z >> 31;
-  return static_cast<float>(static_cast<double>(z >> 40) / static_cast<double>(1ull << 23) - 1.0);
-}
 
 struct Case {
   const char* name;

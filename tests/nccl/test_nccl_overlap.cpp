@@ -67,6 +67,7 @@
 #include "core/optimizer.hpp"
 #include "dion.h"
 #include "../mpi/rank_printer.hpp"
+#include "../hash_uniform.h"
 
 namespace {
 
@@ -95,14 +96,6 @@ bool everyone(bool ok) {
   } while (0)
 
 // ---- data ----
-
-float hash_uniform(uint64_t seed, uint64_t i) {
-  uint64_t z = seed * 0x9E3779B97F4A7C15ull + i + 0x632BE59BD9B4E019ull;
-  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-  z ^= z >> 31;
-  return static_cast<float>(static_cast<double>(z >> 40) / static_cast<double>(1ull << 23) - 1.0);
-}
 
 uint16_t to_bf16(float f) {
   uint32_t u = 0;

@@ -25,6 +25,7 @@
 
 #include "dion.h"
 #include "reference/ref_linalg.h"
+#include "../hash_uniform.h"
 
 namespace dion_test {
 
@@ -59,14 +60,7 @@ inline void store(std::vector<unsigned char>& buf, dion_dtype_t dt, int64_t i, f
   }
 }
 
-// A deterministic value in [-1, 1) from (seed, index): splitmix64.
-inline float hash_uniform(uint64_t seed, uint64_t i) {
-  uint64_t z = seed * 0x9E3779B97F4A7C15ull + i + 0x632BE59BD9B4E019ull;
-  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-  z ^= z >> 31;
-  return static_cast<float>(static_cast<double>(z >> 40) / static_cast<double>(1ull << 23) - 1.0);
-}
+using ::hash_uniform;  // tests/hash_uniform.h
 
 inline const char* algo_name(dion_algorithm_t a) {
   switch (a) {

@@ -46,21 +46,13 @@
 
 #include "dion.h"
 #include "reference/ref_orthogonalize.h"
+#include "../hash_uniform.h"
 
 namespace {
 
 constexpr int64_t kM = 64, kN = 48;  // fan_out x fan_in
 constexpr int kSteps = 5;
 constexpr double kLr = 0.01;
-
-// A deterministic value in [-1, 1) from (seed, index): splitmix64.
-float hash_uniform(uint64_t seed, uint64_t i) {
-  uint64_t z = seed * 0x9E3779B97F4A7C15ull + i + 0x632BE59BD9B4E019ull;
-  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-  z ^= z >> 31;
-  return static_cast<float>(static_cast<double>(z >> 40) / static_cast<double>(1ull << 23) - 1.0);
-}
 
 // ------------------------------------------------------------ linear algebra --
 

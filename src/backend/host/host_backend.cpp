@@ -358,13 +358,18 @@ class HostBackend final : public Backend {
                                                (1.0 / (std::sqrt(static_cast<double>(sumsq[b * m.cols + j])) + eps)));
     }
   }
+  // 1 / (factor ||m[b]||_F + eps), the scale both normalisations apply.
+  static float frob_inv(ConstMatBatch m, int64_t b, float factor, float eps) {
+    const float* p = at(m, b);
+    double s = 0;
+    for (int64_t i = 0; i < m.rows; ++i)
+      for (int64_t j = 0; j < m.cols; ++j) s += static_cast<double>(p[i * m.ld + j]) * p[i * m.ld + j];
+    return static_cast<float>(1.0 / (factor * std::sqrt(s) + eps));
+  }
   void frob_normalize(MatBatch m, float factor, float eps) override {
     for (int64_t b = 0; b < m.batch; ++b) {
+      const float inv = frob_inv(m, b, factor, eps);
       float* p = at(m, b);
-      double s = 0;
-      for (int64_t i = 0; i < m.rows; ++i)
-        for (int64_t j = 0; j < m.cols; ++j) s += static_cast<double>(p[i * m.ld + j]) * p[i * m.ld + j];
-      const float inv = static_cast<float>(1.0 / (factor * std::sqrt(s) + eps));
       for (int64_t i = 0; i < m.rows; ++i)
         for (int64_t j = 0; j < m.cols; ++j) p[i * m.ld + j] *= inv;
     }
@@ -372,11 +377,8 @@ class HostBackend final : public Backend {
   void frob_normalize_bf16(ConstMatBatch m, float factor, float eps, void* out) override {
     uint16_t* o = static_cast<uint16_t*>(out);
     for (int64_t b = 0; b < m.batch; ++b) {
+      const float inv = frob_inv(m, b, factor, eps);
       const float* p = at(m, b);
-      double s = 0;
-      for (int64_t i = 0; i < m.rows; ++i)
-        for (int64_t j = 0; j < m.cols; ++j) s += static_cast<double>(p[i * m.ld + j]) * p[i * m.ld + j];
-      const float inv = static_cast<float>(1.0 / (factor * std::sqrt(s) + eps));
       for (int64_t i = 0; i < m.rows; ++i)
         for (int64_t j = 0; j < m.cols; ++j) *o++ = float_to_bf16(p[i * m.ld + j] * inv);
     }
