@@ -473,7 +473,7 @@ DION_API dion_status_t dion_get_comm_bytes(dion_optimizer_t optimizer, dion_mesh
 
 /* Memory libdion holds for this optimizer: optimizer state, and workspace
  * (the step's work buffers, the tensor tables and, on the CUDA backend, the
- * backend's scratch: factorization and conversion buffers, which grow on the
+ * backend's scratch: factorization and reduction buffers, which grow on the
  * first step with larger shapes, and the cuBLAS workspace). */
 DION_API dion_status_t dion_get_memory_usage(dion_optimizer_t optimizer, uint64_t* state_bytes,
                                              uint64_t* workspace_bytes);

@@ -99,7 +99,7 @@ class Backend {
   // The stream set last (nullptr: the legacy default stream; always nullptr on the host).
   virtual void* stream() const { return nullptr; }
   // Backend memory the backend itself holds for this optimizer, beyond what
-  // alloc() handed out: scratch of the factorizations and conversions, the
+  // alloc() handed out: scratch of the factorizations and reductions, the
   // BLAS workspace (dion_get_memory_usage counts it as workspace). The host
   // backend's scratch is per thread, shared by every optimizer: 0.
   virtual size_t scratch_bytes() const { return 0; }

@@ -651,7 +651,7 @@ TEST(CudaApiState, MemoryUsageReportsStateAndWorkspace) {
 }
 
 // The workspace dion_get_memory_usage reports includes the CUDA backend's
-// scratch (factorization and bf16-conversion buffers, grown by the first
+// scratch (factorization and reduction buffers, grown by the first
 // step): the device memory the first step takes (cudaMemGetInfo) equals the
 // growth of the reported workspace within 16 MiB (2 MiB allocation
 // granularity, lazily loaded kernels, library handles), while the scratch of
