@@ -7,6 +7,7 @@
 #include <cstdlib>
 #include <cstring>
 
+#include "batching.hpp"
 #include "error.hpp"
 #include "log.hpp"
 #include "../api/comm.hpp"
@@ -84,6 +85,15 @@ void Optimizer::init() {
   // dion_create, so that each optimizer keeps the mode it was created with.
   const char* ov = std::getenv("DION_OVERLAP");
   overlap_allowed = !(ov && std::strcmp(ov, "0") == 0);
+  // DION_BATCH_MAX (docs/ENV.md): a cap on the matrices per batch, besides the workspace's.
+  if (const char* bm = std::getenv("DION_BATCH_MAX"); bm && *bm) {
+    char* end = nullptr;
+    const long long v = std::strtoll(bm, &end, 10);
+    if (end && *end == '\0' && v > 0)
+      batch_max = v;
+    else
+      DION_LOG_WARN("dion_create: DION_BATCH_MAX=\"%s\" is not a positive integer; ignored", bm);
+  }
   comm_join.backend = backend.get();
   status = static_cast<StepStatus*>(backend->alloc(sizeof(StepStatus)));
   StepStatus z{};
@@ -543,7 +553,8 @@ void Optimizer::plan_buckets(Group& g, const Algorithm& algo) {
   std::vector<int32_t> neg_cap(classes.size());
   for (size_t k = 0; k < classes.size(); ++k) {
     const size_t one = algo.workspace_floats(g, tensors[static_cast<size_t>(classes[k][0])], 1);
-    const size_t cap = std::max<size_t>(1, kBatchWorkspaceFloats / std::max<size_t>(one, 1));
+    size_t cap = std::max<size_t>(1, kBatchWorkspaceFloats / std::max<size_t>(one, 1));
+    if (batch_max > 0) cap = std::min(cap, static_cast<size_t>(batch_max));
     neg_cap[k] = -static_cast<int32_t>(std::min<size_t>(cap, size_t(1) << 30));
   }
   if (!neg_cap.empty())
@@ -552,12 +563,19 @@ void Optimizer::plan_buckets(Group& g, const Algorithm& algo) {
   for (size_t k = 0; k < classes.size(); ++k) {
     const std::vector<int32_t>& c = classes[k];
     const Tensor& t0 = tensors[static_cast<size_t>(c[0])];
-    const size_t cap = static_cast<size_t>(-neg_cap[k]);
-    for (size_t i = 0; i < c.size(); i += cap) {
+    // The mesh a batch of this class is split over (Dion's orthogonalization,
+    // the megabatch family's matrices): the outer mesh for outer-sharded
+    // tensors, the inner mesh for inner-sharded ones, else the replicas.
+    // Its size is the same on every rank, so are the cuts.
+    Collectives* split = t0.outer_shard_dim >= 0 ? outer.get() : t0.inner_shard_dim >= 0 ? inner.get() : rep.get();
+    const int64_t granule = split ? split->size() : 1;
+    size_t i = 0;
+    for (int64_t size : cut_batches(static_cast<int64_t>(c.size()), -static_cast<int64_t>(neg_cap[k]), granule)) {
       Bucket b;
       b.tensors.assign(c.begin() + static_cast<std::ptrdiff_t>(i),
-                       c.begin() + static_cast<std::ptrdiff_t>(std::min(c.size(), i + cap)));
-      b.workspace_floats = algo.workspace_floats(g, t0, static_cast<int64_t>(b.tensors.size()));
+                       c.begin() + static_cast<std::ptrdiff_t>(i + static_cast<size_t>(size)));
+      i += static_cast<size_t>(size);
+      b.workspace_floats = algo.workspace_floats(g, t0, size);
       g.buckets.push_back(std::move(b));
     }
   }

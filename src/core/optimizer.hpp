@@ -179,6 +179,7 @@ struct Optimizer {
   size_t stage_floats = 0;
   CommJoin comm_join;
   size_t table_bytes = 0;  // backend memory held by tables, scalars and the staging buffer
+  int64_t batch_max = 0;   // DION_BATCH_MAX at dion_create: most matrices per batch (0: no limit but the workspace)
   std::string last_error;
   uint64_t magic_tail = kMagicTail;
 

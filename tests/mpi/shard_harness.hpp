@@ -12,6 +12,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
 #include <string>
 #include <vector>
@@ -401,6 +402,58 @@ TEST(ShardSplit, EachRankOrthogonalizesOnlyItsSlots) {
             }
           }
       }
+}
+
+// A class of matrices too large for one batch is cut into batches whose
+// sizes are whole multiples of the mesh that splits them
+// (src/core/batching.hpp), so each rank owns the same number of slots and
+// no reduce-scatter pads a batch. DION_BATCH_MAX = O + 1 caps a class of 2 O
+// outer-sharded matrices at O + 1 per batch: the cut is O + O, each batch
+// reduce-scattered without padding (O a r floats) and each rank gathering
+// one matrix (a r), where O + 1 and O - 1 would pad the first batch to 2 O
+// slots. Exact byte counts as in EachRankOrthogonalizesOnlyItsSlots, and the
+// same updates as one process.
+TEST(ShardSplit, BatchesCutOverTheOuterMeshAreWholeMultiplesOfIt) {
+  const int O = g_size;
+  if (O < 2) GTEST_SKIP() << "needs an outer mesh of two or more ranks";
+  const int64_t m = 24, n = 16, T = 2 * O;
+  const Layout L{1, O, 1};
+  Grid G(L);
+  const std::vector<Spec> S(static_cast<size_t>(T), Spec{m, n, 1, -1});
+  const Config c{"cut", 0.5, DION_QR_RCQR, 1};
+  OptRun dist, ref;
+  ASSERT_EQ(setenv("DION_BATCH_MAX", std::to_string(O + 1).c_str(), 1), 0);
+  build(dist, G, c, true, S);
+  unsetenv("DION_BATCH_MAX");
+  build(ref, G, c, false, S);
+  if (HasFatalFailure()) return;
+  std::vector<std::vector<float>> x0;
+  for (const Local& l : dist.loc) x0.push_back(l.x);
+  for (int s = 0; s < 2; ++s) {
+    fill_grads(dist, ref, G, s, S);
+    ASSERT_EQ(dist.step(), DION_SUCCESS) << dion_last_error(dist.opt);
+    ASSERT_EQ(ref.step(), DION_SUCCESS) << dion_last_error(ref.opt);
+  }
+  const uint64_t a = static_cast<uint64_t>(m), r = static_cast<uint64_t>(n / 2), ar = a * r, Ob = 4u * O;
+  // The non-finite flag, then per batch of O: the reduce-scatter of O a r,
+  // the gather of this rank's one matrix, the all-zero flags (O int32) and
+  // the column sums of squares of R (O r).
+  const uint64_t want = 4 + 2 * (Ob * ar + 4u * ar + Ob + Ob * r);
+  uint64_t last = 0;
+  ASSERT_EQ(dion_get_comm_bytes(dist.opt, DION_MESH_OUTER, &last, nullptr), DION_SUCCESS);
+  EXPECT_EQ(last, want);
+  for (size_t k = 0; k < S.size(); ++k) {
+    const Local& l = dist.loc[k];
+    if (l.numel() == 0) continue;
+    const std::vector<double> r1 = window(ref.loc[k].x, n, l.off, l.ext);
+    std::vector<double> du, dr;
+    for (int64_t e = 0; e < l.numel(); ++e) {
+      const size_t i = static_cast<size_t>(e);
+      du.push_back(static_cast<double>(l.x[i]) - x0[k][i]);
+      dr.push_back(r1[i] - x0[k][i]);
+    }
+    EXPECT_LT(rel_diff(du, dr), 1e-4) << "tensor " << k;
+  }
 }
 
 // A rank whose shard leaves a gap fails add_group on every rank of every

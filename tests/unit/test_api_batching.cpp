@@ -130,6 +130,32 @@ TEST_P(Batching, OneGroupEqualsOneGroupPerTensor) {
   EXPECT_GT(ws, 0u);
 }
 
+// DION_BATCH_MAX=2 cuts the group's three 24 x 40 tensors into batches of 2
+// and 1 (src/core/batching.hpp): the same results bit for bit, and a smaller
+// workspace (sized for the largest batch) shows the cut was made.
+TEST_P(Batching, BatchesCutByDionBatchMaxEqualOneGroupPerTensor) {
+  const Case c = GetParam();
+  OptRun whole, cut, each;
+  build(whole, c, false);
+  ASSERT_EQ(setenv("DION_BATCH_MAX", "2", 1), 0);
+  build(cut, c, false);
+  unsetenv("DION_BATCH_MAX");
+  build(each, c, true);
+  if (HasFatalFailure()) return;
+  for (int step = 0; step < 3; ++step)
+    for (OptRun* r : {&cut, &each}) {
+      fill_grads(*r, c.dtype, step);
+      ASSERT_EQ(dion_step(r->opt, nullptr), DION_SUCCESS) << dion_last_error(r->opt);
+    }
+  for (size_t i = 0; i < cut.params.size(); ++i) EXPECT_EQ(cut.params[i], each.params[i]) << "param " << i;
+  EXPECT_EQ(all_states(cut.opt), all_states(each.opt));
+  uint64_t ws_whole = 0, ws_cut = 0;
+  ASSERT_EQ(dion_get_memory_usage(whole.opt, nullptr, &ws_whole), DION_SUCCESS);
+  ASSERT_EQ(dion_get_memory_usage(cut.opt, nullptr, &ws_cut), DION_SUCCESS);
+  if (c.algo != DION_ALGO_ADAMW && c.algo != DION_ALGO_LION)  // element-wise: one batch for the whole group
+    EXPECT_LT(ws_cut, ws_whole);
+}
+
 INSTANTIATE_TEST_SUITE_P(
     All, Batching,
     testing::Values(Case{"Dion_rcqr_fp32", DION_ALGO_DION, DION_DTYPE_FP32, DION_QR_RCQR},
