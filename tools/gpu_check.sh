@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # On the GPU machine, in one command: build for Hopper (sm_90), run the GPU
-# suites (ctest -L gpu), the unit suites, and the benchmarks, writing every
+# suites (ctest -L gpu), the unit suites, the Python suite (CUDA tensors and
+# graph capture included), and the benchmarks, writing every
 # log under the folder given as $1 (default: gpu-logs).
 #
 #   tools/gpu_check.sh OUTDIR [all|build|test|bench|nccl|mesh-bench|torchrun|racecheck|memcheck]
@@ -56,6 +57,14 @@ if [ "$what" = all ] || [ "$what" = test ]; then
   ctest --test-dir "$build" -L unit -j "$(nproc)" > "$out/ctest-unit.log" 2>&1 || rc=1
   grep -E "tests passed|tests failed" "$out/ctest-unit.log"
   echo "unit suites: $(( $(date +%s) - t0 )) s"
+  # The Python binding's suite against this CUDA build: the libdion.torch
+  # tests on CUDA tensors and CUDA-graph capture run here (CI has no GPU and
+  # skips them), with the rest of the suite.
+  t0=$(date +%s)
+  OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 PYTHON=python3 \
+    timeout "${PYTEST_TIMEOUT:-420}" bash bindings/python/ci.sh "$build" -rs > "$out/pytest.log" 2>&1 || rc=1
+  grep -E "passed|failed|error" "$out/pytest.log" | tail -3
+  echo "python suite: $(( $(date +%s) - t0 )) s"
 fi
 if [ "$what" = nccl ]; then
   t0=$(date +%s)
