@@ -143,7 +143,10 @@ def _free_port():
 
 
 def _env(**extra):
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("OMPI_", "PMI_", "PMIX_"))
+    # A launcher's per-rank variables would make the child think it is a rank already; the
+    # OMPI_MCA_* settings are the machine's Open MPI configuration (e.g. which rsh agent) and stay.
+    env = {k: v for k, v in os.environ.items()
+           if not (k.startswith(("OMPI_", "PMI_", "PMIX_")) and not k.startswith("OMPI_MCA_"))
            and k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")}
     env.update(LIBDION_PATH=libdion.library_path(), PYTHONDONTWRITEBYTECODE="1", OMP_NUM_THREADS="1",
                PYTHONPATH=os.pathsep.join([BINDING_ROOT] + [p for p in [os.environ.get("PYTHONPATH")] if p]),
