@@ -22,15 +22,25 @@ __global__ void randn_kernel(float* out, int64_t batch, int64_t rows, int64_t co
                              int64_t global_cols, PhiloxKey key, const TensorEntry* tensors, const int64_t* step,
                              float scale) {
   const int64_t per = rows * cols;
+  const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
+  // (row, col) of element i advance by (stride / cols, stride % cols) per
+  // iteration: one division per thread instead of one per element.
+  const int64_t sr = stride / cols, sc = stride % cols;
   for (int64_t b = blockIdx.y; b < batch; b += gridDim.y) {
     PhiloxKey k = key;
     if (tensors) k.tensor = tensors[b].tensor_id;
     if (step) k.step = static_cast<uint64_t>(*step);
     float* o = out + b * per;
-    for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < per;
-         i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
-      const int64_t r = i / cols, c = i % cols;
+    int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
+    int64_t r = i / cols, c = i % cols;
+    for (; i < per; i += stride) {
       o[i] = scale * philox_normal(k, static_cast<uint64_t>((row0 + r) * global_cols + col0 + c));
+      r += sr;
+      c += sc;
+      if (c >= cols) {
+        c -= cols;
+        ++r;
+      }
     }
   }
 }
@@ -45,10 +55,10 @@ cudaError_t randn(cudaStream_t stream, float* out, int64_t batch, int64_t rows, 
   const int64_t per = rows * cols;
   if (batch <= 0 || per <= 0) return cudaSuccess;
   const int threads = 256;
-  // Each element costs a Philox block plus a double log and cos: plenty of
-  // work per thread, so a grid covering every element once is right.
+  // About 4096 blocks in all (enough to fill any current GPU several times
+  // over), each thread then stepping through its elements of the matrices.
   const int64_t gy = std::min<int64_t>(batch, 65535);
-  const int64_t gx = std::min<int64_t>((per + threads - 1) / threads, 1 << 20);
+  const int64_t gx = std::min<int64_t>((per + threads - 1) / threads, std::max<int64_t>(1, 4096 / gy));
   randn_kernel<<<dim3(static_cast<unsigned>(gx), static_cast<unsigned>(gy)), threads, 0, stream>>>(
       out, batch, rows, cols, row0, col0, global_cols, key, tensors, step, scale);
   return cudaGetLastError();
