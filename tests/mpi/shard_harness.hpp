@@ -261,6 +261,24 @@ const Config kConfigs[] = {
 INSTANTIATE_TEST_SUITE_P(All, Shard, ::testing::ValuesIn(kConfigs),
                          [](const ::testing::TestParamInfo<Config>& i) { return std::string(i.param.name); });
 
+// The updates of the distributed run (each rank's shards, from x0) equal
+// those of the single-process run on the same windows of its global
+// matrices (every tensor n columns wide), within 1e-4 relative.
+void expect_same_updates(const OptRun& dist, const OptRun& ref, const std::vector<std::vector<float>>& x0, int64_t n) {
+  for (size_t k = 0; k < dist.loc.size(); ++k) {
+    const Local& l = dist.loc[k];
+    if (l.numel() == 0) continue;
+    const std::vector<double> r1 = window(ref.loc[k].x, n, l.off, l.ext);
+    std::vector<double> du, dr;
+    for (int64_t e = 0; e < l.numel(); ++e) {
+      const size_t i = static_cast<size_t>(e);
+      du.push_back(static_cast<double>(l.x[i]) - x0[k][i]);
+      dr.push_back(r1[i] - x0[k][i]);
+    }
+    EXPECT_LT(rel_diff(du, dr), 1e-4) << "tensor " << k;
+  }
+}
+
 // Spec §2.6 paths 1 and 2: each matrix of a batch of T is orthogonalized on
 // one rank of its mesh (the outer mesh for outer-sharded matrices, the
 // replicate mesh for matrices no shard mesh splits), which then all-gathers
@@ -388,18 +406,7 @@ TEST(ShardSplit, EachRankOrthogonalizesOnlyItsSlots) {
               EXPECT_EQ(last, want[k]) << "mesh " << k << " (0 replicate, 1 outer, 2 inner)";
             }
             // The same updates as one process on the global matrices.
-            for (size_t k = 0; k < S.size(); ++k) {
-              const Local& l = dist.loc[k];
-              if (l.numel() == 0) continue;
-              const std::vector<double> r1 = window(ref.loc[k].x, n, l.off, l.ext);
-              std::vector<double> du, dr;
-              for (int64_t e = 0; e < l.numel(); ++e) {
-                const size_t i = static_cast<size_t>(e);
-                du.push_back(static_cast<double>(l.x[i]) - x0[k][i]);
-                dr.push_back(r1[i] - x0[k][i]);
-              }
-              EXPECT_LT(rel_diff(du, dr), 1e-4) << "tensor " << k;
-            }
+            expect_same_updates(dist, ref, x0, n);
           }
       }
 }
@@ -442,18 +449,7 @@ TEST(ShardSplit, BatchesCutOverTheOuterMeshAreWholeMultiplesOfIt) {
   uint64_t last = 0;
   ASSERT_EQ(dion_get_comm_bytes(dist.opt, DION_MESH_OUTER, &last, nullptr), DION_SUCCESS);
   EXPECT_EQ(last, want);
-  for (size_t k = 0; k < S.size(); ++k) {
-    const Local& l = dist.loc[k];
-    if (l.numel() == 0) continue;
-    const std::vector<double> r1 = window(ref.loc[k].x, n, l.off, l.ext);
-    std::vector<double> du, dr;
-    for (int64_t e = 0; e < l.numel(); ++e) {
-      const size_t i = static_cast<size_t>(e);
-      du.push_back(static_cast<double>(l.x[i]) - x0[k][i]);
-      dr.push_back(r1[i] - x0[k][i]);
-    }
-    EXPECT_LT(rel_diff(du, dr), 1e-4) << "tensor " << k;
-  }
+  expect_same_updates(dist, ref, x0, n);
 }
 
 // A rank whose shard leaves a gap fails add_group on every rank of every
