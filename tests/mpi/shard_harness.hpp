@@ -261,6 +261,19 @@ const Config kConfigs[] = {
 INSTANTIATE_TEST_SUITE_P(All, Shard, ::testing::ValuesIn(kConfigs),
                          [](const ::testing::TestParamInfo<Config>& i) { return std::string(i.param.name); });
 
+// Keeps the distributed run's shards in x0, then takes two steps of both
+// runs on the same gradients.
+void two_steps(OptRun& dist, OptRun& ref, const Grid& G, const std::vector<Spec>& S,
+               std::vector<std::vector<float>>* x0) {
+  x0->clear();
+  for (const Local& l : dist.loc) x0->push_back(l.x);
+  for (int s = 0; s < 2; ++s) {
+    fill_grads(dist, ref, G, s, S);
+    ASSERT_EQ(dist.step(), DION_SUCCESS) << dion_last_error(dist.opt);
+    ASSERT_EQ(ref.step(), DION_SUCCESS) << dion_last_error(ref.opt);
+  }
+}
+
 // The updates of the distributed run (each rank's shards, from x0) equal
 // those of the single-process run on the same windows of its global
 // matrices (every tensor n columns wide), within 1e-4 relative.
@@ -351,12 +364,8 @@ TEST(ShardSplit, EachRankOrthogonalizesOnlyItsSlots) {
             build(ref, G, c, false, S);
             if (HasFatalFailure()) return;
             std::vector<std::vector<float>> x0;
-            for (const Local& l : dist.loc) x0.push_back(l.x);
-            for (int s = 0; s < 2; ++s) {
-              fill_grads(dist, ref, G, s, S);
-              ASSERT_EQ(dist.step(), DION_SUCCESS) << dion_last_error(dist.opt);
-              ASSERT_EQ(ref.step(), DION_SUCCESS) << dion_last_error(ref.opt);
-            }
+            two_steps(dist, ref, G, S, &x0);
+            if (HasFatalFailure()) return;
             const uint64_t a = static_cast<uint64_t>(dist.loc[0].ext[0]), r = static_cast<uint64_t>(frac * n),
                            b = static_cast<uint64_t>(dist.loc[0].ext[1]), ar = a * r, T4 = 4u * T, sk = 128;
             const bool compressed = R > 1 && (m + n) * static_cast<int64_t>(r) < m * n;
@@ -435,12 +444,8 @@ TEST(ShardSplit, BatchesCutOverTheOuterMeshAreWholeMultiplesOfIt) {
   build(ref, G, c, false, S);
   if (HasFatalFailure()) return;
   std::vector<std::vector<float>> x0;
-  for (const Local& l : dist.loc) x0.push_back(l.x);
-  for (int s = 0; s < 2; ++s) {
-    fill_grads(dist, ref, G, s, S);
-    ASSERT_EQ(dist.step(), DION_SUCCESS) << dion_last_error(dist.opt);
-    ASSERT_EQ(ref.step(), DION_SUCCESS) << dion_last_error(ref.opt);
-  }
+  two_steps(dist, ref, G, S, &x0);
+  if (HasFatalFailure()) return;
   const uint64_t a = static_cast<uint64_t>(m), r = static_cast<uint64_t>(n / 2), ar = a * r, Ob = 4u * O;
   // The non-finite flag, then per batch of O: the reduce-scatter of O a r,
   // the gather of this rank's one matrix, the all-zero flags (O int32) and
