@@ -156,6 +156,26 @@ TEST_P(Batching, BatchesCutByDionBatchMaxEqualOneGroupPerTensor) {
     EXPECT_LT(ws_cut, ws_whole);
 }
 
+// A DION_BATCH_MAX that is not a positive integer is ignored (with a
+// warning): the batches, hence the workspace, are those of no cap.
+TEST(BatchingEnv, InvalidDionBatchMaxIsIgnored) {
+  const Case c{"", DION_ALGO_DION, DION_DTYPE_FP32, DION_QR_RCQR};
+  OptRun whole;
+  build(whole, c, false);
+  uint64_t ws_whole = 0;
+  ASSERT_EQ(dion_get_memory_usage(whole.opt, nullptr, &ws_whole), DION_SUCCESS);
+  for (const char* v : {"0", "-3", "two", "2x", ""}) {
+    SCOPED_TRACE(std::string("DION_BATCH_MAX=\"") + v + "\"");
+    OptRun r;
+    ASSERT_EQ(setenv("DION_BATCH_MAX", v, 1), 0);
+    build(r, c, false);
+    unsetenv("DION_BATCH_MAX");
+    uint64_t ws = 0;
+    ASSERT_EQ(dion_get_memory_usage(r.opt, nullptr, &ws), DION_SUCCESS);
+    EXPECT_EQ(ws, ws_whole);
+  }
+}
+
 INSTANTIATE_TEST_SUITE_P(
     All, Batching,
     testing::Values(Case{"Dion_rcqr_fp32", DION_ALGO_DION, DION_DTYPE_FP32, DION_QR_RCQR},
