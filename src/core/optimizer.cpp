@@ -80,20 +80,28 @@ Optimizer::~Optimizer() {
   magic_head = magic_tail = 0;
 }
 
+// A positive integer environment variable (at most `most`), or 0 when it is
+// unset; anything else is logged and ignored.
+static int64_t env_positive(const char* name, int64_t most) {
+  const char* e = std::getenv(name);
+  if (!e || !*e) return 0;
+  char* end = nullptr;
+  const long long v = std::strtoll(e, &end, 10);
+  if (end && *end == '\0' && v > 0 && v <= most) return v;
+  DION_LOG_WARN("dion_create: %s=\"%s\" is not an integer in [1, %lld]; ignored", name, e, static_cast<long long>(most));
+  return 0;
+}
+
 void Optimizer::init() {
   // DION_OVERLAP=0 keeps every step sequential (docs/ENV.md); read here, at
   // dion_create, so that each optimizer keeps the mode it was created with.
   const char* ov = std::getenv("DION_OVERLAP");
   overlap_allowed = !(ov && std::strcmp(ov, "0") == 0);
-  // DION_BATCH_MAX (docs/ENV.md): a cap on the matrices per batch, besides the workspace's.
-  if (const char* bm = std::getenv("DION_BATCH_MAX"); bm && *bm) {
-    char* end = nullptr;
-    const long long v = std::strtoll(bm, &end, 10);
-    if (end && *end == '\0' && v > 0)
-      batch_max = v;
-    else
-      DION_LOG_WARN("dion_create: DION_BATCH_MAX=\"%s\" is not a positive integer; ignored", bm);
-  }
+  // DION_BATCH_MAX and DION_BATCH_WORKSPACE_MIB (docs/ENV.md): the caps on
+  // a batch, in matrices and in workspace.
+  if (const int64_t v = env_positive("DION_BATCH_MAX", int64_t(1) << 40); v > 0) batch_max = v;
+  if (const int64_t v = env_positive("DION_BATCH_WORKSPACE_MIB", int64_t(1) << 20); v > 0)
+    batch_workspace_floats = static_cast<size_t>(v) << 18;  // MiB of fp32
   comm_join.backend = backend.get();
   status = static_cast<StepStatus*>(backend->alloc(sizeof(StepStatus)));
   StepStatus z{};
@@ -506,9 +514,9 @@ void Optimizer::add_group(const dion_group_options_t& go, const dion_tensor_t* d
 
 // Tensors of a matrix algorithm share a batch when everything their step
 // depends on is equal; a batch is cut so that its workspace stays under
-// kBatchWorkspaceFloats (a batch of one is always allowed).
+// batch_workspace_floats (a batch of one is always allowed) and it holds at
+// most batch_max matrices.
 void Optimizer::plan_buckets(Group& g, const Algorithm& algo) {
-  constexpr size_t kBatchWorkspaceFloats = size_t(1) << 28;  // 1 GiB of fp32
   if (algo.elementwise) {
     Bucket b;
     b.tensors = g.tensors;
@@ -553,7 +561,7 @@ void Optimizer::plan_buckets(Group& g, const Algorithm& algo) {
   std::vector<int32_t> neg_cap(classes.size());
   for (size_t k = 0; k < classes.size(); ++k) {
     const size_t one = algo.workspace_floats(g, tensors[static_cast<size_t>(classes[k][0])], 1);
-    size_t cap = std::max<size_t>(1, kBatchWorkspaceFloats / std::max<size_t>(one, 1));
+    size_t cap = std::max<size_t>(1, batch_workspace_floats / std::max<size_t>(one, 1));
     if (batch_max > 0) cap = std::min(cap, static_cast<size_t>(batch_max));
     neg_cap[k] = -static_cast<int32_t>(std::min<size_t>(cap, size_t(1) << 30));
   }

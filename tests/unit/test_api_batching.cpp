@@ -38,12 +38,11 @@ struct OptRun {
   ~OptRun() { dion_destroy(opt); }
 };
 
-void build(OptRun& r, const Case& c, bool one_group_per_tensor) {
+void build(OptRun& r, const Case& c, bool one_group_per_tensor, const std::vector<Shape2>& sh = shapes()) {
   dion_options_t o;
   dion_options_init(&o);
   o.seed = 1234;
   ASSERT_EQ(dion_create(&r.opt, &o), DION_SUCCESS);
-  const auto sh = shapes();
   const size_t es = elem_size(c.dtype);
   r.params.resize(sh.size());
   r.grads.resize(sh.size());
@@ -173,6 +172,43 @@ TEST(BatchingEnv, InvalidDionBatchMaxIsIgnored) {
     uint64_t ws = 0;
     ASSERT_EQ(dion_get_memory_usage(r.opt, nullptr, &ws), DION_SUCCESS);
     EXPECT_EQ(ws, ws_whole);
+  }
+}
+
+// DION_BATCH_WORKSPACE_MIB sets the workspace cap of a batch (default 1 GiB):
+// three 256 x 256 Dion matrices take about 1.3 MiB of workspace each, so a
+// 1 MiB cap puts each in a batch of its own (a smaller workspace), and the
+// results stay those of one group per tensor, bit for bit.
+TEST(BatchingEnv, DionBatchWorkspaceMibCapsTheBatches) {
+  const Case c{"", DION_ALGO_DION, DION_DTYPE_FP32, DION_QR_RCQR};
+  const std::vector<Shape2> sh = {{256, 256}, {256, 256}, {256, 256}};
+  OptRun whole, cut, each;
+  build(whole, c, false, sh);
+  ASSERT_EQ(setenv("DION_BATCH_WORKSPACE_MIB", "1", 1), 0);
+  build(cut, c, false, sh);
+  unsetenv("DION_BATCH_WORKSPACE_MIB");
+  build(each, c, true, sh);
+  if (HasFatalFailure()) return;
+  uint64_t ws_whole = 0, ws_cut = 0;
+  ASSERT_EQ(dion_get_memory_usage(whole.opt, nullptr, &ws_whole), DION_SUCCESS);
+  ASSERT_EQ(dion_get_memory_usage(cut.opt, nullptr, &ws_cut), DION_SUCCESS);
+  EXPECT_LT(ws_cut, ws_whole);
+  EXPECT_GT(ws_whole, uint64_t(3) << 20) << "the three matrices should need more than 3 MiB together";
+  for (int step = 0; step < 2; ++step)
+    for (OptRun* r : {&cut, &each}) {
+      fill_grads(*r, c.dtype, step);
+      ASSERT_EQ(dion_step(r->opt, nullptr), DION_SUCCESS) << dion_last_error(r->opt);
+    }
+  for (size_t i = 0; i < cut.params.size(); ++i) EXPECT_EQ(cut.params[i], each.params[i]) << "param " << i;
+  // Out of range: ignored.
+  for (const char* v : {"0", "1048577", "1.5"}) {
+    OptRun r;
+    ASSERT_EQ(setenv("DION_BATCH_WORKSPACE_MIB", v, 1), 0);
+    build(r, c, false, sh);
+    unsetenv("DION_BATCH_WORKSPACE_MIB");
+    uint64_t ws = 0;
+    ASSERT_EQ(dion_get_memory_usage(r.opt, nullptr, &ws), DION_SUCCESS);
+    EXPECT_EQ(ws, ws_whole) << "DION_BATCH_WORKSPACE_MIB=" << v;
   }
 }
 
