@@ -101,7 +101,8 @@ class Backend {
   // Backend memory the backend itself holds for this optimizer, beyond what
   // alloc() handed out: scratch of the factorizations and reductions, the
   // BLAS workspace (dion_get_memory_usage counts it as workspace). The host
-  // backend's scratch is per thread, shared by every optimizer: 0.
+  // backend's LAPACK and staging scratch is per thread, shared by every
+  // optimizer, and not counted (0).
   virtual size_t scratch_bytes() const { return 0; }
 
   // ---- memory (backend-owned buffers) ----

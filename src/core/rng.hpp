@@ -48,6 +48,17 @@ DION_HD void philox4x32_10(uint32_t ctr[4], uint32_t key0, uint32_t key1) {
   }
 }
 
+// The Philox block of global element `index`: the key folds (seed, stream,
+// tensor), the counter holds (index, step).
+DION_HD void philox_block(const PhiloxKey& k, uint64_t index, uint32_t ctr[4]) {
+  ctr[0] = static_cast<uint32_t>(index);
+  ctr[1] = static_cast<uint32_t>(index >> 32);
+  ctr[2] = static_cast<uint32_t>(k.step);
+  ctr[3] = static_cast<uint32_t>(k.step >> 32) ^ (k.stream << 24);
+  philox4x32_10(ctr, static_cast<uint32_t>(k.seed) ^ (k.tensor * 0x85EBCA6Bu),
+                static_cast<uint32_t>(k.seed >> 32) ^ (k.stream * 0xC2B2AE35u));
+}
+
 // ln(x) for x in [2^-24, 1] in float, from IEEE +, -, *, / and bit
 // operations only (no libm): x = m 2^e with m in [sqrt(1/2), sqrt(2)),
 // ln m = 2 atanh(s), s = (m - 1) / (m + 1), |s| < 0.172, summed to s^9
@@ -103,14 +114,11 @@ DION_HD float rng_cos2pi(float v) {
 }
 
 // One standard normal for global element `index` (Box-Muller on two uniforms
-// in (0, 1] and [0, 1), 24 bits each, in float with rng_logf and rng_cos2pi).
-// The key folds (seed, stream, tensor); the counter holds (index, step).
+// in (0, 1] and [0, 1), 24 bits each of philox_block's first two words, in
+// float with rng_logf and rng_cos2pi).
 DION_HD float philox_normal(const PhiloxKey& k, uint64_t index) {
-  uint32_t ctr[4] = {static_cast<uint32_t>(index), static_cast<uint32_t>(index >> 32),
-                     static_cast<uint32_t>(k.step), static_cast<uint32_t>(k.step >> 32) ^ (k.stream << 24)};
-  uint32_t key0 = static_cast<uint32_t>(k.seed) ^ (k.tensor * 0x85EBCA6Bu);
-  uint32_t key1 = static_cast<uint32_t>(k.seed >> 32) ^ (k.stream * 0xC2B2AE35u);
-  philox4x32_10(ctr, key0, key1);
+  uint32_t ctr[4];
+  philox_block(k, index, ctr);
   const float u1 = static_cast<float>((ctr[0] >> 8) + 1u) * (1.0f / 16777216.0f);  // (0, 1], exact
   const float u2 = static_cast<float>(ctr[1] >> 8) * (1.0f / 16777216.0f);         // [0, 1), exact
   return sqrtf(-2.0f * rng_logf(u1)) * rng_cos2pi(u2);

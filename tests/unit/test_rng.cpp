@@ -42,10 +42,8 @@ TEST(Rng, Cos2piOnEveryUniformIsWithinTwoToTheMinus23) {
 }
 
 double reference_normal(const dion::PhiloxKey& k, uint64_t index) {
-  uint32_t ctr[4] = {static_cast<uint32_t>(index), static_cast<uint32_t>(index >> 32),
-                     static_cast<uint32_t>(k.step), static_cast<uint32_t>(k.step >> 32) ^ (k.stream << 24)};
-  dion::philox4x32_10(ctr, static_cast<uint32_t>(k.seed) ^ (k.tensor * 0x85EBCA6Bu),
-                      static_cast<uint32_t>(k.seed >> 32) ^ (k.stream * 0xC2B2AE35u));
+  uint32_t ctr[4];
+  dion::philox_block(k, index, ctr);
   const double u1 = ((ctr[0] >> 8) + 1.0) / 16777216.0, u2 = (ctr[1] >> 8) / 16777216.0;
   return std::sqrt(-2.0 * std::log(u1)) * std::cos(6.283185307179586476925286766559 * u2);
 }

@@ -574,16 +574,14 @@ class HostBackend final : public Backend {
   void apply_update_multi(const TensorEntry* list, int64_t count, int64_t n, const void* u, dion_dtype_t u_dtype,
                           const GroupScalars* gs, float lr_mult, bool cautious, const int32_t* skip) override {
     if (skip && *skip) return;
-    std::vector<float>& x = tmp_;
-    std::vector<float>& uf = tmp2_;
-    x.resize(static_cast<size_t>(n));
-    uf.resize(static_cast<size_t>(n));
+    float* x = grow(g_scratch.a, static_cast<size_t>(n));
+    float* uf = grow(g_scratch.work, static_cast<size_t>(n));
     for (int64_t t = 0; t < count; ++t) {
       const auto dx = static_cast<dion_dtype_t>(list[t].dtype[kParam]);
-      load(x.data(), list[t].ptr[kParam], dx, n);
-      load(uf.data(), static_cast<const char*>(u) + t * n * static_cast<int64_t>(dtype_size(u_dtype)), u_dtype, n);
-      apply_update(x.data(), uf.data(), n, gs, lr_mult, cautious);
-      store(list[t].ptr[kParam], dx, x.data(), n);
+      load(x, list[t].ptr[kParam], dx, n);
+      load(uf, static_cast<const char*>(u) + t * n * static_cast<int64_t>(dtype_size(u_dtype)), u_dtype, n);
+      apply_update(x, uf, n, gs, lr_mult, cautious);
+      store(list[t].ptr[kParam], dx, x, n);
     }
   }
   void store_slices_multi(const TensorEntry* list, int64_t count, Field f, ConstMatBatch m, Axis axis,
@@ -609,20 +607,19 @@ class HostBackend final : public Backend {
                               float mult, const int32_t* skip) override {
     if (skip && *skip) return;
     const int64_t msize = rows * cols;
-    std::vector<float>& x = tmp_;
-    x.resize(static_cast<size_t>(msize));
+    float* x = grow(g_scratch.a, static_cast<size_t>(msize));
     for (int64_t t = 0; t < count; ++t) {
       const auto dx = static_cast<dion_dtype_t>(list[t].dtype[kParam]);
       for (int64_t q = 0; q < per; ++q) {
         void* p = static_cast<char*>(list[t].ptr[kParam]) + q * msize * static_cast<int64_t>(dtype_size(dx));
         const int64_t b = t * per + q;
-        load(x.data(), p, dx, msize);
-        decay(x.data(), msize, gs);
+        load(x, p, dx, msize);
+        decay(x, msize, gs);
         if (k > 0) {
           ConstMatBatch ub(at(u, b), u.rows, u.cols, u.ld, 0, 1);
-          add_slices(MatBatch{x.data(), rows, cols, cols, 0, 1}, axis, idx + b * k, k, ub, gs, mult);
+          add_slices(MatBatch{x, rows, cols, cols, 0, 1}, axis, idx + b * k, k, ub, gs, mult);
         }
-        store(p, dx, x.data(), msize);
+        store(p, dx, x, msize);
       }
     }
   }
@@ -630,7 +627,6 @@ class HostBackend final : public Backend {
  private:
   std::vector<double> col_acc_;
   std::vector<int32_t> order_;
-  std::vector<float> tmp_, tmp2_;
 };
 
 }  // namespace
