@@ -80,6 +80,9 @@ Optimizer::~Optimizer() {
   magic_head = magic_tail = 0;
 }
 
+constexpr size_t kHostBatchWorkspaceFloats = size_t(1) << 28;    // 1 GiB of fp32
+constexpr size_t kDeviceBatchWorkspaceFloats = size_t(1) << 30;  // 4 GiB of fp32
+
 // A positive integer environment variable (at most `most`), or 0 when it is
 // unset; anything else is logged and ignored.
 static int64_t env_positive(const char* name, int64_t most) {
@@ -100,6 +103,12 @@ void Optimizer::init() {
   // DION_BATCH_MAX and DION_BATCH_WORKSPACE_MIB (docs/ENV.md): the caps on
   // a batch, in matrices and in workspace.
   if (const int64_t v = env_positive("DION_BATCH_MAX", int64_t(1) << 40); v > 0) batch_max = v;
+  // The default cap: 1 GiB on the host; 4 GiB on a GPU, where the batched
+  // factorizations cost per call more than per matrix, so that each class of
+  // same-shape matrices of a model like gpt-1.3b is one batch (measured on an
+  // H100, docs/benchmarks.md: Dion's step 83 -> 61 ms at bf16, 186 -> 163 ms
+  // at fp32 against a 1 GiB cap).
+  batch_workspace_floats = backend->host_memory() ? kHostBatchWorkspaceFloats : kDeviceBatchWorkspaceFloats;
   if (const int64_t v = env_positive("DION_BATCH_WORKSPACE_MIB", int64_t(1) << 20); v > 0)
     batch_workspace_floats = static_cast<size_t>(v) << 18;  // MiB of fp32
   comm_join.backend = backend.get();

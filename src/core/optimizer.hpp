@@ -180,7 +180,7 @@ struct Optimizer {
   CommJoin comm_join;
   size_t table_bytes = 0;  // backend memory held by tables, scalars and the staging buffer
   int64_t batch_max = 0;   // DION_BATCH_MAX at dion_create: most matrices per batch (0: no limit but the workspace)
-  size_t batch_workspace_floats = size_t(1) << 28;  // a batch's workspace cap: 1 GiB, or DION_BATCH_WORKSPACE_MIB
+  size_t batch_workspace_floats = size_t(1) << 28;  // a batch's workspace cap (init: per backend, or DION_BATCH_WORKSPACE_MIB)
   std::string last_error;
   uint64_t magic_tail = kMagicTail;
 

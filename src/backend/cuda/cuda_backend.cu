@@ -81,14 +81,19 @@ class DeviceScope {
 // DION_PROFILE=1: every backend call is bracketed by CUDA events on its
 // stream; at each end of step the events are waited for (a host sync: for
 // profiling only) and the time is added to the call's name. The totals,
-// per step, go to stderr when the optimizer is destroyed.
+// per step, go to stderr when the optimizer is destroyed. DION_PROFILE=2
+// also names each GEMM by its precision, shape and batch (detail()).
 class Profiler {
  public:
   Profiler() {
     const char* e = std::getenv("DION_PROFILE");
     on_ = e && *e && std::strcmp(e, "0") != 0;
+    detail_ = on_ && std::strcmp(e, "2") == 0;
   }
   bool on() const { return on_; }
+  bool detail() const { return detail_; }
+  // Renames the innermost open call (detail mode).
+  void rename(std::string name) { open_.back().name = std::move(name); }
   void begin(const char* name, cudaStream_t s) {
     cudaEvent_t a = get(), b = get();
     (void)cudaEventRecord(a, s);
@@ -131,7 +136,7 @@ class Profiler {
 
  private:
   struct Open {
-    const char* name;
+    std::string name;
     cudaEvent_t a, b;
     cudaStream_t s;
   };
@@ -145,7 +150,7 @@ class Profiler {
     (void)cudaEventCreate(&e);
     return e;
   }
-  bool on_ = false;
+  bool on_ = false, detail_ = false;
   long steps_ = 0;
   std::vector<Open> open_, done_;
   std::vector<cudaEvent_t> pool_;
@@ -159,6 +164,11 @@ class ProfScope {
   }
   ~ProfScope() {
     if (p_) p_->end();
+  }
+  // DION_PROFILE=2: this call's time goes under `name` (built only then).
+  template <class F>
+  void detail(F&& name) {
+    if (p_ && p_->detail()) p_->rename(name());
   }
 
  private:
@@ -386,6 +396,14 @@ class CudaBackend final : public Backend {
     if (m == 0 || n == 0 || c.batch <= 0) return;
     DeviceScope ds(device_);
     ProfScope ps(prof_, "gemm", stream_);
+    ps.detail([&] {
+      char b[128];
+      std::snprintf(b, sizeof b, "gemm %s %lldx%lldx%lld%s%s b%lld",
+                    precision == DION_MATMUL_FP32 ? "fp32" : precision == DION_MATMUL_TF32 ? "tf32" : "bf16",
+                    static_cast<long long>(m), static_cast<long long>(n), static_cast<long long>(k), ta ? " tA" : "",
+                    tb ? " tB" : "", static_cast<long long>(c.batch));
+      return std::string(b);
+    });
     if (k == 0) {  // an empty sum: C = beta * C
       kernels::scale_matrix(ctx(), c, beta);
       return;
@@ -412,6 +430,13 @@ class CudaBackend final : public Backend {
     if (m == 0 || n == 0 || c.batch <= 0) return;
     DeviceScope ds(device_);
     ProfScope ps(prof_, "gemm_bf16", stream_);
+    ps.detail([&] {
+      char b[128];
+      std::snprintf(b, sizeof b, "gemm_bf16 %lldx%lldx%lld%s%s b%lld", static_cast<long long>(m),
+                    static_cast<long long>(n), static_cast<long long>(k), ta ? " tA" : "", tb ? " tB" : "",
+                    static_cast<long long>(c.batch));
+      return std::string(b);
+    });
     const int M = to_int(m, "gemm m"), N = to_int(n, "gemm n"), K = to_int(k, "gemm k");
     const int lda = to_int(std::max<int64_t>(a.ld, 1), "gemm lda"), ldb = to_int(std::max<int64_t>(b.ld, 1), "gemm ldb"),
               ldc = to_int(std::max<int64_t>(c.ld, 1), "gemm ldc");
