@@ -357,8 +357,14 @@ void orth(Optimizer& opt, const Group& g, const TensorEntry* list, const Shape& 
     }
     be.trsm_right_upper(R1, P, prec);
   }
-  // (R)CQR's Cholesky step on P (or P1).
-  be.gemm(true, false, 1.0f, P, P, 0.0f, G, DION_MATMUL_FP32);
+  // (R)CQR's Cholesky step on P (or P1). The Gram matrix is formed at the
+  // group's precision, but never below TF32: an error E in G leaves
+  // P2^T P2 = I + U^-T E U^-1, of the order of the product's unit roundoff
+  // times cond(P1)^2, and RCQR's P1 is well conditioned; so FP32 groups keep
+  // an fp32 Gram matrix, while for TF32 and BF16 groups, whose P comes out
+  // of products at that precision, TF32 (2^-11) adds less than they already
+  // carry, at 8x the fp32 rate (the largest fp32 GEMM of their step before).
+  be.gemm(true, false, 1.0f, P, P, 0.0f, G, prec == DION_MATMUL_FP32 ? DION_MATMUL_FP32 : DION_MATMUL_TF32);
   if (sp.mesh) {
     float* own = sp.scatter ? opt.ws.take(sp.block * rr) : nullptr;
     float* mine = reduce_slots(be, sp, G.p, T, rr, own);
