@@ -190,9 +190,10 @@ struct Momentum {
 };
 
 __global__ void momentum_multi_kernel(const TensorEntry* list, int64_t count, int64_t n, Momentum op, bool store_state,
-                                      float* u, const int32_t* skip) {
+                                      float* u, const int32_t* skip, int32_t* nonzero) {
   const bool write = store_state && !(skip && *skip);  // uniform over the grid
   for (int64_t t = blockIdx.y; t < count; t += gridDim.y) {
+    bool any = false;  // an element of u != 0 (NaN counts as nonzero, -0 as zero)
     void* pm = list[t].ptr[kState0];
     const void* pg = list[t].ptr[kGrad];
     const dion_dtype_t dm = static_cast<dion_dtype_t>(list[t].dtype[kState0]);
@@ -206,7 +207,10 @@ __global__ void momentum_multi_kernel(const TensorEntry* list, int64_t count, in
         load8(pm, dm, j, m);
         load8(pg, dg, j, g);
 #pragma unroll
-        for (int k = 0; k < 8; ++k) o[k] = op(m[k], g[k]);
+        for (int k = 0; k < 8; ++k) {
+          o[k] = op(m[k], g[k]);
+          any = any || o[k] != 0.0f;
+        }
         if (write) store8(pm, dm, j, m);
         store8(ut, DION_DTYPE_FP32, j, o);
       }
@@ -214,9 +218,14 @@ __global__ void momentum_multi_kernel(const TensorEntry* list, int64_t count, in
     }
     for (int64_t i = i0 + global_thread(); i < n; i += grid_threads()) {
       float m = load_elem(pm, dm, i);
-      ut[i] = op(m, load_elem(pg, dg, i));
+      const float o = op(m, load_elem(pg, dg, i));
+      ut[i] = o;
+      any = any || o != 0.0f;
       if (write) store_elem(pm, dm, i, m);
     }
+    // Every thread of the block reaches this for every t (the loop bounds
+    // are uniform over the block); one writer per block, all write 1.
+    if (nonzero && __syncthreads_or(any) && threadIdx.x == 0) nonzero[t] = 1;
   }
 }
 
@@ -352,10 +361,10 @@ void apply_update(const Ctx& c, float* x, const float* u, int64_t n, const Group
 }
 
 void momentum_multi(const Ctx& c, const TensorEntry* list, int64_t count, int64_t n, float mu, float g_scale,
-                    bool nesterov, bool store_state, float* u, const int32_t* skip) {
+                    bool nesterov, bool store_state, float* u, const int32_t* skip, int32_t* nonzero) {
   if (count <= 0 || n <= 0) return;
   momentum_multi_kernel<<<grid_multi(c, count, (n + 7) / 8), kThreads, 0, c.stream>>>(
-      list, count, n, Momentum{mu, g_scale, nesterov}, store_state, u, skip);
+      list, count, n, Momentum{mu, g_scale, nesterov}, store_state, u, skip, nonzero);
   cuda::check_launch("momentum_multi kernel");
 }
 

@@ -37,7 +37,7 @@ void apply_update(const Ctx& c, float* x, const float* u, int64_t n, const Group
                   bool cautious);
 void decay(const Ctx& c, float* x, int64_t n, const GroupScalars* gs);
 void momentum_multi(const Ctx& c, const TensorEntry* list, int64_t count, int64_t n, float mu, float g_scale,
-                    bool nesterov, bool store_state, float* u, const int32_t* skip);
+                    bool nesterov, bool store_state, float* u, const int32_t* skip, int32_t* nonzero);
 void apply_update_multi(const Ctx& c, const TensorEntry* list, int64_t count, int64_t n, const void* u,
                         dion_dtype_t u_dtype, const GroupScalars* gs, float lr_mult, bool cautious,
                         const int32_t* skip);

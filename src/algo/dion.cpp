@@ -431,9 +431,12 @@ void step(Optimizer& opt, Group& g, const Batch& bt) {
   const dion_matmul_precision_t prec = o.matmul_precision;
 
   // M + G in fp32 (one pass over the typed momentum and gradient; the
-  // momentum is stored after the error feedback below).
+  // momentum is stored after the error feedback below), and which of the T
+  // matrices of M + G hold a nonzero element (the zero handling below).
   float* M = opt.ws.take(T * n_el);
-  be.momentum_multi(bt.list, T, n_el, 1.0f, 1.0f, false, false, M, opt.skip_flag());
+  int32_t* nz = reinterpret_cast<int32_t*>(opt.ws.take(T));
+  be.zero(nz, sizeof(int32_t) * static_cast<size_t>(T));
+  be.momentum_multi(bt.list, T, n_el, 1.0f, 1.0f, false, false, M, opt.skip_flag(), nz);
   float* Q = load_ws(opt, bt, kState1, s.b * s.r);
 
   MatBatch Mm{M, t.geom.srows, t.geom.scols, t.geom.scols, n_el, T};
@@ -472,15 +475,9 @@ void step(Optimizer& opt, Group& g, const Batch& bt) {
   // same on every rank that shares them.
   be.nan_to_num(P.p, T * s.a * s.r);
   be.nan_to_num(R.p, T * s.b * s.r);
-  if (d.any()) {
-    int32_t* nz = reinterpret_cast<int32_t*>(opt.ws.take(T));
-    be.nonzero_flags(Mm, nz);
-    for (Collectives* c : {d.rep, d.outer, d.inner})
-      if (c) c->all_reduce(nz, T, ReduceOp::kMax);
-    be.zero_fixup_flagged(nz, P, R, Qm);
-  } else {
-    be.zero_fixup(Mm, P, R, Qm);
-  }
+  for (Collectives* c : {d.rep, d.outer, d.inner})
+    if (c) c->all_reduce(nz, T, ReduceOp::kMax);
+  be.zero_fixup_flagged(nz, P, R, Qm);
   // Error feedback: B -= (1 - mu) P R^T, i.e. S -= (1-mu) P R^T or R P^T.
   const float ef = static_cast<float>(-(1.0 - o.mu));
   if (!s.bT)

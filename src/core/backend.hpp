@@ -298,8 +298,12 @@ class Backend {
   //   nesterov ? lincomb(mu, m, g_scale, g, u) : u = m
   // i.e. m = mu M + g_scale G; M <- m; u = nesterov ? mu m + g_scale G : m
   // (u from the unrounded m). M is not written when !store_state.
+  // nonzero (may be null; count flags the caller zeroed): nonzero[t] = 1
+  // where u's matrix t holds an element != 0 (NaN counts, -0 does not), the
+  // flags of nonzero_flags(u) without a second pass over u.
   virtual void momentum_multi(const TensorEntry* list, int64_t count, int64_t n, float mu, float g_scale,
-                              bool nesterov, bool store_state, float* u, const int32_t* skip) = 0;
+                              bool nesterov, bool store_state, float* u, const int32_t* skip,
+                              int32_t* nonzero) = 0;
   // The parameter update: load_multi(x, kParam); apply_update(x, u, count * n,
   // gs, lr_mult, cautious); store_multi(kParam, x, skip). u holds elements
   // of u_dtype (a bf16 u is the Muon family's bf16 iteration's result,

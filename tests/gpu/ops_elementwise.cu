@@ -757,14 +757,14 @@ TEST_P(FusedMultiTest, MomentumMulti) {
         cuda->lincomb(mu, M.p(), 1.0f, G.p(), U.p(), N);
       else
         cuda->copy(U.p(), M.p(), sizeof(float) * static_cast<size_t>(N));
-      cuda->momentum_multi(tp.b.dev_table.p(), T, n, mu, 1.0f, nesterov, store_state, U2.p(), dskip.p());
+      cuda->momentum_multi(tp.b.dev_table.p(), T, n, mu, 1.0f, nesterov, store_state, U2.p(), dskip.p(), nullptr);
       const std::vector<float> u2 = U2.get();
       EXPECT_TRUE(same_bits(U.get(), u2));
       EXPECT_TRUE(tp.same_field(kState0));
       EXPECT_TRUE(tp.unchanged(kGrad));
       if (skip || !store_state) EXPECT_TRUE(tp.unchanged(kState0));
       std::vector<float> uh(N);
-      host->momentum_multi(tp.b.host_list.data(), T, n, mu, 1.0f, nesterov, store_state, uh.data(), &skip);
+      host->momentum_multi(tp.b.host_list.data(), T, n, mu, 1.0f, nesterov, store_state, uh.data(), &skip, nullptr);
       EXPECT_TRUE(close(uh, u2, kUlps));
       for (size_t i = 0; i < tp.b.t.size(); ++i) {
         const int dt = tp.b.host_list[i].dtype[kState0];
@@ -773,6 +773,45 @@ TEST_P(FusedMultiTest, MomentumMulti) {
             << "tensor " << i;
       }
     }
+}
+
+// momentum_multi's nonzero flags: a matrix of u = M + G (mu = 1) all zero, one
+// whose only nonzero is its last element (the element-wise tail when n is not
+// a multiple of 8), one of -0 only (zero), one with a NaN (nonzero) and a
+// random one; against the expected flags, the host backend's and the CUDA
+// backend's own nonzero_flags pass over u.
+TEST_P(FusedMultiTest, MomentumMultiFlagsNonzeroMatrices) {
+  const int64_t n = std::get<0>(GetParam()), T = 5, N = T * n;
+  std::vector<float> m(static_cast<size_t>(N), 0.0f), g(static_cast<size_t>(N), 0.0f);
+  g[static_cast<size_t>(2 * n - 1)] = 1.0f;
+  for (int64_t i = 2 * n; i < 3 * n; ++i) m[static_cast<size_t>(i)] = g[static_cast<size_t>(i)] = -0.0f;
+  m[static_cast<size_t>(3 * n + n / 2)] = std::nanf("");
+  std::vector<float> r = univ(static_cast<size_t>(n));
+  std::copy(r.begin(), r.end(), g.begin() + 4 * n);
+  Dev<float> dm(m), dg(g), U(static_cast<size_t>(N));
+  std::vector<float> hm = m, hg = g;
+  std::vector<TensorEntry> dl(static_cast<size_t>(T)), hl(static_cast<size_t>(T));
+  for (int64_t t = 0; t < T; ++t) {
+    TensorEntry& d = dl[static_cast<size_t>(t)];
+    TensorEntry& h = hl[static_cast<size_t>(t)];
+    d.n = h.n = n;
+    d.dtype[kState0] = d.dtype[kGrad] = h.dtype[kState0] = h.dtype[kGrad] = DION_DTYPE_FP32;
+    d.ptr[kState0] = dm.p() + t * n;
+    d.ptr[kGrad] = dg.p() + t * n;
+    h.ptr[kState0] = hm.data() + t * n;
+    h.ptr[kGrad] = hg.data() + t * n;
+  }
+  Dev<TensorEntry> table(dl);
+  Dev<int32_t> flags(std::vector<int32_t>(static_cast<size_t>(T), 0)), ref(static_cast<size_t>(T));
+  cuda->momentum_multi(table.p(), T, n, 1.0f, 1.0f, false, false, U.p(), nullptr, flags.p());
+  cuda->nonzero_flags(ConstMatBatch(U.p(), 1, n, n, n, T), ref.p());
+  std::vector<float> uh(static_cast<size_t>(N));
+  std::vector<int32_t> hflags(static_cast<size_t>(T), 0);
+  host->momentum_multi(hl.data(), T, n, 1.0f, 1.0f, false, false, uh.data(), nullptr, hflags.data());
+  const std::vector<int32_t> want = {0, 1, 0, 1, 1};
+  EXPECT_EQ(flags.get(), want);
+  EXPECT_EQ(ref.get(), want);
+  EXPECT_EQ(hflags, want);
 }
 
 TEST_P(FusedMultiTest, ApplyUpdateMulti) {

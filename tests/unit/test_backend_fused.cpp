@@ -14,6 +14,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstring>
 #include <memory>
 #include <random>
@@ -107,7 +108,7 @@ TEST_F(HostFused, MomentumMultiEqualsLoadAxpbyStore) {
             U = M;
           // The fused op on copy b.
           std::vector<float> U2(N, -1.0f);
-          be->momentum_multi(tw.lb.data(), count, n, mu, 1.0f, nesterov, store_state, U2.data(), &skip);
+          be->momentum_multi(tw.lb.data(), count, n, mu, 1.0f, nesterov, store_state, U2.data(), &skip, nullptr);
           EXPECT_TRUE(same_floats(U, U2));
           for (int f = 0; f < 4; ++f) EXPECT_TRUE(tw.same(f)) << "field " << f;
           if (skip || !store_state)
@@ -115,6 +116,30 @@ TEST_F(HostFused, MomentumMultiEqualsLoadAxpbyStore) {
           else
             EXPECT_FALSE(tw.b[kState0] == before);
         }
+}
+
+// The nonzero flags of u = M + G (mu = 1), in every momentum dtype: a matrix
+// all zero, one whose only nonzero is its last element, one of -0 only
+// (zero), one with a NaN (nonzero), a random one; equal to nonzero_flags(u).
+TEST_F(HostFused, MomentumMultiFlagsNonzeroMatrices) {
+  const int64_t count = 5, n = 37;
+  for (dion_dtype_t dm : kDtypes) {
+    SCOPED_TRACE(dtype_name(dm));
+    Twin tw(rng, count, n, {DION_DTYPE_FP32, DION_DTYPE_FP32, dm, DION_DTYPE_FP32});
+    for (int64_t t = 0; t < 4; ++t)
+      for (int64_t i = 0; i < n; ++i) {
+        store_elem(tw.b[kState0][static_cast<size_t>(t)].data(), dm, i, t == 2 ? -0.0f : 0.0f);
+        store_elem(tw.b[kGrad][static_cast<size_t>(t)].data(), DION_DTYPE_FP32, i, t == 2 ? -0.0f : 0.0f);
+      }
+    store_elem(tw.b[kGrad][1].data(), DION_DTYPE_FP32, n - 1, 1.0f);
+    store_elem(tw.b[kState0][3].data(), dm, n / 2, std::nanf(""));
+    std::vector<float> U(static_cast<size_t>(count * n));
+    std::vector<int32_t> flags(static_cast<size_t>(count), 0), ref(static_cast<size_t>(count), -1);
+    be->momentum_multi(tw.lb.data(), count, n, 1.0f, 1.0f, false, false, U.data(), nullptr, flags.data());
+    be->nonzero_flags(ConstMatBatch(U.data(), 1, n, n, n, count), ref.data());
+    EXPECT_EQ(flags, (std::vector<int32_t>{0, 1, 0, 1, 1}));
+    EXPECT_EQ(flags, ref);
+  }
 }
 
 // u in fp32, or the bf16 iteration's result (the old sequence widened it first).

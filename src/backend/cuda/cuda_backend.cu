@@ -789,10 +789,10 @@ class CudaBackend final : public Backend {
 
   // ---- fused passes over typed buffers ----
   void momentum_multi(const TensorEntry* list, int64_t count, int64_t n, float mu, float g_scale, bool nesterov,
-                      bool store_state, float* u, const int32_t* skip) override {
+                      bool store_state, float* u, const int32_t* skip, int32_t* nonzero) override {
     DeviceScope ds(device_);
     ProfScope ps(prof_, "momentum_multi", stream_);
-    kernels::momentum_multi(ctx(), list, count, n, mu, g_scale, nesterov, store_state, u, skip);
+    kernels::momentum_multi(ctx(), list, count, n, mu, g_scale, nesterov, store_state, u, skip, nonzero);
   }
   void apply_update_multi(const TensorEntry* list, int64_t count, int64_t n, const void* u, dion_dtype_t u_dtype,
                           const GroupScalars* gs, float lr_mult, bool cautious, const int32_t* skip) override {

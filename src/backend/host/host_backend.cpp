@@ -557,18 +557,21 @@ class HostBackend final : public Backend {
 
   // ---- fused passes over typed buffers: the loops of the calls they replace, merged ----
   void momentum_multi(const TensorEntry* list, int64_t count, int64_t n, float mu, float g_scale, bool nesterov,
-                      bool store_state, float* u, const int32_t* skip) override {
+                      bool store_state, float* u, const int32_t* skip, int32_t* nonzero) override {
     const bool write = store_state && !(skip && *skip);
     for (int64_t t = 0; t < count; ++t) {
       const TensorEntry& e = list[t];
       const auto dm = static_cast<dion_dtype_t>(e.dtype[kState0]), dg = static_cast<dion_dtype_t>(e.dtype[kGrad]);
       float* ut = u + t * n;
+      bool any = false;
       for (int64_t i = 0; i < n; ++i) {
         const float g = load_elem(e.ptr[kGrad], dg, i);
         const float m = mu * load_elem(e.ptr[kState0], dm, i) + g_scale * g;  // axpby
         if (write) store_elem(e.ptr[kState0], dm, i, m);
         ut[i] = nesterov ? mu * m + g_scale * g : m;  // lincomb
+        any = any || ut[i] != 0.0f;  // NaN counts as nonzero, -0 as zero
       }
+      if (nonzero && any) nonzero[t] = 1;
     }
   }
   void apply_update_multi(const TensorEntry* list, int64_t count, int64_t n, const void* u, dion_dtype_t u_dtype,
