@@ -215,6 +215,84 @@ void transpose(const Ctx& c, const float* in, int64_t rows, int64_t cols, int64_
   cuda::check_launch("transpose kernel");
 }
 
+namespace {
+// inv[b] <- U[b]^{-1} for upper-triangular U (n x n, row-major), by row-wise
+// back substitution on a panel of kTriCols columns per block: X = U^{-1}
+// solves U X = I, and for the columns j of the panel
+//   X[i][j] = (delta_ij - sum_{k > i} U[i][k] X[k][j]) / U[i][i]
+// for i from the panel's last column down to 0 (X[i][j] = 0 for i > j). The
+// rows of X solved so far stay in shared memory (one column per lane); the
+// kTriWarps warps split each sum over k and warp 0 adds their parts in a
+// fixed order. U is read kTriRows rows at a time (one load latency per group
+// of rows, not per row), coalesced, its strictly lower part never. Rows
+// below the panel are written zero.
+constexpr int kTriCols = 32, kTriWarps = 8, kTriRows = 8;
+
+__global__ void __launch_bounds__(kTriCols * kTriWarps)
+    tri_inverse_upper_kernel(ConstMatBatch u, MatBatch inv, int64_t n) {
+  extern __shared__ float sh[];
+  const int64_t c0 = blockIdx.x * static_cast<int64_t>(kTriCols);
+  const int64_t c1 = min(n, c0 + kTriCols);  // rows [0, c1) of the panel can be nonzero
+  float* xs = sh;                            // c1 x kTriCols: the rows of X solved so far
+  float* ring = xs + c1 * kTriCols;          // kTriRows rows of U, columns [0, c1)
+  float* part = ring + kTriRows * c1;        // kTriWarps x kTriCols partial sums
+  const int lane = threadIdx.x % kTriCols, warp = threadIdx.x / kTriCols;
+  const int64_t j = c0 + lane;  // this lane's column
+  for (int64_t b = blockIdx.y; b < inv.batch; b += gridDim.y) {
+    const float* U = u.p + b * u.stride;
+    float* X = inv.p + b * inv.stride;
+    for (int64_t g1 = c1; g1 > 0; g1 -= kTriRows) {
+      const int64_t g0 = max(int64_t{0}, g1 - kTriRows), w = c1 - g0;
+      for (int64_t e = threadIdx.x; e < (g1 - g0) * w; e += blockDim.x) {
+        const int64_t r = e / w, k = g0 + e % w, i = g0 + r;
+        ring[r * c1 + k] = k >= i ? U[i * u.ld + k] : 0.0f;
+      }
+      __syncthreads();
+      for (int64_t i = g1 - 1; i >= g0; --i) {
+        const float* ur = ring + (i - g0) * c1;
+        float acc = 0.0f;
+        for (int64_t k = i + 1 + warp; k < c1; k += kTriWarps) acc += ur[k] * xs[k * kTriCols + lane];
+        part[warp * kTriCols + lane] = acc;
+        __syncthreads();
+        if (warp == 0) {
+          float sum = 0.0f;
+          for (int v = 0; v < kTriWarps; ++v) sum += part[v * kTriCols + lane];
+          xs[i * kTriCols + lane] = i > j ? 0.0f : ((i == j ? 1.0f : 0.0f) - sum) / ur[i];
+        }
+        __syncthreads();  // row i of X is read by the next row; part is rewritten
+      }
+    }
+    if (j < n) {
+      for (int64_t i = warp; i < c1; i += kTriWarps) X[i * inv.ld + j] = xs[i * kTriCols + lane];
+      for (int64_t i = c1 + warp; i < n; i += kTriWarps) X[i * inv.ld + j] = 0.0f;
+    }
+    __syncthreads();  // xs and ring are rewritten for the next matrix
+  }
+}
+
+size_t tri_inverse_smem(int64_t n) {
+  return sizeof(float) * static_cast<size_t>(n * kTriCols + kTriRows * n + kTriWarps * kTriCols);
+}
+}  // namespace
+
+bool tri_inverse_upper_fits(int64_t n) {
+  return n >= 1 && tri_inverse_smem(n) <= size_t(200) << 10;  // sm_90 allows 227 KiB per block
+}
+
+void tri_inverse_upper(const Ctx& c, ConstMatBatch u, MatBatch inv) {
+  const int64_t n = inv.rows;
+  if (n <= 0 || inv.batch <= 0) return;
+  const size_t smem = tri_inverse_smem(n);
+  // The opt-in above 48 KiB, once per device and size class (idempotent).
+  cuda::check(cudaFuncSetAttribute(tri_inverse_upper_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                   static_cast<int>(smem)),
+              "cudaFuncSetAttribute (tri_inverse_upper)");
+  const dim3 grid(static_cast<unsigned>(ceil_div(n, int64_t{kTriCols})),
+                  static_cast<unsigned>(std::min<int64_t>(inv.batch, 65535)));
+  tri_inverse_upper_kernel<<<grid, kTriCols * kTriWarps, smem, c.stream>>>(u, inv, n);
+  cuda::check_launch("tri_inverse_upper kernel");
+}
+
 void fill_identity(const Ctx& c, MatBatch m) {
   for_each_2d(c, m.batch, m.rows, m.cols, Identity{m}, "identity kernel");
 }

@@ -685,37 +685,33 @@ TEST(CudaApiState, ReportedWorkspaceCoversTheMemoryTheFirstStepTakes) {
 }
 
 // The CUDA backend's default workspace cap of a batch is 4 GiB (the host's
-// 1 GiB): 64 Dion matrices of 1024 x 4096 at rank 256 take about 34 MB of
-// workspace each, 2.2 GB together, so by default they form one batch (the
-// workspace grows by 63 matrices' share over one matrix), and with
-// DION_BATCH_WORKSPACE_MIB=1024 they are cut into batches of at most 31 (at
-// most 31 shares more than one matrix). The share of one matrix is measured:
-// the workspace of two matrices less that of one.
+// 1 GiB): 96 Dion matrices of 1024 x 4096 at rank 256, about 6 GB of
+// workspace in one batch, are planned by default exactly as with
+// DION_BATCH_WORKSPACE_MIB=4096 (the same workspace: two batches), and
+// differently from the caps of 1024 MiB (more batches: a smaller workspace)
+// and 8192 MiB (one batch: a larger one).
 TEST(CudaApiState, DefaultBatchWorkspaceCapIsFourGiB) {
   DION_REQUIRE_GPU();
   CUDA_ASSERT(cudaSetDevice(0));
   const dion_group_options_t g = opts(DION_ALGO_DION);
-  auto workspace = [&](int n, const char* mib) -> double {
+  auto workspace = [&](const char* mib) -> double {
     if (mib) setenv("DION_BATCH_WORKSPACE_MIB", mib, 1);
     std::vector<TensorSpec> t;
-    for (int i = 0; i < n; ++i) t.push_back({"cap.w" + std::to_string(i), {1024, 4096}});
+    for (int i = 0; i < 96; ++i) t.push_back({"cap.w" + std::to_string(i), {1024, 4096}});
     DevModel m;
     m.build({{g, t}}, DION_DTYPE_BF16, 67);
     unsetenv("DION_BATCH_WORKSPACE_MIB");
     uint64_t state = 0, ws = 0;
     EXPECT_EQ(dion_get_memory_usage(m.opt, &state, &ws), DION_SUCCESS);
-    return static_cast<double>(ws);
+    return static_cast<double>(ws) / (1 << 20);
   };
-  const double one = workspace(1, nullptr), two = workspace(2, nullptr);
-  const double share = two - one;
-  ASSERT_GT(share, 30e6) << "a 1024 x 4096 Dion matrix at rank 256 should take about 34 MB of workspace";
-  const double all = workspace(64, nullptr), capped = workspace(64, "1024");
-  std::printf("    workspace: one matrix %.1f MiB, share %.1f MiB, 64 matrices %.1f MiB (1 GiB cap: %.1f MiB)\n",
-              one / (1 << 20), share / (1 << 20), all / (1 << 20), capped / (1 << 20));
-  EXPECT_GE(all, one + 63 * share * 0.999) << "64 matrices of 2.2 GB should be one batch under the 4 GiB default";
-  EXPECT_LE(all, one + 63 * share * 1.001);
-  EXPECT_LE(capped, one + 31 * share) << "DION_BATCH_WORKSPACE_MIB=1024 must cut them into batches of <= 31";
-  EXPECT_LE(capped, static_cast<double>(uint64_t(1) << 30) + one);
+  const double dflt = workspace(nullptr), w1 = workspace("1024"), w4 = workspace("4096"), w8 = workspace("8192");
+  std::printf("    workspace of 96 matrices: default %.1f MiB; cap 1024: %.1f, 4096: %.1f, 8192: %.1f MiB\n", dflt, w1, w4,
+              w8);
+  EXPECT_EQ(dflt, w4) << "the default cap should plan the batches that DION_BATCH_WORKSPACE_MIB=4096 plans";
+  EXPECT_GT(dflt, 2048.0) << "half of the 96 matrices are meant to need more than 2 GiB";
+  EXPECT_LT(w1, 0.5 * dflt) << "a 1 GiB cap should cut them into smaller batches";
+  EXPECT_GT(w8, 1.5 * dflt) << "an 8 GiB cap should take them in one batch";
 }
 
 // ----------------------------------------------------------------- stream --
