@@ -92,12 +92,6 @@ void transpose(const Ctx& c, const float* in, int64_t rows, int64_t cols, int64_
 // r_out[b] (r x r, row-major) <- the upper triangle of the column-major p x r
 // geqrf result at cm + b * p * r, zeros below the diagonal.
 void extract_r(const Ctx& c, const float* cm, int64_t p, MatBatch r_out);
-// inv[b] (n x n, row-major, dense) <- u[b]^{-1} for upper-triangular u[b]
-// (n x n, u's ld and stride; stride 0: one u for all), zeros below the
-// diagonal, in fp32 by back substitution (u's strictly lower part is not
-// read); for n with tri_inverse_upper_fits(n) (shared memory of n x 40 floats).
-bool tri_inverse_upper_fits(int64_t n);
-void tri_inverse_upper(const Ctx& c, ConstMatBatch u, MatBatch inv);
 // m[b] <- the identity.
 void fill_identity(const Ctx& c, MatBatch m);
 // m[b] (bf16 elements; ld and stride count elements) += v on the diagonal.

@@ -552,8 +552,7 @@ class CudaBackend final : public Backend {
   }
 
   // B U^{-1}. A tall B (RCQR's P, a >= 4r) goes through the explicit
-  // inverse, formed in fp32 (tri_inverse_upper: one kernel, or a blocked
-  // recursion for large n), then
+  // inverse, formed in fp32 by blocked recursion (tri_inverse_upper), then
   // one GEMM, which runs several times faster than cuBLAS's triangular solve
   // on these shapes. The product has the column space of B exactly (any
   // nonsingular right factor keeps it) and rounding errors of the order of
@@ -588,20 +587,13 @@ class CudaBackend final : public Backend {
   }
 
  private:
-  // inv <- U^{-1} for upper-triangular U (n x n per matrix), in fp32: by
-  // kernels::tri_inverse_upper, or, for larger n, by blocked recursion: for U = [A B; 0 C], U^{-1} = [A^{-1}, -A^{-1} B C^{-1};
+  // inv <- U^{-1} for upper-triangular U (n x n per matrix), in fp32, by
+  // blocked recursion: for U = [A B; 0 C], U^{-1} = [A^{-1}, -A^{-1} B C^{-1};
   // 0, C^{-1}]. The diagonal blocks of at most 64 are triangular solves
   // against the identity (cuBLAS's batched trsm is fast only for small
   // matrices); everything above them is strided-batched GEMMs. tmp holds
   // batch * n * n / 4 floats. inv's strictly lower part is zero.
   void tri_inverse_upper(ConstMatBatch u, MatBatch inv, float* tmp) {
-    // n up to about 1270: one kernel, back substitution on panels of 32
-    // columns (kernels/linalg.cu), instead of the recursion's 3 n / 32
-    // small cuBLAS calls, whose cost at RCQR's sizes is their number.
-    if (tri_kernel_ && kernels::tri_inverse_upper_fits(inv.rows)) {
-      kernels::tri_inverse_upper(ctx(), u, inv);
-      return;
-    }
     check(cudaMemsetAsync(inv.p, 0, sizeof(float) * static_cast<size_t>(inv.batch * inv.stride), stream_),
           "cudaMemsetAsync (inverse)");
     tri_inverse_block(u, inv, 0, inv.rows, tmp);
@@ -1028,9 +1020,6 @@ class CudaBackend final : public Backend {
   int64_t potrf_batched_max_ = env_int("DION_POTRF_BATCHED_MAX", kPotrfBatchedMaxN);
   // DION_TRSM_INVERSE=0 keeps cuBLAS's triangular solve for tall B too.
   bool trsm_via_inverse_ = env_int("DION_TRSM_INVERSE", 1) != 0;
-  // DION_TRI_INVERSE_KERNEL=0: the explicit inverse by blocked recursion
-  // whatever n (for comparisons, and the tests of the recursion).
-  bool tri_kernel_ = env_int("DION_TRI_INVERSE_KERNEL", 1) != 0;
   cublasHandle_t blas_ = nullptr;
   cusolverDnHandle_t solver_ = nullptr;
   void* blas_ws_ = nullptr;
