@@ -45,24 +45,26 @@ __global__ void load_multi_kernel(float* dst, const TensorEntry* list, int64_t c
   }
 }
 
-__global__ void store_multi_kernel(const TensorEntry* list, int64_t count, int f, const float* src, int64_t n,
-                                   const int32_t* skip) {
+// src holds count x n elements of dtype sdt (fp32, or bf16 for store_multi_bf16).
+__global__ void store_multi_kernel(const TensorEntry* list, int64_t count, int f, const void* src, dion_dtype_t sdt,
+                                   int64_t n, const int32_t* skip) {
   if (skip && *skip) return;
+  const int64_t ssize = sdt == DION_DTYPE_FP32 ? 4 : 2;
   for (int64_t t = blockIdx.y; t < count; t += gridDim.y) {
     void* dst = list[t].ptr[f];
     const dion_dtype_t dt = static_cast<dion_dtype_t>(list[t].dtype[f]);
-    const float* s = src + t * n;
+    const void* s = static_cast<const char*>(src) + t * n * ssize;
     int64_t i0 = 0;
     if (aligned16(dst) && aligned16(s)) {
       const int64_t n8 = n / 8;
       for (int64_t j = global_thread(); j < n8; j += grid_threads()) {
         float v[8];
-        load8(s, DION_DTYPE_FP32, j, v);
+        load8(s, sdt, j, v);
         store8(dst, dt, j, v);
       }
       i0 = n8 * 8;
     }
-    for (int64_t i = i0 + global_thread(); i < n; i += grid_threads()) store_elem(dst, dt, i, s[i]);
+    for (int64_t i = i0 + global_thread(); i < n; i += grid_threads()) store_elem(dst, dt, i, load_elem(s, sdt, i));
   }
 }
 
@@ -189,8 +191,15 @@ struct Momentum {
   }
 };
 
+// Whether v, written in dtype dt (fp32 or bf16), is nonzero: NaN counts, -0
+// does not (as nonzero_flags reads the written buffer).
+__device__ __forceinline__ bool written_nonzero(float v, dion_dtype_t dt) {
+  return dt == DION_DTYPE_FP32 ? v != 0.0f : (float_to_bf16(v) & 0x7fffu) != 0;
+}
+
 __global__ void momentum_multi_kernel(const TensorEntry* list, int64_t count, int64_t n, Momentum op, bool store_state,
-                                      float* u, const int32_t* skip, int32_t* nonzero) {
+                                      void* u, dion_dtype_t udt, const int32_t* skip, int32_t* nonzero) {
+  const int64_t usize = udt == DION_DTYPE_FP32 ? 4 : 2;
   const bool write = store_state && !(skip && *skip);  // uniform over the grid
   for (int64_t t = blockIdx.y; t < count; t += gridDim.y) {
     bool any = false;  // an element of u != 0 (NaN counts as nonzero, -0 as zero)
@@ -198,7 +207,7 @@ __global__ void momentum_multi_kernel(const TensorEntry* list, int64_t count, in
     const void* pg = list[t].ptr[kGrad];
     const dion_dtype_t dm = static_cast<dion_dtype_t>(list[t].dtype[kState0]);
     const dion_dtype_t dg = static_cast<dion_dtype_t>(list[t].dtype[kGrad]);
-    float* ut = u + t * n;
+    void* ut = static_cast<char*>(u) + t * n * usize;
     int64_t i0 = 0;
     if (aligned16(pm) && aligned16(pg) && aligned16(ut)) {
       const int64_t n8 = n / 8;
@@ -209,18 +218,18 @@ __global__ void momentum_multi_kernel(const TensorEntry* list, int64_t count, in
 #pragma unroll
         for (int k = 0; k < 8; ++k) {
           o[k] = op(m[k], g[k]);
-          any = any || o[k] != 0.0f;
+          any = any || written_nonzero(o[k], udt);
         }
         if (write) store8(pm, dm, j, m);
-        store8(ut, DION_DTYPE_FP32, j, o);
+        store8(ut, udt, j, o);
       }
       i0 = n8 * 8;
     }
     for (int64_t i = i0 + global_thread(); i < n; i += grid_threads()) {
       float m = load_elem(pm, dm, i);
       const float o = op(m, load_elem(pg, dg, i));
-      ut[i] = o;
-      any = any || o != 0.0f;
+      store_elem(ut, udt, i, o);
+      any = any || written_nonzero(o, udt);
       if (write) store_elem(pm, dm, i, m);
     }
     // Every thread of the block reaches this for every t (the loop bounds
@@ -310,8 +319,17 @@ void load_multi(const Ctx& c, float* dst, const TensorEntry* list, int64_t count
 void store_multi(const Ctx& c, const TensorEntry* list, int64_t count, Field f, const float* src, int64_t n,
                  const int32_t* skip) {
   if (count <= 0 || n <= 0) return;
-  store_multi_kernel<<<grid_multi(c, count, n), kThreads, 0, c.stream>>>(list, count, f, src, n, skip);
+  store_multi_kernel<<<grid_multi(c, count, n), kThreads, 0, c.stream>>>(list, count, f, src, DION_DTYPE_FP32, n,
+                                                                          skip);
   cuda::check_launch("store_multi kernel");
+}
+
+void store_multi_bf16(const Ctx& c, const TensorEntry* list, int64_t count, Field f, const void* src, int64_t n,
+                      const int32_t* skip) {
+  if (count <= 0 || n <= 0) return;
+  store_multi_kernel<<<grid_multi(c, count, n), kThreads, 0, c.stream>>>(list, count, f, src, DION_DTYPE_BF16, n,
+                                                                          skip);
+  cuda::check_launch("store_multi_bf16 kernel");
 }
 
 void check_nonfinite(const Ctx& c, const TensorEntry* list, int64_t count, int64_t max_n, Field f, int32_t* flag) {
@@ -361,10 +379,11 @@ void apply_update(const Ctx& c, float* x, const float* u, int64_t n, const Group
 }
 
 void momentum_multi(const Ctx& c, const TensorEntry* list, int64_t count, int64_t n, float mu, float g_scale,
-                    bool nesterov, bool store_state, float* u, const int32_t* skip, int32_t* nonzero) {
+                    bool nesterov, bool store_state, void* u, dion_dtype_t u_dtype, const int32_t* skip,
+                    int32_t* nonzero) {
   if (count <= 0 || n <= 0) return;
   momentum_multi_kernel<<<grid_multi(c, count, (n + 7) / 8), kThreads, 0, c.stream>>>(
-      list, count, n, Momentum{mu, g_scale, nesterov}, store_state, u, skip, nonzero);
+      list, count, n, Momentum{mu, g_scale, nesterov}, store_state, u, u_dtype, skip, nonzero);
   cuda::check_launch("momentum_multi kernel");
 }
 

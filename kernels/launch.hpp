@@ -26,6 +26,8 @@ void store(const Ctx& c, void* dst, dion_dtype_t dt, const float* src, int64_t n
 void load_multi(const Ctx& c, float* dst, const TensorEntry* list, int64_t count, Field f, int64_t n);
 void store_multi(const Ctx& c, const TensorEntry* list, int64_t count, Field f, const float* src, int64_t n,
                  const int32_t* skip);
+void store_multi_bf16(const Ctx& c, const TensorEntry* list, int64_t count, Field f, const void* src, int64_t n,
+                      const int32_t* skip);
 void check_nonfinite(const Ctx& c, const TensorEntry* list, int64_t count, int64_t max_n, Field f, int32_t* flag);
 void advance_step(const Ctx& c, GroupScalars* gs, const StepStatus* status);
 void count_skip(const Ctx& c, StepStatus* status);
@@ -37,7 +39,8 @@ void apply_update(const Ctx& c, float* x, const float* u, int64_t n, const Group
                   bool cautious);
 void decay(const Ctx& c, float* x, int64_t n, const GroupScalars* gs);
 void momentum_multi(const Ctx& c, const TensorEntry* list, int64_t count, int64_t n, float mu, float g_scale,
-                    bool nesterov, bool store_state, float* u, const int32_t* skip, int32_t* nonzero);
+                    bool nesterov, bool store_state, void* u, dion_dtype_t u_dtype, const int32_t* skip,
+                    int32_t* nonzero);
 void apply_update_multi(const Ctx& c, const TensorEntry* list, int64_t count, int64_t n, const void* u,
                         dion_dtype_t u_dtype, const GroupScalars* gs, float lr_mult, bool cautious,
                         const int32_t* skip);

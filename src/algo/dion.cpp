@@ -235,9 +235,18 @@ size_t workspace_floats(const Group& g, const Tensor& t, int64_t count) {
   SlotPad p{T, 0};
   if (T >= 2 && !inner)
     p = outer ? slot_pad(T, static_cast<int64_t>(t.shard_ext[0].size())) : SlotPad{2 * T, ceil_div(T, 2)};
-  // M (M + G, later the update), P, the owned slots, R, Q
-  size_t w = ws_floats(T * mn) + ws_floats(p.slots * s.a * s.r) + ws_floats(p.own * s.a * s.r) +
-             2 * ws_floats(T * s.b * s.r);
+  // M (M + G, later the update), P, the owned slots, R, Q; on the CUDA
+  // backend's lowp path (step) M in bf16 and bf16 copies of Q, P and R
+  // instead (this does not know the backend: the larger of the two).
+  size_t m_part = ws_floats(T * mn);
+  const dion_dtype_t mdt = g.opt.momentum_dtype == DION_DTYPE_UNSET ? t.param_dtype : g.opt.momentum_dtype;
+  if (g.opt.matmul_precision == DION_MATMUL_BF16 && mdt == DION_DTYPE_BF16) {
+    const auto half = [](int64_t n) { return ws_floats((n + 1) / 2); };
+    const size_t lowp = half(T * mn) + half(T * s.a * s.r) + half(T * s.b * s.r) +
+                        half(T * s.b * s.r) * static_cast<size_t>(g.opt.power_iters + 1);
+    m_part = std::max(m_part, lowp);
+  }
+  size_t w = m_part + ws_floats(p.slots * s.a * s.r) + ws_floats(p.own * s.a * s.r) + 2 * ws_floats(T * s.b * s.r);
   // Inner sharding: S P and the Gram matrix padded for the reduce-scatter
   // over the inner mesh, and its receive buffers (inner_split).
   const SlotPad f = inner ? slot_pad(T, static_cast<int64_t>(t.shard_ext[1].size())) : SlotPad{T, 0};
@@ -420,6 +429,18 @@ void orth_split(Optimizer& opt, const Group& g, const Batch& bt, const Shape& s,
   gather_slots(opt, sp, T, ar, mine, P.p);
 }
 
+// The products of the momentum in bf16 (CUDA backend, matmul precision BF16,
+// bf16 momentum): M + G is formed in bf16 (the momentum's own rounding,
+// done before the error feedback instead of after it), the large products
+// read it and bf16 copies of Q, P and R (the roundings a BF16-precision
+// product applies to its fp32 operands anyway) at bf16 tensor-core rates
+// instead of converting fp32 operands inside cuBLAS (about 3x slower on an
+// H100), the error feedback is accumulated into the bf16 M, and U = P Q^T is
+// handed to the update in bf16. P, R, Q and every factorization stay fp32.
+bool lowp_path(const Backend& be, const dion_group_options_t& o, dion_dtype_t momentum_dtype) {
+  return !be.host_memory() && o.matmul_precision == DION_MATMUL_BF16 && momentum_dtype == DION_DTYPE_BF16;
+}
+
 void step(Optimizer& opt, Group& g, const Batch& bt) {
   Backend& be = *opt.backend;
   const dion_group_options_t& o = g.opt;
@@ -429,26 +450,39 @@ void step(Optimizer& opt, Group& g, const Batch& bt) {
   const int64_t T = bt.count;
   const int64_t n_el = t.numel_local;
   const dion_matmul_precision_t prec = o.matmul_precision;
+  const bool lowp = lowp_path(be, o, state_of(opt, t, 0).dtype);
+  auto half = [&](int64_t n) { return opt.ws.take((n + 1) / 2); };  // bf16 elements in the fp32 workspace
+  auto to_bf16 = [&](float* dst, const float* src, int64_t n) { be.store(dst, DION_DTYPE_BF16, src, n); };
 
-  // M + G in fp32 (one pass over the typed momentum and gradient; the
-  // momentum is stored after the error feedback below), and which of the T
-  // matrices of M + G hold a nonzero element (the zero handling below).
-  float* M = opt.ws.take(T * n_el);
+  // M + G in fp32 (bf16 on the lowp path; one pass over the typed momentum
+  // and gradient; the momentum is stored after the error feedback below),
+  // and which of the T matrices of M + G hold a nonzero element (the zero
+  // handling below).
+  float* M = lowp ? half(T * n_el) : opt.ws.take(T * n_el);
   int32_t* nz = reinterpret_cast<int32_t*>(opt.ws.take(T));
   be.zero(nz, sizeof(int32_t) * static_cast<size_t>(T));
-  be.momentum_multi(bt.list, T, n_el, 1.0f, 1.0f, false, false, M, opt.skip_flag(), nz);
+  be.momentum_multi(bt.list, T, n_el, 1.0f, 1.0f, false, false, M, lowp ? DION_DTYPE_BF16 : DION_DTYPE_FP32,
+                    opt.skip_flag(), nz);
   float* Q = load_ws(opt, bt, kState1, s.b * s.r);
 
-  MatBatch Mm{M, t.geom.srows, t.geom.scols, t.geom.scols, n_el, T};
+  MatBatch Mm{M, t.geom.srows, t.geom.scols, t.geom.scols, n_el, T};  // bf16 elements on the lowp path
   const Split sp = split_of(opt, d, T);
-  const int64_t ar = s.a * s.r;  // one matrix of P
+  const int64_t ar = s.a * s.r, br = s.b * s.r;  // one matrix of P, of R
   MatBatch P{opt.ws.take(sp.slots * ar), s.a, s.r, s.r, ar, T};
   float* own = sp.scatter ? opt.ws.take(sp.block * ar) : nullptr;  // this rank's reduced slots
-  MatBatch R{opt.ws.take(T * s.b * s.r), s.b, s.r, s.r, s.b * s.r, T};
-  MatBatch Qm{Q, s.b, s.r, s.r, s.b * s.r, T};
+  MatBatch R{opt.ws.take(T * br), s.b, s.r, s.r, br, T};
+  MatBatch Qm{Q, s.b, s.r, s.r, br, T};
   ConstMatBatch Qt = Qm;
+  // bf16 copies of Q (the power iteration's right factor), P and R
+  MatBatch Pb{lowp ? half(T * ar) : nullptr, s.a, s.r, s.r, ar, T};
+  MatBatch Rb{lowp ? half(T * br) : nullptr, s.b, s.r, s.r, br, T};
+  ConstMatBatch Qtb{lowp ? half(T * br) : nullptr, s.b, s.r, s.r, br, T};
+  if (lowp) to_bf16(const_cast<float*>(Qtb.p), Q, T * br);
   for (int it = 0; it < o.power_iters; ++it) {
-    be.gemm(s.bT, false, 1.0f, Mm, Qt, 0.0f, P, prec);  // P = B Q~ (partial over outer)
+    if (lowp)
+      be.gemm_bf16_f32(s.bT, false, 1.0f, Mm, Qtb, 0.0f, P);  // P = B Q~ (partial over outer)
+    else
+      be.gemm(s.bT, false, 1.0f, Mm, Qt, 0.0f, P, prec);
     if (!sp.mesh) {
       if (d.outer) d.outer->all_reduce(P.p, T * ar, ReduceOp::kSum);
       // Compressed replicate sync (spec §2.6): average P = B Q and R = B^T P
@@ -458,14 +492,23 @@ void step(Optimizer& opt, Group& g, const Batch& bt) {
     } else {
       orth_split(opt, g, bt, s, d, sp, P, own, it);
     }
-    be.gemm(!s.bT, false, 1.0f, Mm, P, 0.0f, R, prec);  // R = B^T P (partial over inner)
-    if (d.inner) d.inner->all_reduce(R.p, T * s.b * s.r, ReduceOp::kSum);
-    if (d.rep) d.rep->all_reduce(R.p, T * s.b * s.r, ReduceOp::kAvg);
+    if (lowp) {
+      to_bf16(Pb.p, P.p, T * ar);
+      be.gemm_bf16_f32(!s.bT, false, 1.0f, Mm, Pb, 0.0f, R);  // R = B^T P (partial over inner)
+    } else {
+      be.gemm(!s.bT, false, 1.0f, Mm, P, 0.0f, R, prec);
+    }
+    if (d.inner) d.inner->all_reduce(R.p, T * br, ReduceOp::kSum);
+    if (d.rep) d.rep->all_reduce(R.p, T * br, ReduceOp::kAvg);
     if (it + 1 < o.power_iters) {
       // the next iteration starts from the un-normalised R
-      float* Rn = opt.ws.take(T * s.b * s.r);
-      be.copy(Rn, R.p, sizeof(float) * static_cast<size_t>(T * s.b * s.r));
-      Qt = ConstMatBatch(Rn, s.b, s.r, s.r, s.b * s.r, T);
+      float* Rn = opt.ws.take(T * br);
+      be.copy(Rn, R.p, sizeof(float) * static_cast<size_t>(T * br));
+      Qt = ConstMatBatch(Rn, s.b, s.r, s.r, br, T);
+      if (lowp) {
+        Qtb.p = half(T * br);
+        to_bf16(const_cast<float*>(Qtb.p), Rn, T * br);
+      }
     }
   }
   // Zero / NaN handling (§2.8): an all-zero momentum leaves the update at zero
@@ -473,18 +516,28 @@ void step(Optimizer& opt, Group& g, const Batch& bt) {
   // meshes, "all zero" is decided for the whole matrix (every shard, and
   // every replica's momentum under compressed sync), so P and R stay the
   // same on every rank that shares them.
-  be.nan_to_num(P.p, T * s.a * s.r);
-  be.nan_to_num(R.p, T * s.b * s.r);
+  be.nan_to_num(P.p, T * ar);
+  be.nan_to_num(R.p, T * br);
   for (Collectives* c : {d.rep, d.outer, d.inner})
     if (c) c->all_reduce(nz, T, ReduceOp::kMax);
   be.zero_fixup_flagged(nz, P, R, Qm);
   // Error feedback: B -= (1 - mu) P R^T, i.e. S -= (1-mu) P R^T or R P^T.
   const float ef = static_cast<float>(-(1.0 - o.mu));
-  if (!s.bT)
-    be.gemm(false, true, ef, P, R, 1.0f, Mm, prec);
-  else
-    be.gemm(false, true, ef, R, P, 1.0f, Mm, prec);
-  store_ws(opt, bt, kState0, M, n_el);
+  if (lowp) {
+    to_bf16(Pb.p, P.p, T * ar);
+    to_bf16(Rb.p, R.p, T * br);
+    if (!s.bT)
+      be.gemm_bf16(false, true, ef, Pb, Rb, 1.0f, Mm);
+    else
+      be.gemm_bf16(false, true, ef, Rb, Pb, 1.0f, Mm);
+    be.store_multi_bf16(bt.list, T, kState0, M, n_el, opt.skip_flag());
+  } else {
+    if (!s.bT)
+      be.gemm(false, true, ef, P, R, 1.0f, Mm, prec);
+    else
+      be.gemm(false, true, ef, R, P, 1.0f, Mm, prec);
+    store_ws(opt, bt, kState0, M, n_el);
+  }
   // Q = colnorm(R); R's rows (B's columns) are sharded over the outer mesh.
   if (d.outer) {
     float* ss = opt.ws.take(T * s.r);
@@ -494,17 +547,25 @@ void step(Optimizer& opt, Group& g, const Batch& bt) {
   } else {
     be.col_normalize(R, static_cast<float>(o.epsilon));
   }
-  store_ws(opt, bt, kState1, R.p, s.b * s.r);
+  store_ws(opt, bt, kState1, R.p, br);
   // X = (1 - lr wd) X - lr sqrt(m/n) P Q^T (in storage orientation); the
   // momentum's buffer (stored above) receives U = P Q^T, and the typed
   // parameters are updated from it in one pass.
   MatBatch U = Mm;
-  if (!s.bT)
+  if (lowp) {
+    to_bf16(Rb.p, R.p, T * br);
+    if (!s.bT)
+      be.gemm_bf16(false, true, 1.0f, Pb, Rb, 0.0f, U);
+    else
+      be.gemm_bf16(false, true, 1.0f, Rb, Pb, 0.0f, U);
+  } else if (!s.bT) {
     be.gemm(false, true, 1.0f, P, R, 0.0f, U, prec);
-  else
+  } else {
     be.gemm(false, true, 1.0f, R, P, 0.0f, U, prec);
+  }
   const float lr_mult = static_cast<float>(std::sqrt(static_cast<double>(t.geom.m) / static_cast<double>(t.geom.n)));
-  be.apply_update_multi(bt.list, T, n_el, U.p, DION_DTYPE_FP32, g.scalars, lr_mult, false, opt.skip_flag());
+  be.apply_update_multi(bt.list, T, n_el, U.p, lowp ? DION_DTYPE_BF16 : DION_DTYPE_FP32, g.scalars, lr_mult, false,
+                        opt.skip_flag());
 }
 
 }  // namespace

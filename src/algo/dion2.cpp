@@ -187,7 +187,7 @@ void dion2_family_step(Optimizer& opt, Group& g, const Batch& bt, bool nor) {
   // M and G (Backend::momentum_multi with mu = 1). The local scope also
   // stores M there (all of it; the selected slices, decayed below, again).
   float* M = opt.ws.take(n * T);
-  be.momentum_multi(bt.list, T, n, 1.0f, 1.0f, false, !p.whole, M, opt.skip_flag(), nullptr);
+  be.momentum_multi(bt.list, T, n, 1.0f, 1.0f, false, !p.whole, M, DION_DTYPE_FP32, opt.skip_flag(), nullptr);
 
   if (p.whole) {
     Unshard um(opt, p.mb, matrix_piece(t, p.mb, flatten), B);

@@ -36,8 +36,8 @@ void muon_family_step(Optimizer& opt, Group& g, const Batch& bt, bool normalize)
   // M = mu M + G, stored back; U = nesterov ? mu M + G : M, in fp32: one
   // pass over the typed M and G (Backend::momentum_multi).
   float* U = opt.ws.take(N);
-  be.momentum_multi(bt.list, T, n, static_cast<float>(o.mu), 1.0f, o.nesterov != 0, true, U, opt.skip_flag(),
-                    nullptr);
+  be.momentum_multi(bt.list, T, n, static_cast<float>(o.mu), 1.0f, o.nesterov != 0, true, U, DION_DTYPE_FP32,
+                    opt.skip_flag(), nullptr);
   const MbPlan plan = megabatch_plan(&opt, t, flatten, B);
   Unshard uu(opt, plan, matrix_piece(t, plan, flatten), B);
   float* Uo = uu.forward(U);

@@ -165,6 +165,10 @@ class Backend {
   virtual void load_multi(float* dst, const TensorEntry* list, int64_t count, Field f, int64_t n) = 0;
   virtual void store_multi(const TensorEntry* list, int64_t count, Field f, const float* src, int64_t n,
                            const int32_t* skip) = 0;
+  // The same from bf16 elements (src: count x n, dense): each is widened
+  // exactly and stored as store_multi stores it (a copy into a bf16 field).
+  virtual void store_multi_bf16(const TensorEntry* list, int64_t count, Field f, const void* src, int64_t n,
+                                const int32_t* skip) = 0;
   // *flag = 1 if field f of any of the `count` tensors (list[i].n elements each,
   // at most max_n) holds NaN or +-Inf; otherwise *flag is left unchanged.
   virtual void check_nonfinite(const TensorEntry* list, int64_t count, int64_t max_n, Field f, int32_t* flag) = 0;
@@ -194,6 +198,10 @@ class Backend {
   // rounded to bf16. The Muon family's iterations at matmul precision BF16.
   virtual void gemm_bf16(bool trans_a, bool trans_b, float alpha, ConstMatBatch a, ConstMatBatch b, float beta,
                          MatBatch c) = 0;
+  // The same with C in fp32 (A and B bf16; C neither read nor rounded to
+  // bf16): Dion's products of its bf16 momentum at matmul precision BF16.
+  virtual void gemm_bf16_f32(bool trans_a, bool trans_b, float alpha, ConstMatBatch a, ConstMatBatch b, float beta,
+                             MatBatch c) = 0;
   // m[b] (bf16 elements, as for gemm_bf16) += v on its diagonal, rounded to bf16.
   virtual void add_diag_bf16(MatBatch m, float v) = 0;
   // In place: A (p x r, p >= r) <- the Q factor of its thin Householder QR.
@@ -298,11 +306,12 @@ class Backend {
   //   nesterov ? lincomb(mu, m, g_scale, g, u) : u = m
   // i.e. m = mu M + g_scale G; M <- m; u = nesterov ? mu m + g_scale G : m
   // (u from the unrounded m). M is not written when !store_state.
+  // u is written in u_dtype (FP32, or BF16: then rounded as store rounds).
   // nonzero (may be null; count flags the caller zeroed): nonzero[t] = 1
-  // where u's matrix t holds an element != 0 (NaN counts, -0 does not), the
-  // flags of nonzero_flags(u) without a second pass over u.
+  // where u's matrix t holds an element != 0 as written (NaN counts, -0 does
+  // not), the flags of nonzero_flags(u) without a second pass over u.
   virtual void momentum_multi(const TensorEntry* list, int64_t count, int64_t n, float mu, float g_scale,
-                              bool nesterov, bool store_state, float* u, const int32_t* skip,
+                              bool nesterov, bool store_state, void* u, dion_dtype_t u_dtype, const int32_t* skip,
                               int32_t* nonzero) = 0;
   // The parameter update: load_multi(x, kParam); apply_update(x, u, count * n,
   // gs, lr_mult, cautious); store_multi(kParam, x, skip). u holds elements

@@ -196,6 +196,36 @@ TEST_P(LoadStoreMultiTest, MatchesHost) {
   for (size_t i = 0; i < 3; ++i) EXPECT_TRUE(same_bits(ts.t[i].h[kParam], ts.dev_raw(i, kParam))) << i;
 }
 
+// store_multi_bf16 (bf16 elements in, every field dtype out): the same bits
+// as widening the bf16 source and store_multi, on the device and the host;
+// a set skip flag writes nothing.
+TEST_P(LoadStoreMultiTest, StoreMultiBf16EqualsWidenThenStoreMulti) {
+  const int64_t n = std::get<0>(GetParam());
+  Tensors ts(rng, {{0, 1, 2, 0}, {1, 2, 0, 1}, {2, 0, 1, 2}}, {n, n, n}, std::get<1>(GetParam()));
+  Tensors tw(rng, {{0, 1, 2, 0}, {1, 2, 0, 1}, {2, 0, 1, 2}}, {n, n, n}, std::get<1>(GetParam()));
+  std::vector<uint16_t> src(static_cast<size_t>(3 * n));
+  std::vector<float> wide(src.size());
+  for (size_t i = 0; i < src.size(); ++i) {
+    src[i] = float_to_bf16(uni(-4.0f, 4.0f));
+    wide[i] = bf16_to_float(src[i]);
+  }
+  Dev<uint16_t> dsrc(src);
+  Dev<float> dwide(wide);
+  Dev<int32_t> skip(std::vector<int32_t>{1});
+  const std::vector<uint8_t> before = ts.dev_raw(1, kState0);
+  cuda->store_multi_bf16(ts.dev_table.p(), 3, kState0, dsrc.p(), n, skip.p());
+  EXPECT_TRUE(same_bits(before, ts.dev_raw(1, kState0)));
+  skip.put({0});
+  cuda->store_multi_bf16(ts.dev_table.p(), 3, kState0, dsrc.p(), n, skip.p());
+  cuda->store_multi(tw.dev_table.p(), 3, kState0, dwide.p(), n, nullptr);
+  int32_t hskip = 0;
+  host->store_multi_bf16(ts.host_list.data(), 3, kState0, src.data(), n, &hskip);
+  for (size_t i = 0; i < 3; ++i) {
+    EXPECT_TRUE(same_bits(tw.dev_raw(i, kState0), ts.dev_raw(i, kState0))) << i;
+    EXPECT_TRUE(same_bits(ts.t[i].h[kState0], ts.dev_raw(i, kState0))) << i;
+  }
+}
+
 INSTANTIATE_TEST_SUITE_P(Sizes, LoadStoreMultiTest,
                          ::testing::Combine(::testing::Values(int64_t{776}, int64_t{777}, int64_t{5}),
                                             ::testing::Values(int64_t{0}, int64_t{1})));
@@ -757,14 +787,16 @@ TEST_P(FusedMultiTest, MomentumMulti) {
         cuda->lincomb(mu, M.p(), 1.0f, G.p(), U.p(), N);
       else
         cuda->copy(U.p(), M.p(), sizeof(float) * static_cast<size_t>(N));
-      cuda->momentum_multi(tp.b.dev_table.p(), T, n, mu, 1.0f, nesterov, store_state, U2.p(), dskip.p(), nullptr);
+      cuda->momentum_multi(tp.b.dev_table.p(), T, n, mu, 1.0f, nesterov, store_state, U2.p(), DION_DTYPE_FP32, dskip.p(),
+                           nullptr);
       const std::vector<float> u2 = U2.get();
       EXPECT_TRUE(same_bits(U.get(), u2));
       EXPECT_TRUE(tp.same_field(kState0));
       EXPECT_TRUE(tp.unchanged(kGrad));
       if (skip || !store_state) EXPECT_TRUE(tp.unchanged(kState0));
       std::vector<float> uh(N);
-      host->momentum_multi(tp.b.host_list.data(), T, n, mu, 1.0f, nesterov, store_state, uh.data(), &skip, nullptr);
+      host->momentum_multi(tp.b.host_list.data(), T, n, mu, 1.0f, nesterov, store_state, uh.data(), DION_DTYPE_FP32, &skip,
+                           nullptr);
       EXPECT_TRUE(close(uh, u2, kUlps));
       for (size_t i = 0; i < tp.b.t.size(); ++i) {
         const int dt = tp.b.host_list[i].dtype[kState0];
@@ -773,6 +805,28 @@ TEST_P(FusedMultiTest, MomentumMulti) {
             << "tensor " << i;
       }
     }
+}
+
+// momentum_multi with u in bf16: the bits of the fp32 u rounded by store, on
+// the device and the host (Dion's M + G at matmul precision BF16).
+TEST_P(FusedMultiTest, MomentumMultiBf16U) {
+  const int64_t n = std::get<0>(GetParam()), shift = std::get<1>(GetParam()), T = 5, N = T * n;
+  const std::vector<std::vector<int>> dtypes = {{1, 1, 1, -1}, {1, 0, 1, -1}, {0, 0, 0, -1}, {1, 2, 1, -1},
+                                                {2, 2, 2, -1}};
+  TensorPair tp(rng, dtypes, n, shift);
+  Dev<float> U(N), Ub(N);  // Ub: room for N bf16 elements
+  Dev<uint16_t> R(N);
+  cuda->momentum_multi(tp.a.dev_table.p(), T, n, 1.0f, 1.0f, false, false, U.p(), DION_DTYPE_FP32, nullptr, nullptr);
+  cuda->store(R.p(), DION_DTYPE_BF16, U.p(), N);
+  cuda->momentum_multi(tp.b.dev_table.p(), T, n, 1.0f, 1.0f, false, false, Ub.p(), DION_DTYPE_BF16, nullptr, nullptr);
+  const std::vector<uint16_t> want = R.get();
+  std::vector<uint16_t> got(static_cast<size_t>(N));
+  cuda_ok(cudaMemcpy(got.data(), Ub.p(), sizeof(uint16_t) * static_cast<size_t>(N), cudaMemcpyDeviceToHost), "download");
+  EXPECT_TRUE(same_bits(want, got));
+  std::vector<uint16_t> hu(static_cast<size_t>(N));
+  host->momentum_multi(tp.b.host_list.data(), T, n, 1.0f, 1.0f, false, false, hu.data(), DION_DTYPE_BF16, nullptr,
+                       nullptr);
+  EXPECT_TRUE(same_bits(want, hu));
 }
 
 // momentum_multi's nonzero flags: a matrix of u = M + G (mu = 1) all zero, one
@@ -803,11 +857,11 @@ TEST_P(FusedMultiTest, MomentumMultiFlagsNonzeroMatrices) {
   }
   Dev<TensorEntry> table(dl);
   Dev<int32_t> flags(std::vector<int32_t>(static_cast<size_t>(T), 0)), ref(static_cast<size_t>(T));
-  cuda->momentum_multi(table.p(), T, n, 1.0f, 1.0f, false, false, U.p(), nullptr, flags.p());
+  cuda->momentum_multi(table.p(), T, n, 1.0f, 1.0f, false, false, U.p(), DION_DTYPE_FP32, nullptr, flags.p());
   cuda->nonzero_flags(ConstMatBatch(U.p(), 1, n, n, n, T), ref.p());
   std::vector<float> uh(static_cast<size_t>(N));
   std::vector<int32_t> hflags(static_cast<size_t>(T), 0);
-  host->momentum_multi(hl.data(), T, n, 1.0f, 1.0f, false, false, uh.data(), nullptr, hflags.data());
+  host->momentum_multi(hl.data(), T, n, 1.0f, 1.0f, false, false, uh.data(), DION_DTYPE_FP32, nullptr, hflags.data());
   const std::vector<int32_t> want = {0, 1, 0, 1, 1};
   EXPECT_EQ(flags.get(), want);
   EXPECT_EQ(ref.get(), want);

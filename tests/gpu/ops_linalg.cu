@@ -124,6 +124,72 @@ TEST_F(OpsTest, GemmBf16RoundsEachOperandOnce) {
     }
 }
 
+// gemm_bf16 (bf16 C) and gemm_bf16_f32 (fp32 C) on bf16 buffers against the
+// host backend's products of the widened operands: A and B are exact in
+// bf16, so the fp32 results differ only by the accumulation order (k 2^-24 of
+// the sum of |terms|: 1e-5 at k = 96 with room), and a bf16 C by one more
+// rounding, to nearest on both, of results that may differ by that much
+// (one bf16 ulp, 2^-8 relative, at most).
+TEST_F(OpsTest, GemmOnBf16BuffersMatchesHost) {
+  const int64_t m = 70, n = 48, k = 96, B = 2;
+  auto bf = [&](size_t count) {
+    std::vector<uint16_t> v(count);
+    for (auto& x : v) x = float_to_bf16(gauss());
+    return v;
+  };
+  for (int t = 0; t < 4; ++t)
+    for (bool f32 : {true, false}) {
+      const bool ta = t & 1, tb = t & 2;
+      SCOPED_TRACE(testing::Message() << "ta " << ta << " tb " << tb << (f32 ? " fp32 C" : " bf16 C"));
+      const int64_t ar = ta ? k : m, ac = ta ? m : k, br = tb ? n : k, bc = tb ? k : n;
+      const std::vector<uint16_t> a = bf(static_cast<size_t>(B * ar * ac)), b = bf(static_cast<size_t>(B * br * bc));
+      const std::vector<uint16_t> c0b = bf(static_cast<size_t>(B * m * n));
+      std::vector<float> c0(c0b.size());
+      for (size_t i = 0; i < c0.size(); ++i) c0[i] = bf16_to_float(c0b[i]);
+      const float alpha = 0.7f, beta = 0.5f;
+      auto cm = [](const void* p, int64_t r, int64_t c, int64_t batch) {
+        return ConstMatBatch(static_cast<const float*>(p), r, c, c, r * c, batch);
+      };
+      Dev<uint16_t> da(a), db(b), dcb(c0b);
+      Dev<float> dc(c0);
+      std::vector<float> hc = c0, got;
+      std::vector<uint16_t> hcb = c0b;
+      if (f32) {
+        host->gemm_bf16_f32(ta, tb, alpha, cm(a.data(), ar, ac, B), cm(b.data(), br, bc, B), beta,
+                            MatBatch{hc.data(), m, n, n, m * n, B});
+        cuda->gemm_bf16_f32(ta, tb, alpha, cm(da.p(), ar, ac, B), cm(db.p(), br, bc, B), beta,
+                            MatBatch{dc.p(), m, n, n, m * n, B});
+        got = dc.get();
+      } else {
+        host->gemm_bf16(ta, tb, alpha, cm(a.data(), ar, ac, B), cm(b.data(), br, bc, B), beta,
+                        MatBatch{reinterpret_cast<float*>(hcb.data()), m, n, n, m * n, B});
+        cuda->gemm_bf16(ta, tb, alpha, cm(da.p(), ar, ac, B), cm(db.p(), br, bc, B), beta,
+                        MatBatch{reinterpret_cast<float*>(dcb.p()), m, n, n, m * n, B});
+        const std::vector<uint16_t> gb = dcb.get();
+        got.resize(gb.size());
+        for (size_t i = 0; i < gb.size(); ++i) {
+          got[i] = bf16_to_float(gb[i]);
+          hc[i] = bf16_to_float(hcb[i]);
+        }
+      }
+      double worst = 0;
+      for (int64_t q = 0; q < B; ++q)
+        for (int64_t i = 0; i < m; ++i)
+          for (int64_t j = 0; j < n; ++j) {
+            const size_t e = static_cast<size_t>((q * m + i) * n + j);
+            double mag = std::fabs(beta * c0[e]);
+            for (int64_t l = 0; l < k; ++l) {
+              const float av = bf16_to_float(a[static_cast<size_t>(q * ar * ac + (ta ? l * ac + i : i * ac + l))]);
+              const float bv = bf16_to_float(b[static_cast<size_t>(q * br * bc + (tb ? j * bc + l : l * bc + j))]);
+              mag += std::fabs(static_cast<double>(alpha) * av * bv);
+            }
+            const double tol = 1e-5 * mag + (f32 ? 0.0 : std::ldexp(std::fabs(static_cast<double>(hc[e])), -8));
+            worst = std::max(worst, std::fabs(static_cast<double>(got[e]) - hc[e]) / tol);
+          }
+      EXPECT_LE(worst, 1.0) << "worst error / tolerance";
+    }
+}
+
 TEST_F(OpsTest, GemmBetaZeroAndEmptyK) {
   const int64_t m = 9, n = 11, B = 2;
   // beta = 0 ignores C, NaN included.

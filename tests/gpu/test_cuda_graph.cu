@@ -31,16 +31,23 @@ using namespace dion_gpu_test;
 struct GraphCase {
   std::string name;
   dion_algorithm_t algo;
+  bool bf16_products = false;  // Dion at matmul precision BF16 with a bf16 momentum
 };
 void PrintTo(const GraphCase& c, std::ostream* os) { *os << c.name; }
 
 std::vector<GraphCase> graph_cases() {
   return {
-      {"Dion_RCQR", DION_ALGO_DION}, {"Muon", DION_ALGO_MUON}, {"AdamW", DION_ALGO_ADAMW}, {"Dion2", DION_ALGO_DION2}};
+      {"Dion_RCQR", DION_ALGO_DION}, {"Muon", DION_ALGO_MUON}, {"AdamW", DION_ALGO_ADAMW}, {"Dion2", DION_ALGO_DION2},
+      {"Dion_RCQR_bf16_momentum_products", DION_ALGO_DION, true}};
 }
 
-dion_group_options_t case_options(dion_algorithm_t a) {
+dion_group_options_t case_options(const GraphCase& c) {
+  const dion_algorithm_t a = c.algo;
   dion_group_options_t g = group_options(a);
+  if (c.bf16_products) {
+    g.matmul_precision = DION_MATMUL_BF16;
+    g.momentum_dtype = DION_DTYPE_BF16;
+  }
   g.weight_decay = 0.1;  // visible: lr * wd = 1e-3 per step
   if (a == DION_ALGO_DION) {
     // r = 24 < 64 rows: the randomized Cholesky QR (with its step-keyed
@@ -61,7 +68,7 @@ struct Rig {
 
   // Creates the optimizer and one group of kShapes with the given initial
   // parameters and (fixed) gradients.
-  void build(dion_algorithm_t algo, uint64_t data_seed) {
+  void build(const GraphCase& c, uint64_t data_seed) {
     ASSERT_EQ(opt.create(options(DION_BACKEND_CUDA, /*seed=*/99, 0)), DION_SUCCESS);
     std::vector<dion_tensor_t> d;
     for (size_t i = 0; i < kShapes.size(); ++i) {
@@ -74,7 +81,7 @@ struct Rig {
       CUDA_ASSERT(t.grad.upload(random_bytes(t.numel(), t.dtype, data_seed + 1000 + i, 1.0)));
       d.push_back(t.desc());
     }
-    const dion_group_options_t g = case_options(algo);
+    const dion_group_options_t g = case_options(c);
     int32_t gi = -1;
     DION_ASSERT_OK(opt.get(), dion_add_group(opt, &g, d.data(), d.size(), &gi));
     ASSERT_EQ(gi, 0);
@@ -148,9 +155,9 @@ void CudaGraph::run(int replays, const std::function<void(int, dion_optimizer_t)
   const GraphCase c = GetParam();
   Stream s;  // declared first: it outlives the optimizers that used it
   Rig a, b;
-  a.build(c.algo, 7);
+  a.build(c, 7);
   if (HasFatalFailure()) return;
-  b.build(c.algo, 7);
+  b.build(c, 7);
   if (HasFatalFailure()) return;
 
   // Eager warm-up of both: identical inputs, identical eager steps.
@@ -229,9 +236,9 @@ TEST_P(CudaGraph, NonFiniteGradientSkipsTheReplay) {
   const GraphCase c = GetParam();
   Stream s;  // declared first: it outlives the optimizers that used it
   Rig a, b;
-  a.build(c.algo, 11);
+  a.build(c, 11);
   if (HasFatalFailure()) return;
-  b.build(c.algo, 11);
+  b.build(c, 11);
   if (HasFatalFailure()) return;
   DION_ASSERT_OK(a.opt.get(), dion_step(a.opt, s.dion()));
   DION_ASSERT_OK(b.opt.get(), dion_step(b.opt, s.dion()));

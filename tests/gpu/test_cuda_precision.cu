@@ -12,9 +12,12 @@
 //    bound 20 * 2^-11 ~ 1e-2.
 //  - BF16 (7 explicit bits, roundoff 2^-8 ~ 3.9e-3; the Muon family also
 //    stores every iterate in bf16): bound 20 * 2^-8 ~ 7.8e-2.
-// The same tests also assert the error is not tiny for BF16 Muon (> 2^-12):
-// the reduced precision is really used (a silently-fp32 path would pass the
-// bound but not this).
+// The same tests also assert the error is not tiny for BF16 Muon and for
+// BF16 Dion with a bf16 momentum (> 2^-12): the reduced precision is really
+// used (a silently-fp32 path would pass the bound but not this). Dion with a
+// bf16 momentum (the CUDA backend's bf16 products of M, src/algo/dion.cpp)
+// runs three steps, so that the error feedback stored in the momentum
+// reaches the update; its host reference keeps the bf16 momentum too.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -29,6 +32,8 @@ using namespace dion_gpu_test;
 struct Case {
   dion_algorithm_t algo;
   dion_matmul_precision_t prec;
+  dion_dtype_t momentum = DION_DTYPE_UNSET;
+  int steps = 1;
 };
 
 std::vector<float> run(dion_backend_t backend, const Case& c, const std::vector<float>& x0,
@@ -41,6 +46,7 @@ std::vector<float> run(dion_backend_t backend, const Case& c, const std::vector<
   go.weight_decay = 0.0;
   go.matmul_precision = c.prec;
   if (c.algo == DION_ALGO_DION) go.rank_fraction = 0.25;
+  go.momentum_dtype = c.momentum;
   std::vector<float> x = x0;
   const size_t bytes = x.size() * sizeof(float);
   DeviceBuffer dx, dg;
@@ -56,7 +62,7 @@ std::vector<float> run(dion_backend_t backend, const Case& c, const std::vector<
   }
   dion_tensor_t t = descriptor("w", pp, gp, DION_DTYPE_FP32, {m, n});
   EXPECT_EQ(dion_add_group(opt, &go, &t, 1, nullptr), DION_SUCCESS) << dion_last_error(opt);
-  EXPECT_EQ(dion_step(opt, nullptr), DION_SUCCESS) << dion_last_error(opt);
+  for (int k = 0; k < c.steps; ++k) EXPECT_EQ(dion_step(opt, nullptr), DION_SUCCESS) << dion_last_error(opt);
   if (backend == DION_BACKEND_CUDA) {
     EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
     EXPECT_EQ(dx.download(x.data(), bytes), cudaSuccess);
@@ -75,7 +81,7 @@ TEST_P(Precision, UpdateMatchesFp32HostWithinThePrecisionsRounding) {
     x0[i] = 0.05f * hash_uniform(1, i);
     g[i] = hash_uniform(2, i);
   }
-  const std::vector<float> xh = run(DION_BACKEND_HOST, Case{c.algo, DION_MATMUL_FP32}, x0, g, m, n);
+  const std::vector<float> xh = run(DION_BACKEND_HOST, Case{c.algo, DION_MATMUL_FP32, c.momentum, c.steps}, x0, g, m, n);
   const std::vector<float> xd = run(DION_BACKEND_CUDA, c, x0, g, m, n);
   ASSERT_EQ(xh.size(), x0.size());
   ASSERT_EQ(xd.size(), x0.size());
@@ -89,8 +95,8 @@ TEST_P(Precision, UpdateMatchesFp32HostWithinThePrecisionsRounding) {
   const double err = std::sqrt(num / den);
   const double bound = c.prec == DION_MATMUL_TF32 ? 20 * std::ldexp(1.0, -11) : 20 * std::ldexp(1.0, -8);
   EXPECT_LT(err, bound) << algo_name(c.algo) << " precision " << c.prec;
-  if (c.prec == DION_MATMUL_BF16 && c.algo == DION_ALGO_MUON)
-    EXPECT_GT(err, std::ldexp(1.0, -12)) << "a BF16 Muon step equal to fp32 to 2^-12: is bf16 used at all?";
+  if (c.prec == DION_MATMUL_BF16 && (c.algo == DION_ALGO_MUON || c.momentum == DION_DTYPE_BF16))
+    EXPECT_GT(err, std::ldexp(1.0, -12)) << "a BF16 step equal to fp32 to 2^-12: is bf16 used at all?";
   RecordProperty("relative_error", std::to_string(err));
 }
 
@@ -99,9 +105,11 @@ INSTANTIATE_TEST_SUITE_P(
     ::testing::Values(Case{DION_ALGO_MUON, DION_MATMUL_TF32}, Case{DION_ALGO_MUON, DION_MATMUL_BF16},
                       Case{DION_ALGO_NORMUON, DION_MATMUL_BF16}, Case{DION_ALGO_DION2, DION_MATMUL_BF16},
                       Case{DION_ALGO_NORDION2, DION_MATMUL_BF16}, Case{DION_ALGO_DION, DION_MATMUL_TF32},
-                      Case{DION_ALGO_DION, DION_MATMUL_BF16}),
+                      Case{DION_ALGO_DION, DION_MATMUL_BF16},
+                      Case{DION_ALGO_DION, DION_MATMUL_BF16, DION_DTYPE_BF16, 3}),
     [](const ::testing::TestParamInfo<Case>& i) {
-      return std::string(algo_name(i.param.algo)) + (i.param.prec == DION_MATMUL_TF32 ? "_tf32" : "_bf16");
+      return std::string(algo_name(i.param.algo)) + (i.param.prec == DION_MATMUL_TF32 ? "_tf32" : "_bf16") +
+             (i.param.momentum == DION_DTYPE_BF16 ? "_bf16_momentum_3_steps" : "");
     });
 
 }  // namespace

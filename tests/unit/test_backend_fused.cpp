@@ -108,7 +108,8 @@ TEST_F(HostFused, MomentumMultiEqualsLoadAxpbyStore) {
             U = M;
           // The fused op on copy b.
           std::vector<float> U2(N, -1.0f);
-          be->momentum_multi(tw.lb.data(), count, n, mu, 1.0f, nesterov, store_state, U2.data(), &skip, nullptr);
+          be->momentum_multi(tw.lb.data(), count, n, mu, 1.0f, nesterov, store_state, U2.data(), DION_DTYPE_FP32, &skip,
+                             nullptr);
           EXPECT_TRUE(same_floats(U, U2));
           for (int f = 0; f < 4; ++f) EXPECT_TRUE(tw.same(f)) << "field " << f;
           if (skip || !store_state)
@@ -116,6 +117,35 @@ TEST_F(HostFused, MomentumMultiEqualsLoadAxpbyStore) {
           else
             EXPECT_FALSE(tw.b[kState0] == before);
         }
+}
+
+// u in bf16: the bits of the fp32 u rounded by store (Dion's M + G at matmul
+// precision BF16 on the CUDA backend); and store_multi_bf16 equals widening
+// its bf16 source and store_multi, into every dtype.
+TEST_F(HostFused, MomentumMultiBf16UAndStoreMultiBf16) {
+  const int64_t count = 3, n = 37, N = count * n;
+  for (dion_dtype_t dm : kDtypes)
+    for (dion_dtype_t dg : kDtypes) {
+      SCOPED_TRACE(::testing::Message() << dtype_name(dm) << " momentum, " << dtype_name(dg) << " grad");
+      Twin tw(rng, count, n, {dm, dg, dm, DION_DTYPE_FP32});
+      std::vector<float> U(static_cast<size_t>(N));
+      std::vector<uint16_t> want(static_cast<size_t>(N)), got(static_cast<size_t>(N));
+      be->momentum_multi(tw.la.data(), count, n, 1.0f, 1.0f, false, false, U.data(), DION_DTYPE_FP32, nullptr, nullptr);
+      be->store(want.data(), DION_DTYPE_BF16, U.data(), N);
+      be->momentum_multi(tw.lb.data(), count, n, 1.0f, 1.0f, false, false, got.data(), DION_DTYPE_BF16, nullptr,
+                         nullptr);
+      EXPECT_TRUE(want == got);
+      std::vector<float> wide(static_cast<size_t>(N));
+      be->load(wide.data(), got.data(), DION_DTYPE_BF16, N);
+      int32_t skip = 1;
+      const std::vector<std::vector<uint8_t>> before = tw.b[kParam];
+      be->store_multi_bf16(tw.lb.data(), count, kParam, got.data(), n, &skip);
+      EXPECT_TRUE(tw.b[kParam] == before) << "a skipped store must write nothing";
+      skip = 0;
+      be->store_multi_bf16(tw.lb.data(), count, kParam, got.data(), n, &skip);
+      be->store_multi(tw.la.data(), count, kParam, wide.data(), n, &skip);
+      EXPECT_TRUE(tw.same(kParam));
+    }
 }
 
 // The nonzero flags of u = M + G (mu = 1), in every momentum dtype: a matrix
@@ -135,7 +165,8 @@ TEST_F(HostFused, MomentumMultiFlagsNonzeroMatrices) {
     store_elem(tw.b[kState0][3].data(), dm, n / 2, std::nanf(""));
     std::vector<float> U(static_cast<size_t>(count * n));
     std::vector<int32_t> flags(static_cast<size_t>(count), 0), ref(static_cast<size_t>(count), -1);
-    be->momentum_multi(tw.lb.data(), count, n, 1.0f, 1.0f, false, false, U.data(), nullptr, flags.data());
+    be->momentum_multi(tw.lb.data(), count, n, 1.0f, 1.0f, false, false, U.data(), DION_DTYPE_FP32, nullptr,
+                       flags.data());
     be->nonzero_flags(ConstMatBatch(U.data(), 1, n, n, n, count), ref.data());
     EXPECT_EQ(flags, (std::vector<int32_t>{0, 1, 0, 1, 1}));
     EXPECT_EQ(flags, ref);

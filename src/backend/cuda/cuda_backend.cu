@@ -358,6 +358,12 @@ class CudaBackend final : public Backend {
     ProfScope ps(prof_, "store_multi", stream_);
     kernels::store_multi(ctx(), list, count, f, src, n, skip);
   }
+  void store_multi_bf16(const TensorEntry* list, int64_t count, Field f, const void* src, int64_t n,
+                        const int32_t* skip) override {
+    DeviceScope ds(device_);
+    ProfScope ps(prof_, "store_multi_bf16", stream_);
+    kernels::store_multi_bf16(ctx(), list, count, f, src, n, skip);
+  }
   void check_nonfinite(const TensorEntry* list, int64_t count, int64_t max_n, Field f, int32_t* flag) override {
     DeviceScope ds(device_);
     ProfScope ps(prof_, "check_nonfinite", stream_);
@@ -424,27 +430,11 @@ class CudaBackend final : public Backend {
   }
 
   void gemm_bf16(bool ta, bool tb, float alpha, ConstMatBatch a, ConstMatBatch b, float beta, MatBatch c) override {
-    const int64_t m = c.rows, n = c.cols, k = ta ? a.rows : a.cols;
-    DION_REQUIRE((ta ? a.cols : a.rows) == m && (tb ? b.cols : b.rows) == k && (tb ? b.rows : b.cols) == n && k > 0,
-                 DION_ERROR_INTERNAL, "cuda gemm_bf16: shape mismatch");
-    if (m == 0 || n == 0 || c.batch <= 0) return;
-    DeviceScope ds(device_);
-    ProfScope ps(prof_, "gemm_bf16", stream_);
-    ps.detail([&] {
-      char b[128];
-      std::snprintf(b, sizeof b, "gemm_bf16 %lldx%lldx%lld%s%s b%lld", static_cast<long long>(m),
-                    static_cast<long long>(n), static_cast<long long>(k), ta ? " tA" : "", tb ? " tB" : "",
-                    static_cast<long long>(c.batch));
-      return std::string(b);
-    });
-    const int M = to_int(m, "gemm m"), N = to_int(n, "gemm n"), K = to_int(k, "gemm k");
-    const int lda = to_int(std::max<int64_t>(a.ld, 1), "gemm lda"), ldb = to_int(std::max<int64_t>(b.ld, 1), "gemm ldb"),
-              ldc = to_int(std::max<int64_t>(c.ld, 1), "gemm ldc");
-    check(cublasGemmStridedBatchedEx(blas_, tb ? CUBLAS_OP_T : CUBLAS_OP_N, ta ? CUBLAS_OP_T : CUBLAS_OP_N, N, M, K,
-                                     &alpha, b.p, CUDA_R_16BF, ldb, b.stride, a.p, CUDA_R_16BF, lda, a.stride, &beta,
-                                     c.p, CUDA_R_16BF, ldc, c.stride, to_int(c.batch, "gemm batch"), CUBLAS_COMPUTE_32F,
-                                     CUBLAS_GEMM_DEFAULT),
-          "cublasGemmStridedBatchedEx (bf16)");
+    gemm_bf16_to(ta, tb, alpha, a, b, beta, c, CUDA_R_16BF, "gemm_bf16");
+  }
+  void gemm_bf16_f32(bool ta, bool tb, float alpha, ConstMatBatch a, ConstMatBatch b, float beta,
+                     MatBatch c) override {
+    gemm_bf16_to(ta, tb, alpha, a, b, beta, c, CUDA_R_32F, "gemm_bf16_f32");
   }
 
   void add_diag_bf16(MatBatch m, float v) override {
@@ -587,6 +577,32 @@ class CudaBackend final : public Backend {
   }
 
  private:
+  // bf16 A and B, fp32 accumulation, C of type ctype (bf16 or fp32).
+  void gemm_bf16_to(bool ta, bool tb, float alpha, ConstMatBatch a, ConstMatBatch b, float beta, MatBatch c,
+                    cudaDataType_t ctype, const char* name) {
+    const int64_t m = c.rows, n = c.cols, k = ta ? a.rows : a.cols;
+    DION_REQUIRE((ta ? a.cols : a.rows) == m && (tb ? b.cols : b.rows) == k && (tb ? b.rows : b.cols) == n && k > 0,
+                 DION_ERROR_INTERNAL, "cuda %s: shape mismatch", name);
+    if (m == 0 || n == 0 || c.batch <= 0) return;
+    DeviceScope ds(device_);
+    ProfScope ps(prof_, name, stream_);
+    ps.detail([&] {
+      char d[128];
+      std::snprintf(d, sizeof d, "%s %lldx%lldx%lld%s%s b%lld", name, static_cast<long long>(m),
+                    static_cast<long long>(n), static_cast<long long>(k), ta ? " tA" : "", tb ? " tB" : "",
+                    static_cast<long long>(c.batch));
+      return std::string(d);
+    });
+    const int M = to_int(m, "gemm m"), N = to_int(n, "gemm n"), K = to_int(k, "gemm k");
+    const int lda = to_int(std::max<int64_t>(a.ld, 1), "gemm lda"), ldb = to_int(std::max<int64_t>(b.ld, 1), "gemm ldb"),
+              ldc = to_int(std::max<int64_t>(c.ld, 1), "gemm ldc");
+    check(cublasGemmStridedBatchedEx(blas_, tb ? CUBLAS_OP_T : CUBLAS_OP_N, ta ? CUBLAS_OP_T : CUBLAS_OP_N, N, M, K,
+                                     &alpha, b.p, CUDA_R_16BF, ldb, b.stride, a.p, CUDA_R_16BF, lda, a.stride, &beta,
+                                     c.p, ctype, ldc, c.stride, to_int(c.batch, "gemm batch"), CUBLAS_COMPUTE_32F,
+                                     CUBLAS_GEMM_DEFAULT),
+          ctype == CUDA_R_16BF ? "cublasGemmStridedBatchedEx (bf16)" : "cublasGemmStridedBatchedEx (bf16, fp32 C)");
+  }
+
   // inv <- U^{-1} for upper-triangular U (n x n per matrix), in fp32, by
   // blocked recursion: for U = [A B; 0 C], U^{-1} = [A^{-1}, -A^{-1} B C^{-1};
   // 0, C^{-1}]. The diagonal blocks of at most 64 are triangular solves
@@ -789,10 +805,11 @@ class CudaBackend final : public Backend {
 
   // ---- fused passes over typed buffers ----
   void momentum_multi(const TensorEntry* list, int64_t count, int64_t n, float mu, float g_scale, bool nesterov,
-                      bool store_state, float* u, const int32_t* skip, int32_t* nonzero) override {
+                      bool store_state, void* u, dion_dtype_t u_dtype, const int32_t* skip,
+                      int32_t* nonzero) override {
     DeviceScope ds(device_);
     ProfScope ps(prof_, "momentum_multi", stream_);
-    kernels::momentum_multi(ctx(), list, count, n, mu, g_scale, nesterov, store_state, u, skip, nonzero);
+    kernels::momentum_multi(ctx(), list, count, n, mu, g_scale, nesterov, store_state, u, u_dtype, skip, nonzero);
   }
   void apply_update_multi(const TensorEntry* list, int64_t count, int64_t n, const void* u, dion_dtype_t u_dtype,
                           const GroupScalars* gs, float lr_mult, bool cautious, const int32_t* skip) override {

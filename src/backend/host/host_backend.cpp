@@ -99,6 +99,14 @@ class HostBackend final : public Backend {
     for (int64_t i = 0; i < count; ++i)
       store(list[i].ptr[f], static_cast<dion_dtype_t>(list[i].dtype[f]), src + i * n, n);
   }
+  void store_multi_bf16(const TensorEntry* list, int64_t count, Field f, const void* src, int64_t n,
+                        const int32_t* skip) override {
+    if (skip && *skip) return;
+    for (int64_t i = 0; i < count; ++i) {
+      const auto dt = static_cast<dion_dtype_t>(list[i].dtype[f]);
+      for (int64_t j = 0; j < n; ++j) store_elem(list[i].ptr[f], dt, j, load_elem(src, DION_DTYPE_BF16, i * n + j));
+    }
+  }
   void check_nonfinite(const TensorEntry* list, int64_t count, int64_t, Field f, int32_t* flag) override {
     for (int64_t t = 0; t < count; ++t) {
       const void* p = list[t].ptr[f];
@@ -178,6 +186,21 @@ class HostBackend final : public Backend {
           cp[q * c.stride + i * c.ld + j] = float_to_bf16(fc[static_cast<size_t>((q * c.rows + i) * c.cols + j)]);
   }
 
+  void gemm_bf16_f32(bool ta, bool tb, float alpha, ConstMatBatch a, ConstMatBatch b, float beta,
+                     MatBatch c) override {
+    // Widen A and B to fp32 (exact) and multiply in fp32 into C.
+    auto widen = [](const ConstMatBatch& m, std::vector<float>& buf) {
+      buf.resize(static_cast<size_t>(m.rows * m.cols * m.batch));
+      const uint16_t* p = reinterpret_cast<const uint16_t*>(m.p);
+      for (int64_t q = 0; q < m.batch; ++q)
+        for (int64_t i = 0; i < m.rows; ++i)
+          for (int64_t j = 0; j < m.cols; ++j)
+            buf[static_cast<size_t>((q * m.rows + i) * m.cols + j)] = bf16_to_float(p[q * m.stride + i * m.ld + j]);
+      return ConstMatBatch(buf.data(), m.rows, m.cols, m.cols, m.stride ? m.rows * m.cols : 0, m.batch);
+    };
+    std::vector<float> fa, fb;
+    gemm(ta, tb, alpha, widen(a, fa), widen(b, fb), beta, c, DION_MATMUL_FP32);
+  }
   void add_diag_bf16(MatBatch m, float v) override {
     uint16_t* p = reinterpret_cast<uint16_t*>(m.p);
     const int64_t n = std::min(m.rows, m.cols);
@@ -557,19 +580,19 @@ class HostBackend final : public Backend {
 
   // ---- fused passes over typed buffers: the loops of the calls they replace, merged ----
   void momentum_multi(const TensorEntry* list, int64_t count, int64_t n, float mu, float g_scale, bool nesterov,
-                      bool store_state, float* u, const int32_t* skip, int32_t* nonzero) override {
+                      bool store_state, void* u, dion_dtype_t u_dtype, const int32_t* skip,
+                      int32_t* nonzero) override {
     const bool write = store_state && !(skip && *skip);
     for (int64_t t = 0; t < count; ++t) {
       const TensorEntry& e = list[t];
       const auto dm = static_cast<dion_dtype_t>(e.dtype[kState0]), dg = static_cast<dion_dtype_t>(e.dtype[kGrad]);
-      float* ut = u + t * n;
       bool any = false;
       for (int64_t i = 0; i < n; ++i) {
         const float g = load_elem(e.ptr[kGrad], dg, i);
         const float m = mu * load_elem(e.ptr[kState0], dm, i) + g_scale * g;  // axpby
         if (write) store_elem(e.ptr[kState0], dm, i, m);
-        ut[i] = nesterov ? mu * m + g_scale * g : m;  // lincomb
-        any = any || ut[i] != 0.0f;  // NaN counts as nonzero, -0 as zero
+        store_elem(u, u_dtype, t * n + i, nesterov ? mu * m + g_scale * g : m);  // lincomb
+        any = any || load_elem(u, u_dtype, t * n + i) != 0.0f;  // NaN counts as nonzero, -0 as zero
       }
       if (nonzero && any) nonzero[t] = 1;
     }
