@@ -40,7 +40,18 @@ struct Config {
   double rank_fraction;
   dion_qr_method_t qr;
   int power_iters;
+  // A bf16 momentum at matmul precision BF16: on the CUDA backend, Dion's
+  // large products then read the bf16 momentum and bf16 copies of P, R and Q
+  // (src/algo/dion.cpp). The sums over the meshes are fp32 in another order
+  // than the reference's, so a bf16 value rounded from them (the momentum,
+  // the copies of P, R and Q) may land one bf16 ulp (at most 2^-7 of it)
+  // away from the reference's; under compressed sync the replicas' momenta
+  // are rounded once more when dion_sync_for_checkpoint averages them. Two
+  // such roundings bound the difference: 2 x 2^-7 = 2^-6, instead of 1e-4.
+  bool bf16_products = false;
 };
+
+double tolerance(const Config& c) { return c.bf16_products ? std::ldexp(1.0, -6) : 1e-4; }
 
 void PrintTo(const Config& c, std::ostream* os) { *os << c.name; }
 
@@ -133,6 +144,10 @@ void build(OptRun& run, const Grid& G, const Config& c, bool distributed, const 
   go.qr_method = c.qr;
   go.cqr_warmup_steps = 0;
   go.power_iters = c.power_iters;
+  if (c.bf16_products) {
+    go.momentum_dtype = DION_DTYPE_BF16;
+    go.matmul_precision = DION_MATMUL_BF16;
+  }
   ASSERT_EQ(dion_add_group(run.opt, &go, ts.data(), ts.size(), nullptr), DION_SUCCESS) << dion_last_error(run.opt);
 }
 
@@ -227,7 +242,7 @@ TEST_P(Shard, EqualsSingleProcessOnTheGlobalMatrices) {
       if (l.numel() > 0) {
         const double d = rel_diff(du, dr);
         worst = std::max(worst, d);
-        EXPECT_LT(d, 1e-4) << "parameter update";
+        EXPECT_LT(d, tolerance(c)) << "parameter update";
       }
       // states: momentum is the parameter's window; Q's rows follow B's columns
       for (const char* name : {"momentum", "Q"}) {
@@ -242,7 +257,7 @@ TEST_P(Shard, EqualsSingleProcessOnTheGlobalMatrices) {
         std::vector<double> got(ds.begin(), ds.begin() + n_loc);
         const double d = rel_diff(got, want);
         worst = std::max(worst, d);
-        EXPECT_LT(d, 1e-4) << name;
+        EXPECT_LT(d, tolerance(c)) << name;
       }
     }
     if (g_rank == 0) RecordProperty("worst_rel_diff_R" + std::to_string(L.R) + "O" + std::to_string(L.O) + "I" + std::to_string(L.I), std::to_string(worst));
@@ -256,6 +271,7 @@ const Config kConfigs[] = {
     {"cqr_quarter_rank", 0.25, DION_QR_CQR, 1},
     {"householder_half_rank", 0.5, DION_QR_QR, 1},
     {"rcqr_two_power_iters", 0.5, DION_QR_RCQR, 2},
+    {"rcqr_quarter_rank_bf16_momentum_products", 0.25, DION_QR_RCQR, 1, true},
 };
 
 INSTANTIATE_TEST_SUITE_P(All, Shard, ::testing::ValuesIn(kConfigs),
