@@ -798,15 +798,31 @@ bool Optimizer::dion_compressed(const Tensor& t, dion_algorithm_t algo) const {
 // the mesh's collectives outside an overlapped step.
 void Optimizer::average_in_place(void* data, dion_dtype_t dt, int64_t n) {
   if (n == 0) return;
-  if (dt == DION_DTYPE_FP32) {  // staging would only copy it there and back
+  float* stage = nullptr;
+  if (dt != DION_DTYPE_FP32) {
+    ws.reset();
+    stage = ws.take(n);
+  }
+  average_staged(data, dt, n, stage, false);
+}
+
+// The average itself: an fp32 buffer in place (staging would only copy it
+// there and back), another dtype converted into `stage` (n floats), averaged
+// and converted back, on the compute stream or (on_comm) the comm stream.
+void Optimizer::average_staged(void* data, dion_dtype_t dt, int64_t n, float* stage, bool on_comm) {
+  if (dt == DION_DTYPE_FP32) {
     rep->all_reduce(static_cast<float*>(data), n, ReduceOp::kAvg);
     return;
   }
-  ws.reset();
-  float* buf = ws.take(n);
-  backend->load(buf, data, dt, n);
-  rep->all_reduce(buf, n, ReduceOp::kAvg);
-  backend->store(data, dt, buf, n);
+  if (on_comm)
+    backend->load_comm(stage, data, dt, n);
+  else
+    backend->load(stage, data, dt, n);
+  rep->all_reduce(stage, n, ReduceOp::kAvg);
+  if (on_comm)
+    backend->store_comm(data, dt, stage, n);
+  else
+    backend->store(data, dt, stage, n);
 }
 
 void Optimizer::sync_states() {
@@ -828,10 +844,9 @@ static void average_gradients(Optimizer& o) {
 // tensors, each averaged by its own all-reduce of the same elements as in
 // average_gradients (so with the same result bit for bit; only the order of
 // the tensors differs, bucket order instead of tensor order, the same on
-// every rank). An fp32 gradient is averaged in place, as average_in_place
-// does; another dtype is converted into
-// `stage`, averaged and converted back, all on the comm stream, whose order
-// alone keeps consecutive tensors from sharing the buffer.
+// every rank), by average_staged as average_in_place does, on the comm
+// stream, whose order alone keeps consecutive tensors from sharing the
+// staging buffer.
 bool Optimizer::average_bucket_on_comm(const Bucket& b, int slot) {
   // The pipeline orders these itself (step()): no join with the compute stream.
   rep->set_join(nullptr);
@@ -839,17 +854,11 @@ bool Optimizer::average_bucket_on_comm(const Bucket& b, int slot) {
   for (int32_t ti : b.tensors) {
     const Tensor& t = tensors[static_cast<size_t>(ti)];
     if (!t.grad || t.numel_local == 0 || dion_compressed(t)) continue;
-    void* g = const_cast<void*>(t.grad);
-    if (t.grad_dtype == DION_DTYPE_FP32) {
-      rep->all_reduce(static_cast<float*>(g), t.numel_local, ReduceOp::kAvg);
-    } else {
-      DION_REQUIRE(static_cast<size_t>(t.numel_local) <= stage_floats, DION_ERROR_INTERNAL,
-                   "overlapped step: tensor %d's gradient (%lld elements) exceeds the staging buffer (%zu floats)",
-                   t.index, static_cast<long long>(t.numel_local), stage_floats);
-      backend->load_comm(stage, g, t.grad_dtype, t.numel_local);
-      rep->all_reduce(stage, t.numel_local, ReduceOp::kAvg);
-      backend->store_comm(g, t.grad_dtype, stage, t.numel_local);
-    }
+    DION_REQUIRE(t.grad_dtype == DION_DTYPE_FP32 || static_cast<size_t>(t.numel_local) <= stage_floats,
+                 DION_ERROR_INTERNAL,
+                 "overlapped step: tensor %d's gradient (%lld elements) exceeds the staging buffer (%zu floats)",
+                 t.index, static_cast<long long>(t.numel_local), stage_floats);
+    average_staged(const_cast<void*>(t.grad), t.grad_dtype, t.numel_local, stage, true);
     any = true;
   }
   rep->set_join(&comm_join);

@@ -209,6 +209,7 @@ struct Optimizer {
   void check_tensor_buffers(const void* param, const void* grad, int64_t numel, dion_dtype_t param_dtype,
                             dion_dtype_t grad_dtype, const std::string& what) const;
   void average_in_place(void* data, dion_dtype_t dt, int64_t n);
+  void average_staged(void* data, dion_dtype_t dt, int64_t n, float* stage, bool on_comm);
   // Enqueues on the comm stream the replicate average of the gradients of
   // bucket b that the step averages, then records mark `slot` after them if
   // there were any (returns whether there were). Overlapped steps only.
