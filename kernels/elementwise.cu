@@ -316,20 +316,23 @@ void load_multi(const Ctx& c, float* dst, const TensorEntry* list, int64_t count
   cuda::check_launch("load_multi kernel");
 }
 
+namespace {
+void store_multi_typed(const Ctx& c, const TensorEntry* list, int64_t count, Field f, const void* src,
+                       dion_dtype_t sdt, int64_t n, const int32_t* skip) {
+  if (count <= 0 || n <= 0) return;
+  store_multi_kernel<<<grid_multi(c, count, n), kThreads, 0, c.stream>>>(list, count, f, src, sdt, n, skip);
+  cuda::check_launch("store_multi kernel");
+}
+}  // namespace
+
 void store_multi(const Ctx& c, const TensorEntry* list, int64_t count, Field f, const float* src, int64_t n,
                  const int32_t* skip) {
-  if (count <= 0 || n <= 0) return;
-  store_multi_kernel<<<grid_multi(c, count, n), kThreads, 0, c.stream>>>(list, count, f, src, DION_DTYPE_FP32, n,
-                                                                          skip);
-  cuda::check_launch("store_multi kernel");
+  store_multi_typed(c, list, count, f, src, DION_DTYPE_FP32, n, skip);
 }
 
 void store_multi_bf16(const Ctx& c, const TensorEntry* list, int64_t count, Field f, const void* src, int64_t n,
                       const int32_t* skip) {
-  if (count <= 0 || n <= 0) return;
-  store_multi_kernel<<<grid_multi(c, count, n), kThreads, 0, c.stream>>>(list, count, f, src, DION_DTYPE_BF16, n,
-                                                                          skip);
-  cuda::check_launch("store_multi_bf16 kernel");
+  store_multi_typed(c, list, count, f, src, DION_DTYPE_BF16, n, skip);
 }
 
 void check_nonfinite(const Ctx& c, const TensorEntry* list, int64_t count, int64_t max_n, Field f, int32_t* flag) {

@@ -51,6 +51,19 @@ float* grow(std::vector<float>& v, size_t n) {
 inline float* at(const MatBatch& m, int64_t b) { return m.p + b * m.stride; }
 inline const float* at(const ConstMatBatch& m, int64_t b) { return m.p + b * m.stride; }
 
+
+// The bf16 matrices of m (ld and stride count elements) widened exactly into
+// buf, dense: the fp32 operands of the host's gemm_bf16 and gemm_bf16_f32.
+ConstMatBatch widen_bf16(const ConstMatBatch& m, std::vector<float>& buf) {
+  buf.resize(static_cast<size_t>(m.rows * m.cols * m.batch));
+  const uint16_t* p = reinterpret_cast<const uint16_t*>(m.p);
+  for (int64_t q = 0; q < m.batch; ++q)
+    for (int64_t i = 0; i < m.rows; ++i)
+      for (int64_t j = 0; j < m.cols; ++j)
+        buf[static_cast<size_t>((q * m.rows + i) * m.cols + j)] = bf16_to_float(p[q * m.stride + i * m.ld + j]);
+  return ConstMatBatch(buf.data(), m.rows, m.cols, m.cols, m.stride ? m.rows * m.cols : 0, m.batch);
+}
+
 class HostBackend final : public Backend {
  public:
   bool host_memory() const override { return true; }
@@ -165,18 +178,9 @@ class HostBackend final : public Backend {
 
   void gemm_bf16(bool ta, bool tb, float alpha, ConstMatBatch a, ConstMatBatch b, float beta, MatBatch c) override {
     // Widen to fp32 (exact), multiply in fp32, round C to bf16.
-    auto widen = [](const ConstMatBatch& m, std::vector<float>& buf) {
-      buf.resize(static_cast<size_t>(m.rows * m.cols * m.batch));
-      const uint16_t* p = reinterpret_cast<const uint16_t*>(m.p);
-      for (int64_t q = 0; q < m.batch; ++q)
-        for (int64_t i = 0; i < m.rows; ++i)
-          for (int64_t j = 0; j < m.cols; ++j)
-            buf[static_cast<size_t>((q * m.rows + i) * m.cols + j)] = bf16_to_float(p[q * m.stride + i * m.ld + j]);
-      return ConstMatBatch(buf.data(), m.rows, m.cols, m.cols, m.stride ? m.rows * m.cols : 0, m.batch);
-    };
     std::vector<float> fa, fb, fc;
-    ConstMatBatch wa = widen(a, fa), wb = widen(b, fb);
-    widen(c, fc);  // C's old values, for beta
+    ConstMatBatch wa = widen_bf16(a, fa), wb = widen_bf16(b, fb);
+    widen_bf16(c, fc);  // C's old values, for beta
     MatBatch out{fc.data(), c.rows, c.cols, c.cols, c.rows * c.cols, c.batch};
     gemm(ta, tb, alpha, wa, wb, beta, out, DION_MATMUL_FP32);
     uint16_t* cp = reinterpret_cast<uint16_t*>(c.p);
@@ -189,17 +193,8 @@ class HostBackend final : public Backend {
   void gemm_bf16_f32(bool ta, bool tb, float alpha, ConstMatBatch a, ConstMatBatch b, float beta,
                      MatBatch c) override {
     // Widen A and B to fp32 (exact) and multiply in fp32 into C.
-    auto widen = [](const ConstMatBatch& m, std::vector<float>& buf) {
-      buf.resize(static_cast<size_t>(m.rows * m.cols * m.batch));
-      const uint16_t* p = reinterpret_cast<const uint16_t*>(m.p);
-      for (int64_t q = 0; q < m.batch; ++q)
-        for (int64_t i = 0; i < m.rows; ++i)
-          for (int64_t j = 0; j < m.cols; ++j)
-            buf[static_cast<size_t>((q * m.rows + i) * m.cols + j)] = bf16_to_float(p[q * m.stride + i * m.ld + j]);
-      return ConstMatBatch(buf.data(), m.rows, m.cols, m.cols, m.stride ? m.rows * m.cols : 0, m.batch);
-    };
     std::vector<float> fa, fb;
-    gemm(ta, tb, alpha, widen(a, fa), widen(b, fb), beta, c, DION_MATMUL_FP32);
+    gemm(ta, tb, alpha, widen_bf16(a, fa), widen_bf16(b, fb), beta, c, DION_MATMUL_FP32);
   }
   void add_diag_bf16(MatBatch m, float v) override {
     uint16_t* p = reinterpret_cast<uint16_t*>(m.p);
