@@ -159,16 +159,18 @@ std::vector<float> read_state(dion_optimizer_t opt, int32_t tensor, const char* 
   std::memset(info, 0, sizeof *info);
   info->struct_size = sizeof *info;
   EXPECT_EQ(dion_state_info(opt, idx, info), DION_SUCCESS);
-  std::vector<float> b(std::max<size_t>(1, info->local_bytes / sizeof(float)));
-  EXPECT_EQ(dion_state_read(opt, idx, b.data(), info->local_bytes, nullptr), DION_SUCCESS);
+  std::vector<unsigned char> raw(std::max<size_t>(1, info->local_bytes));
+  EXPECT_EQ(dion_state_read(opt, idx, raw.data(), info->local_bytes, nullptr), DION_SUCCESS);
   if (info->dtype != DION_DTYPE_BF16) {
     EXPECT_EQ(info->dtype, DION_DTYPE_FP32) << "read_state widens bf16 and reads fp32 states only";
+    std::vector<float> b(std::max<size_t>(1, info->local_bytes / sizeof(float)));
+    std::memcpy(b.data(), raw.data(), info->local_bytes);
     return b;
   }
   // bf16 elements, widened exactly (the high half of an fp32)
   const size_t n = info->local_bytes / 2;
   std::vector<uint16_t> h(std::max<size_t>(n, 1));
-  std::memcpy(h.data(), b.data(), info->local_bytes);
+  std::memcpy(h.data(), raw.data(), info->local_bytes);
   std::vector<float> w(std::max<size_t>(n, 1));
   for (size_t i = 0; i < n; ++i) {
     const uint32_t bits = static_cast<uint32_t>(h[i]) << 16;
