@@ -17,7 +17,8 @@
 // used (a silently-fp32 path would pass the bound but not this). Dion with a
 // bf16 momentum (the CUDA backend's bf16 products of M, src/algo/dion.cpp)
 // runs three steps, so that the error feedback stored in the momentum
-// reaches the update; its host reference keeps the bf16 momentum too.
+// reaches the update (with one power iteration, and with two: the second
+// starts from a bf16 copy of R); its host reference keeps the bf16 momentum too.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -34,6 +35,7 @@ struct Case {
   dion_matmul_precision_t prec;
   dion_dtype_t momentum = DION_DTYPE_UNSET;
   int steps = 1;
+  int power_iters = 1;  // Dion
 };
 
 std::vector<float> run(dion_backend_t backend, const Case& c, const std::vector<float>& x0,
@@ -47,6 +49,7 @@ std::vector<float> run(dion_backend_t backend, const Case& c, const std::vector<
   go.matmul_precision = c.prec;
   if (c.algo == DION_ALGO_DION) go.rank_fraction = 0.25;
   go.momentum_dtype = c.momentum;
+  if (c.algo == DION_ALGO_DION) go.power_iters = c.power_iters;
   std::vector<float> x = x0;
   const size_t bytes = x.size() * sizeof(float);
   DeviceBuffer dx, dg;
@@ -81,7 +84,7 @@ TEST_P(Precision, UpdateMatchesFp32HostWithinThePrecisionsRounding) {
     x0[i] = 0.05f * hash_uniform(1, i);
     g[i] = hash_uniform(2, i);
   }
-  const std::vector<float> xh = run(DION_BACKEND_HOST, Case{c.algo, DION_MATMUL_FP32, c.momentum, c.steps}, x0, g, m, n);
+  const std::vector<float> xh = run(DION_BACKEND_HOST, Case{c.algo, DION_MATMUL_FP32, c.momentum, c.steps, c.power_iters}, x0, g, m, n);
   const std::vector<float> xd = run(DION_BACKEND_CUDA, c, x0, g, m, n);
   ASSERT_EQ(xh.size(), x0.size());
   ASSERT_EQ(xd.size(), x0.size());
@@ -106,10 +109,12 @@ INSTANTIATE_TEST_SUITE_P(
                       Case{DION_ALGO_NORMUON, DION_MATMUL_BF16}, Case{DION_ALGO_DION2, DION_MATMUL_BF16},
                       Case{DION_ALGO_NORDION2, DION_MATMUL_BF16}, Case{DION_ALGO_DION, DION_MATMUL_TF32},
                       Case{DION_ALGO_DION, DION_MATMUL_BF16},
-                      Case{DION_ALGO_DION, DION_MATMUL_BF16, DION_DTYPE_BF16, 3}),
+                      Case{DION_ALGO_DION, DION_MATMUL_BF16, DION_DTYPE_BF16, 3},
+                      Case{DION_ALGO_DION, DION_MATMUL_BF16, DION_DTYPE_BF16, 3, 2}),
     [](const ::testing::TestParamInfo<Case>& i) {
       return std::string(algo_name(i.param.algo)) + (i.param.prec == DION_MATMUL_TF32 ? "_tf32" : "_bf16") +
-             (i.param.momentum == DION_DTYPE_BF16 ? "_bf16_momentum_3_steps" : "");
+             (i.param.momentum == DION_DTYPE_BF16 ? "_bf16_momentum_3_steps" : "") +
+             (i.param.power_iters > 1 ? "_2_power_iters" : "");
     });
 
 }  // namespace
