@@ -54,11 +54,23 @@ Shape shape_of(const dion_group_options_t& o, const Tensor& t) {
   return s;
 }
 
+// The momentum's dtype: the group's momentum_dtype, else the parameter's.
+dion_dtype_t momentum_dtype_of(const dion_group_options_t& o, const Tensor& t) {
+  return o.momentum_dtype == DION_DTYPE_UNSET ? t.param_dtype : o.momentum_dtype;
+}
+
+// Whether Dion's large products read a bf16 momentum (step): matmul
+// precision BF16 with a bf16 momentum, on the CUDA backend only (the host's
+// reference arithmetic stays fp32).
+bool bf16_products(const dion_group_options_t& o, dion_dtype_t momentum_dtype) {
+  return o.matmul_precision == DION_MATMUL_BF16 && momentum_dtype == DION_DTYPE_BF16;
+}
+
 void init_state(Optimizer& opt, Group& g, Tensor& t) {
   const dion_group_options_t& o = g.opt;
   t.rank = dion_rank(o, t.geom.m, t.geom.n);
   t.dion_transposed = dion_tau(t);
-  dion_dtype_t mdt = o.momentum_dtype == DION_DTYPE_UNSET ? t.param_dtype : o.momentum_dtype;
+  const dion_dtype_t mdt = momentum_dtype_of(o, t);
   dion_dtype_t qdt = o.q_dtype == DION_DTYPE_UNSET ? t.param_dtype : o.q_dtype;
   opt.add_state(t, "momentum", mdt, t.ndim, t.shape, t.local_shape, t.local_offset, t.layout);
   // Q is (b x r) over the global b; its rows follow B's columns (the logical
@@ -235,12 +247,11 @@ size_t workspace_floats(const Group& g, const Tensor& t, int64_t count) {
   SlotPad p{T, 0};
   if (T >= 2 && !inner)
     p = outer ? slot_pad(T, static_cast<int64_t>(t.shard_ext[0].size())) : SlotPad{2 * T, ceil_div(T, 2)};
-  // M (M + G, later the update), P, the owned slots, R, Q; on the CUDA
-  // backend's lowp path (step) M in bf16 and bf16 copies of Q, P and R
-  // instead (this does not know the backend: the larger of the two).
+  // M (M + G, later the update), P, the owned slots, R, Q; with bf16
+  // products (step) M in bf16 and bf16 copies of Q, P and R instead (this
+  // does not know the backend: the larger of the two).
   size_t m_part = ws_floats(T * mn);
-  const dion_dtype_t mdt = g.opt.momentum_dtype == DION_DTYPE_UNSET ? t.param_dtype : g.opt.momentum_dtype;
-  if (g.opt.matmul_precision == DION_MATMUL_BF16 && mdt == DION_DTYPE_BF16) {
+  if (bf16_products(g.opt, momentum_dtype_of(g.opt, t))) {
     const auto half = [](int64_t n) { return ws_floats((n + 1) / 2); };
     const size_t lowp = half(T * mn) + half(T * s.a * s.r) + half(T * s.b * s.r) +
                         half(T * s.b * s.r) * static_cast<size_t>(g.opt.power_iters + 1);
@@ -429,8 +440,7 @@ void orth_split(Optimizer& opt, const Group& g, const Batch& bt, const Shape& s,
   gather_slots(opt, sp, T, ar, mine, P.p);
 }
 
-// The products of the momentum in bf16 (CUDA backend, matmul precision BF16,
-// bf16 momentum): M + G is formed in bf16 (the momentum's own rounding,
+// bf16_products on the CUDA backend: M + G is formed in bf16 (the momentum's own rounding,
 // done before the error feedback instead of after it), the large products
 // read it and bf16 copies of Q, P and R (the roundings a BF16-precision
 // product applies to its fp32 operands anyway) at bf16 tensor-core rates
@@ -438,7 +448,7 @@ void orth_split(Optimizer& opt, const Group& g, const Batch& bt, const Shape& s,
 // H100), the error feedback is accumulated into the bf16 M, and U = P Q^T is
 // handed to the update in bf16. P, R, Q and every factorization stay fp32.
 bool lowp_path(const Backend& be, const dion_group_options_t& o, dion_dtype_t momentum_dtype) {
-  return !be.host_memory() && o.matmul_precision == DION_MATMUL_BF16 && momentum_dtype == DION_DTYPE_BF16;
+  return !be.host_memory() && bf16_products(o, momentum_dtype);
 }
 
 void step(Optimizer& opt, Group& g, const Batch& bt) {

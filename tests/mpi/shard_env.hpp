@@ -20,6 +20,7 @@
 
 #include "dion_mpi.h"
 #include "../hash_uniform.h"
+#include "../reference/ref_linalg.h"
 
 // What differs between the backends.
 struct ShardEnv {
@@ -172,10 +173,7 @@ std::vector<float> read_state(dion_optimizer_t opt, int32_t tensor, const char* 
   std::vector<uint16_t> h(std::max<size_t>(n, 1));
   std::memcpy(h.data(), raw.data(), info->local_bytes);
   std::vector<float> w(std::max<size_t>(n, 1));
-  for (size_t i = 0; i < n; ++i) {
-    const uint32_t bits = static_cast<uint32_t>(h[i]) << 16;
-    std::memcpy(&w[i], &bits, sizeof bits);
-  }
+  for (size_t i = 0; i < n; ++i) w[i] = dionref::bf16_bits_to_float(h[i]);
   return w;
 }
 

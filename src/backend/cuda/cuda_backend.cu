@@ -157,6 +157,14 @@ class Profiler {
   std::map<std::string, std::pair<double, long>> totals_;
 };
 
+// A GEMM's name in a DION_PROFILE=2 profile: kind, m x n x k, transposes, batch.
+std::string gemm_tag(const char* kind, int64_t m, int64_t n, int64_t k, bool ta, bool tb, int64_t batch) {
+  char b[128];
+  std::snprintf(b, sizeof b, "%s %lldx%lldx%lld%s%s b%lld", kind, static_cast<long long>(m), static_cast<long long>(n),
+                static_cast<long long>(k), ta ? " tA" : "", tb ? " tB" : "", static_cast<long long>(batch));
+  return b;
+}
+
 class ProfScope {
  public:
   ProfScope(Profiler& p, const char* name, cudaStream_t s) : p_(p.on() ? &p : nullptr) {
@@ -403,12 +411,10 @@ class CudaBackend final : public Backend {
     DeviceScope ds(device_);
     ProfScope ps(prof_, "gemm", stream_);
     ps.detail([&] {
-      char b[128];
-      std::snprintf(b, sizeof b, "gemm %s %lldx%lldx%lld%s%s b%lld",
-                    precision == DION_MATMUL_FP32 ? "fp32" : precision == DION_MATMUL_TF32 ? "tf32" : "bf16",
-                    static_cast<long long>(m), static_cast<long long>(n), static_cast<long long>(k), ta ? " tA" : "",
-                    tb ? " tB" : "", static_cast<long long>(c.batch));
-      return std::string(b);
+      const char* kind = precision == DION_MATMUL_FP32   ? "gemm fp32"
+                         : precision == DION_MATMUL_TF32 ? "gemm tf32"
+                                                         : "gemm bf16";
+      return gemm_tag(kind, m, n, k, ta, tb, c.batch);
     });
     if (k == 0) {  // an empty sum: C = beta * C
       kernels::scale_matrix(ctx(), c, beta);
@@ -586,13 +592,7 @@ class CudaBackend final : public Backend {
     if (m == 0 || n == 0 || c.batch <= 0) return;
     DeviceScope ds(device_);
     ProfScope ps(prof_, name, stream_);
-    ps.detail([&] {
-      char d[128];
-      std::snprintf(d, sizeof d, "%s %lldx%lldx%lld%s%s b%lld", name, static_cast<long long>(m),
-                    static_cast<long long>(n), static_cast<long long>(k), ta ? " tA" : "", tb ? " tB" : "",
-                    static_cast<long long>(c.batch));
-      return std::string(d);
-    });
+    ps.detail([&] { return gemm_tag(name, m, n, k, ta, tb, c.batch); });
     const int M = to_int(m, "gemm m"), N = to_int(n, "gemm n"), K = to_int(k, "gemm k");
     const int lda = to_int(std::max<int64_t>(a.ld, 1), "gemm lda"), ldb = to_int(std::max<int64_t>(b.ld, 1), "gemm ldb"),
               ldc = to_int(std::max<int64_t>(c.ld, 1), "gemm ldc");

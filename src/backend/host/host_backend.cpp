@@ -51,7 +51,6 @@ float* grow(std::vector<float>& v, size_t n) {
 inline float* at(const MatBatch& m, int64_t b) { return m.p + b * m.stride; }
 inline const float* at(const ConstMatBatch& m, int64_t b) { return m.p + b * m.stride; }
 
-
 // The bf16 matrices of m (ld and stride count elements) widened exactly into
 // buf, dense: the fp32 operands of the host's gemm_bf16 and gemm_bf16_f32.
 ConstMatBatch widen_bf16(const ConstMatBatch& m, std::vector<float>& buf) {
