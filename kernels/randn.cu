@@ -15,30 +15,44 @@ namespace dion {
 
 namespace {
 
-// grid.y walks the matrices, x their elements (both grid-stride). The key's
-// tensor and step may come from device memory, so a captured graph replayed
-// at a later step draws that step's numbers.
+// grid.y walks the matrices, x their Philox blocks (both grid-stride): row r
+// of a matrix is the global elements [s, s + cols), s = (row0 + r) *
+// global_cols + col0, covered by at most gpr = (cols + 2) / 4 + 1 blocks
+// from s / 4 on (philox_normal4: block g holds elements 4 g .. 4 g + 3);
+// each thread draws one block and writes those of its four normals that lie
+// in the row. The key's tensor and step may come from device memory, so a
+// captured graph replayed at a later step draws that step's numbers.
 __global__ void randn_kernel(float* out, int64_t batch, int64_t rows, int64_t cols, int64_t row0, int64_t col0,
                              int64_t global_cols, PhiloxKey key, const TensorEntry* tensors, const int64_t* step,
                              float scale) {
-  const int64_t per = rows * cols;
+  const int64_t gpr = (cols + 2) / 4 + 1, work = rows * gpr;
   const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
-  // (row, col) of element i advance by (stride / cols, stride % cols) per
-  // iteration: one division per thread instead of one per element.
-  const int64_t sr = stride / cols, sc = stride % cols;
+  // (row, block) of work item i advance by (stride / gpr, stride % gpr) per
+  // iteration: one division per thread instead of one per item.
+  const int64_t sr = stride / gpr, sj = stride % gpr;
   for (int64_t b = blockIdx.y; b < batch; b += gridDim.y) {
     PhiloxKey k = key;
     if (tensors) k.tensor = tensors[b].tensor_id;
     if (step) k.step = static_cast<uint64_t>(*step);
-    float* o = out + b * per;
+    float* o = out + b * rows * cols;
     int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
-    int64_t r = i / cols, c = i % cols;
-    for (; i < per; i += stride) {
-      o[i] = scale * philox_normal(k, static_cast<uint64_t>((row0 + r) * global_cols + col0 + c));
+    int64_t r = i / gpr, j = i % gpr;
+    for (; i < work; i += stride) {
+      const int64_t s = (row0 + r) * global_cols + col0, e = s + cols, g = (s >> 2) + j;
+      if (4 * g < e) {
+        float z[4];
+        philox_normal4(k, static_cast<uint64_t>(g), z);
+        float* row = o + r * cols - s;
+#pragma unroll
+        for (int q = 0; q < 4; ++q) {
+          const int64_t idx = 4 * g + q;
+          if (idx >= s && idx < e) row[idx] = scale * z[q];
+        }
+      }
       r += sr;
-      c += sc;
-      if (c >= cols) {
-        c -= cols;
+      j += sj;
+      if (j >= gpr) {
+        j -= gpr;
         ++r;
       }
     }
@@ -52,13 +66,13 @@ namespace kernels {
 cudaError_t randn(cudaStream_t stream, float* out, int64_t batch, int64_t rows, int64_t cols, int64_t row0,
                   int64_t col0, int64_t global_cols, const PhiloxKey& key, const TensorEntry* tensors,
                   const int64_t* step, float scale) {
-  const int64_t per = rows * cols;
-  if (batch <= 0 || per <= 0) return cudaSuccess;
+  if (batch <= 0 || rows <= 0 || cols <= 0) return cudaSuccess;
   const int threads = 256;
+  const int64_t work = rows * ((cols + 2) / 4 + 1);  // Philox blocks per matrix (randn_kernel)
   // About 4096 blocks in all (enough to fill any current GPU several times
-  // over), each thread then stepping through its elements of the matrices.
+  // over), each thread then stepping through its Philox blocks of the matrices.
   const int64_t gy = std::min<int64_t>(batch, 65535);
-  const int64_t gx = std::min<int64_t>((per + threads - 1) / threads, std::max<int64_t>(1, 4096 / gy));
+  const int64_t gx = std::min<int64_t>((work + threads - 1) / threads, std::max<int64_t>(1, 4096 / gy));
   randn_kernel<<<dim3(static_cast<unsigned>(gx), static_cast<unsigned>(gy)), threads, 0, stream>>>(
       out, batch, rows, cols, row0, col0, global_cols, key, tensors, step, scale);
   return cudaGetLastError();

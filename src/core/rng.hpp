@@ -48,11 +48,12 @@ DION_HD void philox4x32_10(uint32_t ctr[4], uint32_t key0, uint32_t key1) {
   }
 }
 
-// The Philox block of global element `index`: the key folds (seed, stream,
-// tensor), the counter holds (index, step).
-DION_HD void philox_block(const PhiloxKey& k, uint64_t index, uint32_t ctr[4]) {
-  ctr[0] = static_cast<uint32_t>(index);
-  ctr[1] = static_cast<uint32_t>(index >> 32);
+// Philox block number `block` (that of global elements 4 block .. 4 block + 3,
+// see philox_normal4): the key folds (seed, stream, tensor), the counter
+// holds (block, step).
+DION_HD void philox_block(const PhiloxKey& k, uint64_t block, uint32_t ctr[4]) {
+  ctr[0] = static_cast<uint32_t>(block);
+  ctr[1] = static_cast<uint32_t>(block >> 32);
   ctr[2] = static_cast<uint32_t>(k.step);
   ctr[3] = static_cast<uint32_t>(k.step >> 32) ^ (k.stream << 24);
   philox4x32_10(ctr, static_cast<uint32_t>(k.seed) ^ (k.tensor * 0x85EBCA6Bu),
@@ -113,15 +114,34 @@ DION_HD float rng_cos2pi(float v) {
   return sign * r;
 }
 
-// One standard normal for global element `index` (Box-Muller on two uniforms
-// in (0, 1] and [0, 1), 24 bits each of philox_block's first two words, in
-// float with rng_logf and rng_cos2pi).
-DION_HD float philox_normal(const PhiloxKey& k, uint64_t index) {
+// sin(2 pi v) for v in [0, 1) in float: cos(2 pi (v - 1/4)), the argument
+// reflected into [0, 1) exactly (v has at most 24 significant bits, and so
+// have v - 1/4 and v + 3/4 in the ranges they are taken in).
+DION_HD float rng_sin2pi(float v) { return rng_cos2pi(v < 0.25f ? v + 0.75f : v - 0.25f); }
+
+// The four standard normals of Philox block `group`, those of global elements
+// 4 group .. 4 group + 3: Box-Muller on the block's two pairs of words (the
+// first of a pair gives u1 in (0, 1], the second u2 in [0, 1), 24 bits
+// each), both normals of each pair (radius times cos and sin of 2 pi u2), in
+// float with rng_logf, rng_cos2pi and rng_sin2pi. One block serves four
+// elements, so a device draws a random matrix at about its write bandwidth.
+DION_HD void philox_normal4(const PhiloxKey& k, uint64_t group, float z[4]) {
   uint32_t ctr[4];
-  philox_block(k, index, ctr);
-  const float u1 = static_cast<float>((ctr[0] >> 8) + 1u) * (1.0f / 16777216.0f);  // (0, 1], exact
-  const float u2 = static_cast<float>(ctr[1] >> 8) * (1.0f / 16777216.0f);         // [0, 1), exact
-  return sqrtf(-2.0f * rng_logf(u1)) * rng_cos2pi(u2);
+  philox_block(k, group, ctr);
+  for (int p = 0; p < 2; ++p) {
+    const float u1 = static_cast<float>((ctr[2 * p] >> 8) + 1u) * (1.0f / 16777216.0f);  // (0, 1], exact
+    const float u2 = static_cast<float>(ctr[2 * p + 1] >> 8) * (1.0f / 16777216.0f);     // [0, 1), exact
+    const float radius = sqrtf(-2.0f * rng_logf(u1));
+    z[2 * p] = radius * rng_cos2pi(u2);
+    z[2 * p + 1] = radius * rng_sin2pi(u2);
+  }
+}
+
+// The standard normal of global element `index` (one of philox_normal4's).
+DION_HD float philox_normal(const PhiloxKey& k, uint64_t index) {
+  float z[4];
+  philox_normal4(k, index >> 2, z);
+  return z[index & 3];
 }
 
 }  // namespace dion

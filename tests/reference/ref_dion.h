@@ -46,8 +46,11 @@ inline void dion_q_shape(int64_t m, int64_t n, double rank_fraction, int64_t q, 
 }
 
 // One Dion step on `s` (shape {m, n}, q already holding the current Q).
+// `cholesky` orthogonalizes with cholesky_qr instead of Householder: only for
+// the testbed's naive fp32 run of a case that uses the library's CQR.
 template <class T>
-void dion_step(TensorState& s, const std::vector<double>& g, const Hyper& h, const Dtypes& dt) {
+void dion_step(TensorState& s, const std::vector<double>& g, const Hyper& h, const Dtypes& dt,
+               bool cholesky = false) {
   if (s.shape.size() != 2) throw std::invalid_argument("dion_step: Dion needs a 2-D parameter");
   const int64_t m = s.shape[0], n = s.shape[1];
   const bool tau = m < n;
@@ -72,7 +75,7 @@ void dion_step(TensorState& s, const std::vector<double>& g, const Hyper& h, con
   } else {
     Matrix<T> qt = q_prev;
     for (int it = 0; it < std::max(1, h.power_iters); ++it) {
-      p = householder_q(matmul(b_mat, qt));
+      p = cholesky ? cholesky_qr(matmul(b_mat, qt)) : householder_q(matmul(b_mat, qt));
       rr = matmul_tn(b_mat, p);  // b x r
       qt = rr;                   // un-normalised between iterations
     }

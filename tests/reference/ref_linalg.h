@@ -263,6 +263,37 @@ Matrix<T> householder_q(const Matrix<T>& input) {
   return q;
 }
 
+// Cholesky QR as a textbook (Stathopoulos & Wu 2002): R = the upper Cholesky
+// factor of P^T P, Q = P R^{-1} by substitution, all in T. Not an oracle:
+// its loss of orthogonality grows with u cond(P)^2, so the testbed runs it in
+// fp32 as the naive counterpart of the library's CQR (the error that method
+// has by itself at the input's conditioning). A non-positive pivot throws.
+template <class T>
+Matrix<T> cholesky_qr(const Matrix<T>& p) {
+  const Matrix<T> g = matmul_tn(p, p);
+  const int64_t n = g.rows;
+  Matrix<T> r(n, n);
+  for (int64_t k = 0; k < n; ++k) {
+    T d = g(k, k);
+    for (int64_t i = 0; i < k; ++i) d -= r(i, k) * r(i, k);
+    if (!(d > T(0))) throw std::runtime_error("cholesky_qr: the Gram matrix is not positive definite");
+    r(k, k) = std::sqrt(d);
+    for (int64_t j = k + 1; j < n; ++j) {
+      T s = g(k, j);
+      for (int64_t i = 0; i < k; ++i) s -= r(i, k) * r(i, j);
+      r(k, j) = s / r(k, k);
+    }
+  }
+  Matrix<T> q(p.rows, n);
+  for (int64_t row = 0; row < p.rows; ++row)
+    for (int64_t j = 0; j < n; ++j) {
+      T s = p(row, j);
+      for (int64_t i = 0; i < j; ++i) s -= q(row, i) * r(i, j);
+      q(row, j) = s / r(j, j);
+    }
+  return q;
+}
+
 // ---------------------------------------------------------------------------
 // Flat-array helpers
 // ---------------------------------------------------------------------------

@@ -63,7 +63,7 @@ class TensorReference {
     ++step_;
     switch (algo_) {
       case Algo::kDion:
-        dion_step<T>(s_, g, hyper_, dtypes_);
+        dion_step<T>(s_, g, hyper_, dtypes_, cholesky_after_ >= 0 && step_ > cholesky_after_);
         break;
       case Algo::kMuon:
         muon_step<T>(s_, g, hyper_, dtypes_, false);
@@ -87,6 +87,10 @@ class TensorReference {
   }
 
   Hyper& hyper() { return hyper_; }  // change lr etc.; takes effect at the next step
+  // Dion: orthogonalize by Cholesky QR (ref_linalg.h) at the steps after
+  // `step` (-1: never), as the library's CQR does after its warm-up; for the
+  // naive fp32 run only.
+  void use_cholesky_qr_after(int64_t step) { cholesky_after_ = step; }
   const TensorState& state() const { return s_; }
   int64_t step_count() const { return step_; }
 
@@ -96,6 +100,7 @@ class TensorReference {
   Dtypes dtypes_;
   TensorState s_;
   int64_t step_ = 0;
+  int64_t cholesky_after_ = -1;
 };
 
 }  // namespace dionref

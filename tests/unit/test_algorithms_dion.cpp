@@ -125,11 +125,14 @@ INSTANTIATE_TEST_SUITE_P(Methods, Dion_QrMethods, ::testing::ValuesIn(qr_cases()
 // The methods against each other directly, on one optimizer per method built
 // from the same seed: the initial Q must be the same (the generator is keyed by
 // seed and tensor, not by options), and the parameters after 4 steps must agree
-// to twice the fp32 floor (each is within one floor of the same reference).
+// to the sum of their bounds against the same reference (each is within its
+// own: the fp32 floor, or ten times a textbook fp32 Cholesky QR's error for
+// CQR, see CaseRunner).
 TEST(Dion_QrMethodsAgree, PairwiseAfterFourSteps) {
   for (const auto& sh : std::vector<std::vector<int64_t>>{{48, 20}, {20, 48}, {32, 32}}) {
     for (double rf : {1.0, 0.25}) {
       std::vector<std::vector<double>> results, q0s;
+      std::vector<double> bounds;  // each method's bound against the reference at the last step
       std::vector<std::string> names;
       std::vector<double> x0;
       for (auto m : std::vector<std::pair<dion_qr_method_t, int>>{
@@ -140,12 +143,13 @@ TEST(Dion_QrMethodsAgree, PairwiseAfterFourSteps) {
         results.push_back(runner.tensor(0).param());
         q0s.push_back(runner.q0(0));
         names.push_back(qr_name(m.first, m.second));
+        bounds.push_back(runner.param_bound(0));
         x0 = runner.x0(0);
       }
       for (size_t i = 1; i < results.size(); ++i) {
         EXPECT_TRUE(q0s[i] == q0s[0]) << "initial Q differs between optimizers of the same seed (" << names[i] << ")";
         const double err = rel_change_error(results[i], results[0], x0);
-        EXPECT_LE(err, 2 * default_tolerance(Algo::kDion, Dtype::kF32).floor)
+        EXPECT_LE(err, bounds[0] + bounds[i])
             << names[i] << " vs RCQR, shape " << shape_str(sh) << " rank_fraction " << rf;
       }
     }
