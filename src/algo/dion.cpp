@@ -261,10 +261,10 @@ size_t workspace_floats(const Group& g, const Tensor& t, int64_t count) {
   // Inner sharding: S P and the Gram matrix padded for the reduce-scatter
   // over the inner mesh, and its receive buffers (inner_split).
   const SlotPad f = inner ? slot_pad(T, static_cast<int64_t>(t.shard_ext[1].size())) : SlotPad{T, 0};
-  // per power iteration: the orthogonalisation of at most T matrices (a
-  // copy of P for the fallback, sketch k x a, S P k x r, two r x r factors,
+  // per power iteration: the orthogonalisation of at most T matrices (the
+  // result and RCQR's P1, sketch k x a, S P k x r, two r x r factors,
   // Cholesky info) and a copy of R
-  size_t per_iter = ws_floats(T * s.a * s.r) + ws_floats(T * s.k * s.a) + ws_floats(f.slots * s.k * s.r) +
+  size_t per_iter = 2 * ws_floats(T * s.a * s.r) + ws_floats(T * s.k * s.a) + ws_floats(f.slots * s.k * s.r) +
                     ws_floats(f.own * s.k * s.r) + ws_floats(T * s.r * s.r) + ws_floats(f.slots * s.r * s.r) +
                     ws_floats(f.own * s.r * s.r) + ws_floats(T) + ws_floats(T * s.b * s.r);
   // inner sharding: the whole P gathered over the inner mesh (twice, plus
@@ -302,11 +302,14 @@ void take_rows(Optimizer& opt, const Shape& s, int64_t T, const float* full, flo
                       static_cast<size_t>(T));
 }
 
-// P (a x r per matrix, a >= r) <- an orthonormal basis of its columns (spec §1.3).
-// A failed Cholesky never lets garbage through: the matrices whose factor
-// failed are re-orthonormalised from a copy of P taken first
-// (orth_fallback: Householder QR on the host, Gram-Schmidt twice on the GPU),
-// decided per matrix on the device, so no step waits for the host.
+// An orthonormal basis of the columns of P (a x r per matrix, a >= r; spec
+// §1.3), returned as the buffer that holds it: P itself for Householder QR
+// (in place), else a workspace buffer: the (R)CQR solves write out of place
+// (no copies of P), and P is left as it was for the fallback. A failed
+// Cholesky never lets garbage through: the matrices whose factor failed are
+// re-orthonormalised from P (orth_fallback: Householder QR on the host,
+// Gram-Schmidt twice on the GPU), decided per matrix on the device, so no
+// step waits for the host.
 //
 // With B's rows sharded over the inner mesh (P row-sharded), the randomized
 // Cholesky QR is distributed (spec §2.6 path 3): each rank sketches its rows
@@ -320,8 +323,8 @@ void take_rows(Optimizer& opt, const Shape& s, int64_t T, const float* full, flo
 // `list` names P's matrices (the sketch of each is keyed by its tensor), so a
 // rank orthogonalizing a slice of a batch draws the sketches a single process
 // draws for those matrices.
-void orth(Optimizer& opt, const Group& g, const TensorEntry* list, const Shape& s, const Dist& d, MatBatch P,
-          int iter) {
+float* orth(Optimizer& opt, const Group& g, const TensorEntry* list, const Shape& s, const Dist& d, MatBatch P,
+           int iter) {
   Backend& be = *opt.backend;
   const dion_group_options_t& o = g.opt;
   const dion_matmul_precision_t prec = o.matmul_precision;
@@ -334,19 +337,20 @@ void orth(Optimizer& opt, const Group& g, const TensorEntry* list, const Shape& 
   if (method == DION_QR_QR) {
     if (!d.inner) {
       be.qr_q(P);
-      return;
+      return P.p;
     }
     MatBatch Pf{opt.ws.take(T * s.ag * s.r), s.ag, s.r, s.r, s.ag * s.r, T};
     float* tmp = opt.ws.take(T * s.ag * s.r);
     gather_rows(opt, d, s, T, P.p, Pf.p, tmp);
     be.qr_q(Pf);  // the same input and the same factorization on every inner rank
     take_rows(opt, s, T, Pf.p, P.p);
-    return;
+    return P.p;
   }
-  // The fallback starts again from P itself: after RCQR's first solve a
-  // rank-deficient P may already have turned into Inf/NaN.
-  MatBatch P0{opt.ws.take(T * s.a * s.r), s.a, s.r, s.r, s.a * s.r, T};
-  be.copy(P0.p, P.p, sizeof(float) * static_cast<size_t>(T * s.a * s.r));
+  // The result. The fallback starts again from P itself, which the solves
+  // leave as it is: after RCQR's first solve a rank-deficient P may already
+  // have turned into Inf/NaN.
+  MatBatch Y{opt.ws.take(T * s.a * s.r), s.a, s.r, s.r, s.a * s.r, T};
+  ConstMatBatch P1 = P;  // the Cholesky step's input: P1 = P R1^-1 (RCQR), else P
   const Split sp = inner_split(d, T);
   const int64_t rr = s.r * s.r;
   MatBatch G{opt.ws.take(sp.slots * rr), s.r, s.r, s.r, rr, T};
@@ -375,7 +379,9 @@ void orth(Optimizer& opt, const Group& g, const TensorEntry* list, const Shape& 
       if (d.inner) d.inner->all_reduce(SP.p, T * s.k * s.r, ReduceOp::kSum);
       be.qr_r(SP, R1);
     }
-    be.trsm_right_upper(R1, P, prec);
+    MatBatch X{opt.ws.take(T * s.a * s.r), s.a, s.r, s.r, s.a * s.r, T};
+    be.trsm_right_upper(R1, P, X, prec);
+    P1 = X;
   }
   // (R)CQR's Cholesky step on P (or P1). The Gram matrix is formed at the
   // group's precision, but never below TF32: an error E in G leaves
@@ -384,7 +390,7 @@ void orth(Optimizer& opt, const Group& g, const TensorEntry* list, const Shape& 
   // an fp32 Gram matrix, while for TF32 and BF16 groups, whose P comes out
   // of products at that precision, TF32 (2^-11) adds less than they already
   // carry, at 8x the fp32 rate (the largest fp32 GEMM of their step before).
-  be.gemm(true, false, 1.0f, P, P, 0.0f, G, prec == DION_MATMUL_FP32 ? DION_MATMUL_FP32 : DION_MATMUL_TF32);
+  be.gemm(true, false, 1.0f, P1, P1, 0.0f, G, prec == DION_MATMUL_FP32 ? DION_MATMUL_FP32 : DION_MATMUL_TF32);
   if (sp.mesh) {
     float* own = sp.scatter ? opt.ws.take(sp.block * rr) : nullptr;
     float* mine = reduce_slots(be, sp, G.p, T, rr, own);
@@ -399,10 +405,10 @@ void orth(Optimizer& opt, const Group& g, const TensorEntry* list, const Shape& 
     if (d.inner) d.inner->all_reduce(G.p, T * rr, ReduceOp::kSum);
     be.cholesky_upper(G, info);
   }
-  be.trsm_right_upper(G, P, prec);
+  be.trsm_right_upper(G, P1, Y, prec);
   if (!d.inner) {
-    be.orth_fallback(P, P0, info);
-    return;
+    be.orth_fallback(Y, P, info);
+    return Y.p;
   }
   // The inner ranks agree on info (they factored the same G, or gathered
   // each slot's flag from its owner); the whole P0 is gathered for the
@@ -411,15 +417,16 @@ void orth(Optimizer& opt, const Group& g, const TensorEntry* list, const Shape& 
   if (be.host_memory()) {
     bool any = false;
     for (int64_t i = 0; i < T; ++i) any = any || info[i] != 0;
-    if (!any) return;
+    if (!any) return Y.p;
   }
   MatBatch Pf{opt.ws.take(T * s.ag * s.r), s.ag, s.r, s.r, s.ag * s.r, T};
   MatBatch P0f{opt.ws.take(T * s.ag * s.r), s.ag, s.r, s.r, s.ag * s.r, T};
   float* tmp = opt.ws.take(T * s.ag * s.r);
-  gather_rows(opt, d, s, T, P.p, Pf.p, tmp);
-  gather_rows(opt, d, s, T, P0.p, P0f.p, tmp);
+  gather_rows(opt, d, s, T, Y.p, Pf.p, tmp);
+  gather_rows(opt, d, s, T, P.p, P0f.p, tmp);
   be.orth_fallback(Pf, P0f, info);
-  take_rows(opt, s, T, Pf.p, P.p);
+  take_rows(opt, s, T, Pf.p, Y.p);
+  return Y.p;
 }
 
 // P <- orth(P) with the batch split over sp.mesh (spec §2.6 paths 1 and 2):
@@ -435,9 +442,11 @@ void orth_split(Optimizer& opt, const Group& g, const Batch& bt, const Shape& s,
   // The ranks of a replicate mesh sit at the same place of their outer
   // meshes, so they own the same slots.
   if (d.rep && sp.mesh != d.rep) d.rep->all_reduce(mine, sp.count * ar, ReduceOp::kAvg);
-  if (sp.count > 0) orth(opt, g, bt.list + sp.first, s, d, MatBatch{mine, s.a, s.r, s.r, ar, sp.count}, iter);
+  const float* res =
+      sp.count > 0 ? orth(opt, g, bt.list + sp.first, s, d, MatBatch{mine, s.a, s.r, s.r, ar, sp.count}, iter)
+                   : mine;
   // In place when the slots were orthogonalized in P itself.
-  gather_slots(opt, sp, T, ar, mine, P.p);
+  gather_slots(opt, sp, T, ar, res, P.p);
 }
 
 // bf16_products on the CUDA backend: M + G is formed in bf16 (the momentum's own rounding,
@@ -479,6 +488,7 @@ void step(Optimizer& opt, Group& g, const Batch& bt) {
   const Split sp = split_of(opt, d, T);
   const int64_t ar = s.a * s.r, br = s.b * s.r;  // one matrix of P, of R
   MatBatch P{opt.ws.take(sp.slots * ar), s.a, s.r, s.r, ar, T};
+  float* const p_buf = P.p;  // P = B Q of each power iteration; orth may leave its result elsewhere
   float* own = sp.scatter ? opt.ws.take(sp.block * ar) : nullptr;  // this rank's reduced slots
   MatBatch R{opt.ws.take(T * br), s.b, s.r, s.r, br, T};
   MatBatch Qm{Q, s.b, s.r, s.r, br, T};
@@ -489,6 +499,7 @@ void step(Optimizer& opt, Group& g, const Batch& bt) {
   ConstMatBatch Qtb{lowp ? half(T * br) : nullptr, s.b, s.r, s.r, br, T};
   if (lowp) to_bf16(const_cast<float*>(Qtb.p), Q, T * br);
   for (int it = 0; it < o.power_iters; ++it) {
+    P.p = p_buf;
     if (lowp)
       be.gemm_bf16_f32(s.bT, false, 1.0f, Mm, Qtb, 0.0f, P);  // P = B Q~ (partial over outer)
     else
@@ -498,7 +509,7 @@ void step(Optimizer& opt, Group& g, const Batch& bt) {
       // Compressed replicate sync (spec §2.6): average P = B Q and R = B^T P
       // over the replicas instead of the gradient.
       if (d.rep) d.rep->all_reduce(P.p, T * ar, ReduceOp::kAvg);
-      orth(opt, g, bt.list, s, d, P, it);
+      P.p = orth(opt, g, bt.list, s, d, P, it);
     } else {
       orth_split(opt, g, bt, s, d, sp, P, own, it);
     }

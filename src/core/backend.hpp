@@ -212,12 +212,30 @@ class Backend {
   // strictly lower part is zeroed. info[b] = 0 on success, != 0 on failure
   // (including a non-finite or non-positive pivot).
   virtual void cholesky_upper(MatBatch a, int32_t* info) = 0;
-  // B (rows x n) <- B * U^{-1} with U (n x n) upper triangular. `precision`
-  // is that of the products a backend may use for it (the CUDA backend
-  // multiplies by the explicit inverse, computed in fp32, for tall B; TF32
-  // there for any precision but FP32); the host backend always solves in fp32.
-  virtual void trsm_right_upper(ConstMatBatch u, MatBatch b, dion_matmul_precision_t precision) = 0;
-  void trsm_right_upper(ConstMatBatch u, MatBatch b) { trsm_right_upper(u, b, DION_MATMUL_FP32); }
+  // out (rows x n) <- B * U^{-1} with U (n x n) upper triangular; out is B
+  // itself (in place) or a batch of B's shape that does not overlap it.
+  // `precision` is that of the products a backend may use for it (the CUDA
+  // backend multiplies by the explicit inverse, computed in fp32, for tall B,
+  // writing the product straight into out when out is not B; TF32 there for
+  // any precision but FP32); the host backend always solves in fp32.
+  virtual void trsm_right_upper(ConstMatBatch u, ConstMatBatch b, MatBatch out,
+                                dion_matmul_precision_t precision) = 0;
+  void trsm_right_upper(ConstMatBatch u, MatBatch b, dion_matmul_precision_t precision) {
+    trsm_right_upper(u, b, b, precision);
+  }
+  void trsm_right_upper(ConstMatBatch u, MatBatch b) { trsm_right_upper(u, b, b, DION_MATMUL_FP32); }
+  // dst <- src, matrix by matrix (the same shape; one copy when both are dense).
+  void copy_mats(ConstMatBatch src, MatBatch dst) {
+    const size_t row = sizeof(float) * static_cast<size_t>(src.cols);
+    if (src.ld == src.cols && dst.ld == dst.cols && src.stride == src.rows * src.cols &&
+        dst.stride == dst.rows * dst.cols) {
+      copy(dst.p, src.p, row * static_cast<size_t>(src.rows * src.batch));
+      return;
+    }
+    for (int64_t b = 0; b < src.batch; ++b)
+      copy2d(dst.p + b * dst.stride, sizeof(float) * static_cast<size_t>(dst.ld), src.p + b * src.stride,
+             sizeof(float) * static_cast<size_t>(src.ld), row, static_cast<size_t>(src.rows));
+  }
   // For each matrix b with info[b] != 0: P[b] <- an orthonormal basis of the
   // columns of P0[b] (p x r, p >= r; rank-deficient columns are completed).
   virtual void orth_fallback(MatBatch p, ConstMatBatch p0, const int32_t* info) = 0;

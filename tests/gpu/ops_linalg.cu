@@ -351,9 +351,22 @@ TEST_F(OpsTest, TrsmRightUpper) {
     uu.sync();
     Mat b = Mat::padded(rows, n, B, 3, 2);
     b.fill([&] { return gauss(); });
+    // Out of place (into a batch of another padding) on both backends first:
+    // the same values as in place, the input left as it was.
+    Mat y = Mat::padded(rows, n, B, 1, 7), yh = Mat::padded(rows, n, B, 1, 7);
+    cuda->trsm_right_upper(uu.D(), b.D(), y.D(), DION_MATMUL_FP32);
+    host->trsm_right_upper(uu.H(), b.H(), yh.H(), DION_MATMUL_FP32);
+    EXPECT_TRUE(b.dev() == b.h) << "the out-of-place solve wrote its input";
     cuda->trsm_right_upper(uu.D(), b.D());
     host->trsm_right_upper(uu.H(), b.H());
     EXPECT_TRUE(close(b.h, b.dev(), 0.0, 1e-4 * max_abs(b.h)));
+    const std::vector<float> yd = y.dev(), bd = b.dev();
+    for (int64_t m = 0; m < B; ++m)
+      for (int64_t i = 0; i < rows; ++i)
+        for (int64_t j = 0; j < n; ++j) {
+          ASSERT_EQ(yd[m * y.stride + i * y.ld + j], bd[m * b.stride + i * b.ld + j]) << m << " " << i << " " << j;
+          ASSERT_EQ(yh.h[m * y.stride + i * y.ld + j], b.h[m * b.stride + i * b.ld + j]) << m << " " << i << " " << j;
+        }
   }
   // Batch of one: the plain cublasStrsm path.
   Mat b1 = Mat::padded(rows, n, 1);
@@ -396,8 +409,14 @@ TEST_F(OpsTest, TrsmRightUpperByInverse) {
         std::vector<float> want = x.h;
         MatBatch wh{want.data(), rows, n, n, rows * n, B};
         host->trsm_right_upper(u.H(), wh);
+        // Out of place (the product written straight into y) first: the same
+        // bits as in place, the input left as it was.
+        Mat y(rows, n, n, rows * n, B);
+        cuda->trsm_right_upper(u.D(), x.D(), y.D(), prec);
+        EXPECT_TRUE(x.dev() == x.h) << "the out-of-place solve wrote its input";
         cuda->trsm_right_upper(u.D(), x.D(), prec);
         const std::vector<float> got = x.dev();
+        EXPECT_TRUE(y.dev() == got) << "out of place differs from in place";
         double num = 0, den = 0;
         for (size_t i = 0; i < want.size(); ++i) {
           ASSERT_TRUE(std::isfinite(got[i])) << "element " << i;

@@ -558,27 +558,34 @@ class CudaBackend final : public Backend {
   // reduced-precision products, a TF32 product (unit roundoff 2^-11) adds an
   // error below theirs.
   using Backend::trsm_right_upper;
-  void trsm_right_upper(ConstMatBatch u, MatBatch bm, dion_matmul_precision_t precision) override {
+  void trsm_right_upper(ConstMatBatch u, ConstMatBatch in, MatBatch bm, dion_matmul_precision_t precision) override {
     const int64_t n = u.rows, rows = bm.rows;
-    DION_REQUIRE(u.cols == n && bm.cols == n, DION_ERROR_INTERNAL, "cuda trsm_right_upper: bad shapes");
+    DION_REQUIRE(u.cols == n && bm.cols == n && in.rows == rows && in.cols == n && in.batch == bm.batch,
+                 DION_ERROR_INTERNAL, "cuda trsm_right_upper: bad shapes");
     if (n == 0 || rows == 0 || bm.batch <= 0) return;
     DeviceScope ds(device_);
     ProfScope ps(prof_, "trsm_right_upper", stream_);
-    if (rows >= 4 * n && n >= 32 && bm.ld == n && bm.stride == rows * n && trsm_via_inverse_) {
+    const auto dense = [&](int64_t ld, int64_t stride) { return ld == n && stride == rows * n; };
+    if (rows >= 4 * n && n >= 32 && dense(in.ld, in.stride) && dense(bm.ld, bm.stride) && trsm_via_inverse_) {
       // One inverse per distinct U (stride 0: one U for the whole batch).
       const int64_t nu = u.stride == 0 ? 1 : bm.batch;
       float* inv = static_cast<float*>(scratch(kInv, sizeof(float) * static_cast<size_t>(nu * n * n)));
-      float* tmp = static_cast<float*>(scratch(kTmp, sizeof(float) * static_cast<size_t>(bm.batch * rows * n)));
+      // In place, the product goes to a scratch buffer and is copied back.
+      const bool inplace = in.p == bm.p;
+      const size_t tmp_floats = static_cast<size_t>(inplace ? bm.batch * rows * n : (nu * n * n + 3) / 4);
+      float* tmp = static_cast<float*>(scratch(kTmp, sizeof(float) * tmp_floats));
       MatBatch I{inv, n, n, n, n * n, nu};
       tri_inverse_upper(ConstMatBatch(u.p, n, n, u.ld, u.stride, nu), I, tmp);
-      MatBatch out{tmp, rows, n, n, rows * n, bm.batch};
+      MatBatch out = inplace ? MatBatch{tmp, rows, n, n, rows * n, bm.batch} : bm;
       ConstMatBatch Ib{inv, n, n, n, u.stride == 0 ? 0 : n * n, bm.batch};
-      gemm(false, false, 1.0f, bm, Ib, 0.0f, out, precision == DION_MATMUL_FP32 ? DION_MATMUL_FP32 : DION_MATMUL_TF32);
-      check(cudaMemcpyAsync(bm.p, tmp, sizeof(float) * static_cast<size_t>(bm.batch * rows * n),
-                            cudaMemcpyDeviceToDevice, stream_),
-            "cudaMemcpyAsync (trsm result)");
+      gemm(false, false, 1.0f, in, Ib, 0.0f, out, precision == DION_MATMUL_FP32 ? DION_MATMUL_FP32 : DION_MATMUL_TF32);
+      if (inplace)
+        check(cudaMemcpyAsync(bm.p, tmp, sizeof(float) * static_cast<size_t>(bm.batch * rows * n),
+                              cudaMemcpyDeviceToDevice, stream_),
+              "cudaMemcpyAsync (trsm result)");
       return;
     }
+    if (in.p != bm.p) copy_mats(in, bm);
     solve(u, bm);
   }
 

@@ -282,7 +282,9 @@ class HostBackend final : public Backend {
   }
 
   using Backend::trsm_right_upper;
-  void trsm_right_upper(ConstMatBatch u, MatBatch bm, dion_matmul_precision_t /*precision: fp32 here*/) override {
+  void trsm_right_upper(ConstMatBatch u, ConstMatBatch in, MatBatch bm,
+                        dion_matmul_precision_t /*precision: fp32 here*/) override {
+    if (in.p != bm.p) copy_mats(in, bm);
     // B U^{-1} (row-major) is, column-major, solving U^T X^T = B^T; U's buffer
     // read column-major is U^T (lower).
     const int n = to_int(u.rows, "trsm n"), rows = to_int(bm.rows, "trsm rows");
