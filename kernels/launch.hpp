@@ -89,6 +89,17 @@ void decay_add_slices_multi(const Ctx& c, const TensorEntry* list, int64_t count
 // ---- linalg.cu ----
 // ptrs[b] = base + b * stride (device pointer arrays for the batched cuBLAS/cuSOLVER calls).
 void fill_pointers(const Ctx& c, float** ptrs, const float* base, int64_t stride, int64_t batch);
+// Pointer arrays to blocks of batched matrices, several at once: array a
+// (a < count_arrays, `count` pointers each, one after the other in out) holds
+// out[a * count + j] = specs[a].base + (j / per) * specs[a].outer + (j % per) * specs[a].inner,
+// i.e. block j % per of matrix j / per.
+struct BlockPointers {
+  const float* base;
+  int64_t outer, inner;
+};
+constexpr int kMaxBlockPointerArrays = 6;
+void fill_block_pointers(const Ctx& c, float** out, const BlockPointers* specs, int count_arrays, int64_t per,
+                         int64_t count);
 // out[b] = in[b]^T: in is rows x cols (row-major, ld_in, stride_in), out cols x rows (ld_out, stride_out).
 void transpose(const Ctx& c, const float* in, int64_t rows, int64_t cols, int64_t ld_in, int64_t stride_in, float* out,
                int64_t ld_out, int64_t stride_out, int64_t batch);

@@ -12,6 +12,18 @@ __global__ void fill_pointers_kernel(float** ptrs, const float* base, int64_t st
   for (int64_t b = global_thread(); b < batch; b += grid_threads()) ptrs[b] = const_cast<float*>(base) + b * stride;
 }
 
+struct BlockPointerSpecs {
+  BlockPointers s[kMaxBlockPointerArrays];
+};
+__global__ void fill_block_pointers_kernel(float** out, BlockPointerSpecs specs, int arrays, int64_t per,
+                                           int64_t count) {
+  for (int64_t i = global_thread(); i < arrays * count; i += grid_threads()) {
+    const BlockPointers& s = specs.s[i / count];
+    const int64_t j = i % count;
+    out[i] = const_cast<float*>(s.base) + (j / per) * s.outer + (j % per) * s.inner;
+  }
+}
+
 // Tiled transpose through shared memory so both the reads and the writes are
 // coalesced (the +1 column avoids bank conflicts).
 __global__ void transpose_kernel(const float* in, int64_t rows, int64_t cols, int64_t ld_in, int64_t stride_in,
@@ -202,6 +214,16 @@ void fill_pointers(const Ctx& c, float** ptrs, const float* base, int64_t stride
   if (batch <= 0) return;
   fill_pointers_kernel<<<blocks_1d(c, batch), kThreads, 0, c.stream>>>(ptrs, base, stride, batch);
   cuda::check_launch("pointer-array kernel");
+}
+
+void fill_block_pointers(const Ctx& c, float** out, const BlockPointers* specs, int count_arrays, int64_t per,
+                         int64_t count) {
+  if (count <= 0 || count_arrays <= 0) return;
+  BlockPointerSpecs s{};
+  for (int a = 0; a < count_arrays && a < kMaxBlockPointerArrays; ++a) s.s[a] = specs[a];
+  const int arrays = count_arrays < kMaxBlockPointerArrays ? count_arrays : kMaxBlockPointerArrays;
+  fill_block_pointers_kernel<<<blocks_1d(c, arrays * count), kThreads, 0, c.stream>>>(out, s, arrays, per, count);
+  cuda::check_launch("block pointer-array kernel");
 }
 
 void transpose(const Ctx& c, const float* in, int64_t rows, int64_t cols, int64_t ld_in, int64_t stride_in, float* out,

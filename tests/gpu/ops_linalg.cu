@@ -381,16 +381,17 @@ TEST_F(OpsTest, TrsmRightUpper) {
 
 // Tall dense B (rows >= 4n, n >= 32) takes the CUDA backend's explicit-inverse
 // path: U^{-1} by blocked recursion (diagonal blocks of at most 64 solved,
-// the rest GEMMs), then one GEMM. n = 64 is a single block, 96 splits into
-// 48 + 48, 200 into 100 (50 + 50) + 100 (uneven recursion is exercised by
-// 200 -> 100 -> 50 and by 150 -> 75 + 75 -> 37 + 38). U's strictly lower part holds NaN:
+// the rest GEMMs), then one GEMM. n = L 2^k with L <= 64 runs by levels (one
+// batched call per depth): n = 64 is a single block, 96 is 2 x 48, 200 is
+// 4 x 50, 192 is 4 x 48 and 512 is 8 x 64 (Dion's r for gpt-1.3b); 150 is not
+// of that form (150 -> 75 + 75 -> 37 + 38) and takes the recursion. U's strictly lower part holds NaN:
 // neither backend may read it. U = 2 I + an upper part of norm about 0.3, so
 // cond(U) is below 2 and the normwise error of X = B U^{-1} is that of the
 // products: fp32 (relative 2^-24 per operation, n terms) within 1e-5, and
 // TF32 (operands rounded to 2^-11) within 4 * 2^-11 * cond(U) < 4e-3.
 TEST_F(OpsTest, TrsmRightUpperByInverse) {
   const int64_t B = 3;
-  for (int64_t n : {64, 96, 150, 200}) {
+  for (int64_t n : {64, 96, 150, 192, 200, 512}) {
     const int64_t rows = 4 * n + 5;
     for (bool shared_u : {false, true}) {
       for (dion_matmul_precision_t prec : {DION_MATMUL_FP32, DION_MATMUL_TF32, DION_MATMUL_BF16}) {
