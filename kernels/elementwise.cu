@@ -266,6 +266,23 @@ __global__ void apply_update_multi_kernel(const TensorEntry* list, int64_t count
   }
 }
 
+__global__ void lowrank_update_setup_kernel(const TensorEntry* list, int64_t count, const uint16_t* a, int64_t a_stride,
+                                            const uint16_t* b, int64_t b_stride, const GroupScalars* gs,
+                                            float lr_mult, const int32_t* skip, const void** pa, const void** pb,
+                                            void** pc, float* coef) {
+  for (int64_t i = global_thread(); i < count; i += grid_threads()) {
+    pa[i] = b + i * b_stride;
+    pb[i] = a + i * a_stride;
+    pc[i] = list[i].ptr[kParam];
+  }
+  if (global_thread() == 0) {
+    const Update op(gs, lr_mult, false);
+    const bool s = skip && *skip;
+    coef[0] = s ? 0.0f : -op.lr_adj;
+    coef[1] = s ? 1.0f : op.decay;
+  }
+}
+
 __global__ void decay_kernel(float* x, int64_t n, const GroupScalars* gs) {
   const float decay = static_cast<float>(1.0 - gs->lr * gs->weight_decay);  // as the host: in double
   for (int64_t i = global_thread(); i < n; i += grid_threads()) x[i] *= decay;
@@ -388,6 +405,15 @@ void momentum_multi(const Ctx& c, const TensorEntry* list, int64_t count, int64_
   momentum_multi_kernel<<<grid_multi(c, count, (n + 7) / 8), kThreads, 0, c.stream>>>(
       list, count, n, Momentum{mu, g_scale, nesterov}, store_state, u, u_dtype, skip, nonzero);
   cuda::check_launch("momentum_multi kernel");
+}
+
+void lowrank_update_setup(const Ctx& c, const TensorEntry* list, int64_t count, const void* a, int64_t a_stride,
+                          const void* b, int64_t b_stride, const GroupScalars* gs, float lr_mult, const int32_t* skip,
+                          const void** pa, const void** pb, void** pc, float* coef) {
+  lowrank_update_setup_kernel<<<blocks_1d(c, std::max<int64_t>(count, 1)), kThreads, 0, c.stream>>>(
+      list, count, static_cast<const uint16_t*>(a), a_stride, static_cast<const uint16_t*>(b), b_stride, gs, lr_mult,
+      skip, pa, pb, pc, coef);
+  cuda::check_launch("lowrank_update_setup kernel");
 }
 
 void apply_update_multi(const Ctx& c, const TensorEntry* list, int64_t count, int64_t n, const void* u,

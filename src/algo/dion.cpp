@@ -569,9 +569,18 @@ void step(Optimizer& opt, Group& g, const Batch& bt) {
     be.col_normalize(R, static_cast<float>(o.epsilon));
   }
   store_ws(opt, bt, kState1, R.p, br);
-  // X = (1 - lr wd) X - lr sqrt(m/n) P Q^T (in storage orientation); the
-  // momentum's buffer (stored above) receives U = P Q^T, and the typed
-  // parameters are updated from it in one pass.
+  // X = (1 - lr wd) X - lr sqrt(m/n) P Q^T (in storage orientation). On the
+  // lowp path, one product per batch updates the parameters in place from
+  // the bf16 P and Q (update_lowrank_bf16, fp32 and bf16 parameters);
+  // otherwise the momentum's buffer (stored above) receives U = P Q^T, and
+  // the typed parameters are updated from it in one pass.
+  const float lr_mult = static_cast<float>(std::sqrt(static_cast<double>(t.geom.m) / static_cast<double>(t.geom.n)));
+  if (lowp && be.update_lowrank_bf16_takes(t.param_dtype)) {
+    to_bf16(Rb.p, R.p, T * br);
+    be.update_lowrank_bf16(bt.list, T, !s.bT ? Pb : Rb, !s.bT ? Rb : Pb, t.param_dtype, g.scalars, lr_mult,
+                           opt.skip_flag());
+    return;
+  }
   MatBatch U = Mm;
   if (lowp) {
     to_bf16(Rb.p, R.p, T * br);
@@ -584,7 +593,6 @@ void step(Optimizer& opt, Group& g, const Batch& bt) {
   } else {
     be.gemm(false, true, 1.0f, R, P, 0.0f, U, prec);
   }
-  const float lr_mult = static_cast<float>(std::sqrt(static_cast<double>(t.geom.m) / static_cast<double>(t.geom.n)));
   be.apply_update_multi(bt.list, T, n_el, U.p, lowp ? DION_DTYPE_BF16 : DION_DTYPE_FP32, g.scalars, lr_mult, false,
                         opt.skip_flag());
 }

@@ -39,7 +39,7 @@ int to_int(int64_t v, const char* what) {
 
 // Scratch that grows and is reused, so steady-state steps do not allocate.
 struct Scratch {
-  std::vector<float> a, tau, work;
+  std::vector<float> a, tau, work, prod;
 };
 thread_local Scratch g_scratch;
 
@@ -598,6 +598,16 @@ class HostBackend final : public Backend {
       }
       if (nonzero && any) nonzero[t] = 1;
     }
+  }
+  // The product in fp32 (A and B widened exactly), then the update of it.
+  void update_lowrank_bf16(const TensorEntry* list, int64_t count, ConstMatBatch a, ConstMatBatch b,
+                           dion_dtype_t /*x_dtype: each entry's own*/, const GroupScalars* gs, float lr_mult,
+                           const int32_t* skip) override {
+    if (skip && *skip) return;
+    const int64_t rows = a.rows, cols = b.rows, n = rows * cols;
+    float* u = grow(g_scratch.prod, static_cast<size_t>(count * n));
+    gemm_bf16_f32(false, true, 1.0f, a, b, 0.0f, MatBatch{u, rows, cols, cols, n, count});
+    apply_update_multi(list, count, n, u, DION_DTYPE_FP32, gs, lr_mult, false, nullptr);
   }
   void apply_update_multi(const TensorEntry* list, int64_t count, int64_t n, const void* u, dion_dtype_t u_dtype,
                           const GroupScalars* gs, float lr_mult, bool cautious, const int32_t* skip) override {
