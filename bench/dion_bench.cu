@@ -66,6 +66,7 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
@@ -429,6 +430,7 @@ struct Options {
   int warmup = 5;
   int device = 0;
   bool list = false;
+  bool graph = false;  // also time the step captured in a CUDA graph and replayed
 };
 
 struct Rates {
@@ -444,8 +446,12 @@ struct Run {
   void* grads = nullptr;
   cudaStream_t stream = nullptr;
   std::vector<cudaEvent_t> events;
+  cudaGraph_t graph = nullptr;
+  cudaGraphExec_t exec = nullptr;
   ~Run() {
     if (stream) cudaStreamSynchronize(stream);
+    if (exec) cudaGraphExecDestroy(exec);
+    if (graph) cudaGraphDestroy(graph);
     dion_destroy(opt);
     for (cudaEvent_t e : events) cudaEventDestroy(e);
     if (stream) cudaStreamDestroy(stream);
@@ -540,9 +546,13 @@ bool run_config(const Config& c, const Options& o, const Rates& rates, const std
   run.events.resize(2 * static_cast<size_t>(o.iters));
   for (cudaEvent_t& ev : run.events)
     if ((e = cudaEventCreate(&ev)) != cudaSuccess) return cuda_fail("cudaEventCreate", e);
+  std::vector<double> host_ms(static_cast<size_t>(o.iters));
   for (int i = 0; i < o.iters; ++i) {
     cudaEventRecord(run.events[2 * i], run.stream);
+    const auto t0 = std::chrono::steady_clock::now();
     if ((st = dion_step(run.opt, ds)) != DION_SUCCESS) return dion_fail("dion_step", st);
+    host_ms[static_cast<size_t>(i)] =
+        std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
     cudaEventRecord(run.events[2 * i + 1], run.stream);
   }
   if ((e = cudaStreamSynchronize(run.stream)) != cudaSuccess) return cuda_fail("timed steps", e);
@@ -554,9 +564,38 @@ bool run_config(const Config& c, const Options& o, const Rates& rates, const std
   for (int i = 0; i < o.iters; ++i)
     if ((e = cudaEventElapsedTime(&ms[i], run.events[2 * i], run.events[2 * i + 1])) != cudaSuccess)
       return cuda_fail("cudaEventElapsedTime", e);
+  auto median_of = [](auto v) {
+    std::sort(v.begin(), v.end());
+    const size_t h = v.size() / 2;
+    return v.size() % 2 ? static_cast<double>(v[h]) : 0.5 * (static_cast<double>(v[h - 1]) + v[h]);
+  };
   std::sort(ms.begin(), ms.end());
-  const size_t h = ms.size() / 2;
-  const double median = ms.size() % 2 ? ms[h] : 0.5 * (static_cast<double>(ms[h - 1]) + ms[h]);
+  const double median = median_of(ms);
+  // The host's time to enqueue a step (when it is not below the step's
+  // device time, the device waits for the host), and with --graph the step
+  // captured once in a CUDA graph and replayed (no host work per step).
+  const double host_median = median_of(host_ms);
+  double graph_median = -1;
+  if (o.graph) {
+    if ((e = cudaStreamBeginCapture(run.stream, cudaStreamCaptureModeThreadLocal)) != cudaSuccess)
+      return cuda_fail("cudaStreamBeginCapture", e);
+    st = dion_step(run.opt, ds);
+    if ((e = cudaStreamEndCapture(run.stream, &run.graph)) != cudaSuccess) return cuda_fail("cudaStreamEndCapture", e);
+    if (st != DION_SUCCESS) return dion_fail("dion_step (capture)", st);
+    if ((e = cudaGraphInstantiate(&run.exec, run.graph, 0)) != cudaSuccess) return cuda_fail("cudaGraphInstantiate", e);
+    for (int i = 0; i < 2; ++i) cudaGraphLaunch(run.exec, run.stream);
+    for (int i = 0; i < o.iters; ++i) {
+      cudaEventRecord(run.events[2 * i], run.stream);
+      cudaGraphLaunch(run.exec, run.stream);
+      cudaEventRecord(run.events[2 * i + 1], run.stream);
+    }
+    if ((e = cudaStreamSynchronize(run.stream)) != cudaSuccess) return cuda_fail("graph replays", e);
+    std::vector<float> gms(static_cast<size_t>(o.iters));
+    for (int i = 0; i < o.iters; ++i)
+      if ((e = cudaEventElapsedTime(&gms[i], run.events[2 * i], run.events[2 * i + 1])) != cudaSuccess)
+        return cuda_fail("cudaEventElapsedTime", e);
+    graph_median = median_of(gms);
+  }
 
   // Skipped steps (non-finite gradients) would time a different code path.
   int64_t skipped = 0;
@@ -580,6 +619,8 @@ bool run_config(const Config& c, const Options& o, const Rates& rates, const std
       static_cast<double>(ms.front()), static_cast<double>(ms.back()), o.iters, floor_ms, median / floor_ms,
       gemm_rate * 1e-12, rates.copy * 1e-9, cost.flops, cost.bytes, static_cast<unsigned long long>(state_bytes),
       static_cast<unsigned long long>(ws_bytes));
+  std::printf(",\"host_ms_median\":%.4f", host_median);
+  if (graph_median >= 0) std::printf(",\"graph_ms_median\":%.4f", graph_median);
   if (skipped > 0) std::printf(",\"skipped_steps\":%lld", static_cast<long long>(skipped));
   std::printf("}\n");
   std::fflush(stdout);
@@ -596,11 +637,13 @@ void usage(FILE* f) {
                "[--algo dion|dion-r1|muon|dion2|normuon|nordion2|adamw|lion|all]\n"
                "                  [--dtype fp32|bf16|all] [--precision fp32|tf32|bf16|auto] [--iters N] "
                "[--warmup N]\n"
-               "                  [--device N] [--list]\n"
+               "                  [--device N] [--graph] [--list]\n"
                "Times one optimizer step (CUDA backend) and prints one JSON line per configuration.\n"
                "  --precision auto (default): fp32 matmuls for fp32 parameters, bf16 for bf16 parameters\n"
                "  --iters N   timed steps (default 30; the median needs >= 20 to be meaningful)\n"
                "  --warmup N  untimed steps first (default 5)\n"
+               "  --graph     also time the step captured in a CUDA graph and replayed (graph_ms_median);\n"
+               "              host_ms_median is always the host's time to enqueue one step\n"
                "  --list      print the configurations and their FLOP/byte model without a GPU\n");
 }
 
@@ -630,6 +673,8 @@ bool parse_args(int argc, char** argv, Options* o) {
       std::exit(0);
     } else if (a == "--list") {
       o->list = true;
+    } else if (a == "--graph") {
+      o->graph = true;
     } else if (a == "--workload") {
       if (!value(&v)) return false;
       workload = v;
