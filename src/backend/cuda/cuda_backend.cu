@@ -79,10 +79,14 @@ class DeviceScope {
 };
 
 // DION_PROFILE=1: every backend call is bracketed by CUDA events on its
-// stream; at each end of step the events are waited for (a host sync: for
-// profiling only) and the time is added to the call's name. The totals,
-// per step, go to stderr when the optimizer is destroyed. DION_PROFILE=2
-// also names each GEMM by its precision, shape and batch (detail()).
+// stream; at each end of step the events of the step before are read (they
+// are complete by then, or nearly: the host does not drain the device
+// between steps, which would leave it idle while the next step's first
+// calls are enqueued and charge that idle time to them) and each call's
+// time is added to its name. The totals, per step, go to stderr when the
+// optimizer is destroyed. DION_PROFILE=2 also names each GEMM by its
+// precision, shape and batch (detail()). Nested calls (a trsm's GEMMs) are
+// counted under both names.
 class Profiler {
  public:
   Profiler() {
@@ -107,20 +111,12 @@ class Profiler {
   }
   void step_done() {
     ++steps_;
-    for (Open& o : done_) {
-      float ms = 0;
-      if (cudaEventSynchronize(o.b) == cudaSuccess && cudaEventElapsedTime(&ms, o.a, o.b) == cudaSuccess) {
-        auto& t = totals_[o.name];
-        t.first += ms;
-        t.second += 1;
-      }
-      pool_.push_back(o.a);
-      pool_.push_back(o.b);
-    }
-    done_.clear();
+    drain(prev_);
+    prev_.swap(done_);
   }
   void report() {
     if (!on_ || steps_ == 0) return;
+    drain(prev_);
     std::vector<std::pair<std::string, std::pair<double, long>>> v(totals_.begin(), totals_.end());
     std::sort(v.begin(), v.end(), [](const auto& x, const auto& y) { return x.second.first > y.second.first; });
     double all = 0;
@@ -140,6 +136,19 @@ class Profiler {
     cudaEvent_t a, b;
     cudaStream_t s;
   };
+  void drain(std::vector<Open>& done) {
+    for (Open& o : done) {
+      float ms = 0;
+      if (cudaEventSynchronize(o.b) == cudaSuccess && cudaEventElapsedTime(&ms, o.a, o.b) == cudaSuccess) {
+        auto& t = totals_[o.name];
+        t.first += ms;
+        t.second += 1;
+      }
+      pool_.push_back(o.a);
+      pool_.push_back(o.b);
+    }
+    done.clear();
+  }
   cudaEvent_t get() {
     if (!pool_.empty()) {
       cudaEvent_t e = pool_.back();
@@ -152,7 +161,7 @@ class Profiler {
   }
   bool on_ = false, detail_ = false;
   long steps_ = 0;
-  std::vector<Open> open_, done_;
+  std::vector<Open> open_, done_, prev_;  // prev_: the last step's, read at the next step_done
   std::vector<cudaEvent_t> pool_;
   std::map<std::string, std::pair<double, long>> totals_;
 };
