@@ -266,8 +266,8 @@ __global__ void apply_update_multi_kernel(const TensorEntry* list, int64_t count
   }
 }
 
-__global__ void lowrank_update_setup_kernel(const TensorEntry* list, int64_t count, const uint16_t* a, int64_t a_stride,
-                                            const uint16_t* b, int64_t b_stride, const GroupScalars* gs,
+__global__ void lowrank_update_setup_kernel(const TensorEntry* list, int64_t count, const char* a, int64_t a_stride,
+                                            const char* b, int64_t b_stride, const GroupScalars* gs,
                                             float lr_mult, const int32_t* skip, const void** pa, const void** pb,
                                             void** pc, float* coef) {
   for (int64_t i = global_thread(); i < count; i += grid_threads()) {
@@ -408,11 +408,11 @@ void momentum_multi(const Ctx& c, const TensorEntry* list, int64_t count, int64_
 }
 
 void lowrank_update_setup(const Ctx& c, const TensorEntry* list, int64_t count, const void* a, int64_t a_stride,
-                          const void* b, int64_t b_stride, const GroupScalars* gs, float lr_mult, const int32_t* skip,
-                          const void** pa, const void** pb, void** pc, float* coef) {
+                          const void* b, int64_t b_stride, int elem_bytes, const GroupScalars* gs, float lr_mult,
+                          const int32_t* skip, const void** pa, const void** pb, void** pc, float* coef) {
   lowrank_update_setup_kernel<<<blocks_1d(c, std::max<int64_t>(count, 1)), kThreads, 0, c.stream>>>(
-      list, count, static_cast<const uint16_t*>(a), a_stride, static_cast<const uint16_t*>(b), b_stride, gs, lr_mult,
-      skip, pa, pb, pc, coef);
+      list, count, static_cast<const char*>(a), a_stride * elem_bytes, static_cast<const char*>(b),
+      b_stride * elem_bytes, gs, lr_mult, skip, pa, pb, pc, coef);
   cuda::check_launch("lowrank_update_setup kernel");
 }
 

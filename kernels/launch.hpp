@@ -86,13 +86,13 @@ void decay_add_slices_multi(const Ctx& c, const TensorEntry* list, int64_t count
                             int64_t cols, Axis axis, const int32_t* idx, int64_t k, ConstMatBatch u,
                             const GroupScalars* gs, float mult, const int32_t* skip, void* scratch);
 
-// update_lowrank_bf16's pointer arrays and coefficients: pa[i] = b + i *
-// b_stride, pb[i] = a + i * a_stride (bf16 elements), pc[i] = list[i]'s
-// parameter; coef = {-lr lr_mult, 1 - lr wd} as apply_update computes them,
-// or {0, 1} when *skip.
+// update_lowrank's pointer arrays and coefficients: pa[i] = b + i *
+// b_stride, pb[i] = a + i * a_stride (elements of elem_bytes bytes), pc[i] =
+// list[i]'s parameter; coef = {-lr lr_mult, 1 - lr wd} as apply_update
+// computes them, or {0, 1} when *skip.
 void lowrank_update_setup(const Ctx& c, const TensorEntry* list, int64_t count, const void* a, int64_t a_stride,
-                          const void* b, int64_t b_stride, const GroupScalars* gs, float lr_mult, const int32_t* skip,
-                          const void** pa, const void** pb, void** pc, float* coef);
+                          const void* b, int64_t b_stride, int elem_bytes, const GroupScalars* gs, float lr_mult,
+                          const int32_t* skip, const void** pa, const void** pb, void** pc, float* coef);
 
 // ---- linalg.cu ----
 // ptrs[b] = base + b * stride (device pointer arrays for the batched cuBLAS/cuSOLVER calls).

@@ -569,16 +569,19 @@ void step(Optimizer& opt, Group& g, const Batch& bt) {
     be.col_normalize(R, static_cast<float>(o.epsilon));
   }
   store_ws(opt, bt, kState1, R.p, br);
-  // X = (1 - lr wd) X - lr sqrt(m/n) P Q^T (in storage orientation). On the
-  // lowp path, one product per batch updates the parameters in place from
-  // the bf16 P and Q (update_lowrank_bf16, fp32 and bf16 parameters);
-  // otherwise the momentum's buffer (stored above) receives U = P Q^T, and
-  // the typed parameters are updated from it in one pass.
+  // X = (1 - lr wd) X - lr sqrt(m/n) P Q^T (in storage orientation). On a
+  // device, one product per batch updates the parameters in place from P and
+  // Q (update_lowrank: the bf16 copies on the lowp path, for fp32 and bf16
+  // parameters; else P and Q themselves at the group's precision, for fp32
+  // parameters); otherwise the momentum's buffer (stored above) receives
+  // U = P Q^T, and the typed parameters are updated from it in one pass.
   const float lr_mult = static_cast<float>(std::sqrt(static_cast<double>(t.geom.m) / static_cast<double>(t.geom.n)));
-  if (lowp && be.update_lowrank_bf16_takes(t.param_dtype)) {
-    to_bf16(Rb.p, R.p, T * br);
-    be.update_lowrank_bf16(bt.list, T, !s.bT ? Pb : Rb, !s.bT ? Rb : Pb, t.param_dtype, g.scalars, lr_mult,
-                           opt.skip_flag());
+  const dion_dtype_t ab = lowp ? DION_DTYPE_BF16 : DION_DTYPE_FP32;
+  if (!be.host_memory() && Backend::update_lowrank_takes(ab, t.param_dtype)) {
+    if (lowp) to_bf16(Rb.p, R.p, T * br);
+    const ConstMatBatch Pu = lowp ? ConstMatBatch(Pb) : ConstMatBatch(P), Ru = lowp ? ConstMatBatch(Rb) : ConstMatBatch(R);
+    be.update_lowrank(bt.list, T, !s.bT ? Pu : Ru, !s.bT ? Ru : Pu, ab, t.param_dtype, prec, g.scalars, lr_mult,
+                      opt.skip_flag());
     return;
   }
   MatBatch U = Mm;

@@ -338,20 +338,24 @@ class Backend {
   virtual void apply_update_multi(const TensorEntry* list, int64_t count, int64_t n, const void* u,
                                   dion_dtype_t u_dtype, const GroupScalars* gs, float lr_mult, bool cautious,
                                   const int32_t* skip) = 0;
-  // Dion's update from its bf16 factors (the bf16-products path): for each
-  // listed tensor i, X_i (field kParam, rows x cols row-major dense, of dtype
-  // x_dtype) <- decay X_i - lr lr_mult (A_i B_i^T), with A_i (rows x r) and
-  // B_i (cols x r) bf16 matrices of a and b (elements; ld and stride count
-  // elements), lr and decay = 1 - lr wd from gs as apply_update computes
-  // them: apply_update_multi's non-cautious update of U = A B^T, but with
-  // the product accumulated in fp32 and never rounded on its own (one
-  // rounding to x_dtype). Nothing when *skip. Only for the dtypes that
-  // update_lowrank_bf16_takes accepts.
-  virtual void update_lowrank_bf16(const TensorEntry* list, int64_t count, ConstMatBatch a, ConstMatBatch b,
-                                   dion_dtype_t x_dtype, const GroupScalars* gs, float lr_mult,
-                                   const int32_t* skip) = 0;
-  virtual bool update_lowrank_bf16_takes(dion_dtype_t x_dtype) const {
-    return x_dtype == DION_DTYPE_FP32 || x_dtype == DION_DTYPE_BF16;
+  // Dion's update from its factors: for each listed tensor i, X_i (field
+  // kParam, rows x cols row-major dense, of dtype x_dtype) <- decay X_i - lr
+  // lr_mult (A_i B_i^T), with A_i (rows x r) and B_i (cols x r) the matrices
+  // of a and b, of dtype ab_dtype (elements; ld and stride count elements),
+  // lr and decay = 1 - lr wd from gs as apply_update computes them:
+  // apply_update_multi's non-cautious update of U = A B^T, but with the
+  // product accumulated in fp32 and never rounded on its own (one rounding
+  // to x_dtype). fp32 factors are multiplied at `precision` (a backend's
+  // GEMM precision; the host's is always fp32), bf16 ones exactly with fp32
+  // accumulation. Nothing when *skip. Only for the dtypes that
+  // update_lowrank_takes accepts: bf16 factors with fp32 or bf16
+  // parameters, fp32 factors with fp32 parameters.
+  virtual void update_lowrank(const TensorEntry* list, int64_t count, ConstMatBatch a, ConstMatBatch b,
+                              dion_dtype_t ab_dtype, dion_dtype_t x_dtype, dion_matmul_precision_t precision,
+                              const GroupScalars* gs, float lr_mult, const int32_t* skip) = 0;
+  static bool update_lowrank_takes(dion_dtype_t ab_dtype, dion_dtype_t x_dtype) {
+    if (ab_dtype == DION_DTYPE_BF16) return x_dtype == DION_DTYPE_FP32 || x_dtype == DION_DTYPE_BF16;
+    return ab_dtype == DION_DTYPE_FP32 && x_dtype == DION_DTYPE_FP32;
   }
   // store_multi(f) of the selected slices of m only (the rest of field f is
   // left as it is): m holds count * per matrices (per = m.batch / count),

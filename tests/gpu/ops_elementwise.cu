@@ -902,39 +902,59 @@ TEST_P(FusedMultiTest, ApplyUpdateMulti) {
     }
 }
 
-// update_lowrank_bf16 (Dion's update from its bf16 P and Q): every parameter
+// update_lowrank (Dion's update from its factors P and Q): every parameter
 // element against the float64 textbook decay x - lr lr_mult (A B^T)_ij of
-// the same bf16 inputs (decay and lr lr_mult as apply_update computes them
-// in float). Error allowed: the product's fp32 accumulation and the update's
-// few fp32 roundings, 2^-21 of the sum of the terms' magnitudes
-// (|decay x| + lr lr_mult sum_k |a_ik b_jk|), plus, for bf16 parameters, the
-// one rounding to bf16 (half an ulp: 2^-8 of the value). The host backend's
-// op (the fp32 product, then apply_update_multi) within the same bound, and a
-// set skip flag leaves every parameter bit for bit.
-TEST_F(OpsTest, UpdateLowrankBf16) {
+// the same inputs (decay and lr lr_mult as apply_update computes them in
+// float). Error allowed: the update's few fp32 roundings and the product's
+// fp32 accumulation, 2^-21 of the sum of the terms' magnitudes (|decay x| +
+// lr lr_mult sum_k |a_ik b_jk|); with fp32 factors at TF32, each product
+// term's operands rounded to 11 bits (2^-10 of its magnitude); for bf16
+// parameters the one rounding to bf16 (half an ulp: 2^-8 of the value).
+// bf16 factors with fp32 and bf16 parameters, fp32 factors with fp32
+// parameters at FP32 and TF32. The host backend's op (the fp32 product,
+// then apply_update_multi) within the FP32 bound, and a set skip flag
+// leaves every parameter bit for bit.
+TEST_F(OpsTest, UpdateLowrank) {
   const int64_t rows = 40, cols = 24, r = 8, T = 3, n = rows * cols;
   const GroupScalars gs{0.02, 0.1, 0.9, 0.95, 3, 0};
   Dev<GroupScalars> dgs(std::vector<GroupScalars>{gs});
   const float lr_mult = 1.7f;
   const float lr = static_cast<float>(gs.lr), lwd = lr * static_cast<float>(gs.weight_decay);
   const double decay = 1.0f - lwd, lr_adj = lr * lr_mult;
-  for (int dt : {DION_DTYPE_FP32, DION_DTYPE_BF16})
+  struct Case {
+    dion_dtype_t ab, x;
+    dion_matmul_precision_t prec;
+  };
+  for (const Case c : {Case{DION_DTYPE_BF16, DION_DTYPE_FP32, DION_MATMUL_BF16},
+                       Case{DION_DTYPE_BF16, DION_DTYPE_BF16, DION_MATMUL_BF16},
+                       Case{DION_DTYPE_FP32, DION_DTYPE_FP32, DION_MATMUL_FP32},
+                       Case{DION_DTYPE_FP32, DION_DTYPE_FP32, DION_MATMUL_TF32}})
     for (int32_t skip : {0, 1}) {
-      SCOPED_TRACE(::testing::Message() << dtype_name(static_cast<dion_dtype_t>(dt)) << " parameters, skip " << skip);
-      Tensors ts(rng, std::vector<std::vector<int>>(T, {dt, -1, -1, -1}), std::vector<int64_t>(T, n));
-      std::vector<uint16_t> a(static_cast<size_t>(T * rows * r)), b(static_cast<size_t>(T * cols * r));
-      for (auto& v : a) v = float_to_bf16(gauss());
-      for (auto& v : b) v = float_to_bf16(gauss());
-      Dev<uint16_t> da(a), db(b);
+      SCOPED_TRACE(::testing::Message() << dtype_name(c.ab) << " factors, " << dtype_name(c.x) << " parameters, precision "
+                                        << static_cast<int>(c.prec) << ", skip " << skip);
+      ASSERT_TRUE(Backend::update_lowrank_takes(c.ab, c.x));
+      Tensors ts(rng, std::vector<std::vector<int>>(T, {c.x, -1, -1, -1}), std::vector<int64_t>(T, n));
+      // The factors as floats (bf16 values when ab is bf16), and their bits.
+      std::vector<float> fa(static_cast<size_t>(T * rows * r)), fb(static_cast<size_t>(T * cols * r));
+      for (auto& v : fa) v = c.ab == DION_DTYPE_BF16 ? bf16_to_float(float_to_bf16(gauss())) : gauss();
+      for (auto& v : fb) v = c.ab == DION_DTYPE_BF16 ? bf16_to_float(float_to_bf16(gauss())) : gauss();
+      std::vector<uint16_t> a16(fa.size()), b16(fb.size());
+      for (size_t i = 0; i < fa.size(); ++i) a16[i] = float_to_bf16(fa[i]);
+      for (size_t i = 0; i < fb.size(); ++i) b16[i] = float_to_bf16(fb[i]);
+      Dev<uint16_t> da16(a16), db16(b16);
+      Dev<float> da32(fa), db32(fb);
+      const bool lowp = c.ab == DION_DTYPE_BF16;
+      const float* pa = lowp ? reinterpret_cast<const float*>(da16.p()) : da32.p();
+      const float* pb = lowp ? reinterpret_cast<const float*>(db16.p()) : db32.p();
+      const float* ha = lowp ? reinterpret_cast<const float*>(a16.data()) : fa.data();
+      const float* hb = lowp ? reinterpret_cast<const float*>(b16.data()) : fb.data();
       Dev<int32_t> dskip(std::vector<int32_t>{skip});
-      const ConstMatBatch A(reinterpret_cast<const float*>(da.p()), rows, r, r, rows * r, T),
-          B(reinterpret_cast<const float*>(db.p()), cols, r, r, cols * r, T);
-      cuda->update_lowrank_bf16(ts.dev_table.p(), T, A, B, static_cast<dion_dtype_t>(dt), dgs.p(), lr_mult, dskip.p());
-      const ConstMatBatch Ah(reinterpret_cast<const float*>(a.data()), rows, r, r, rows * r, T),
-          Bh(reinterpret_cast<const float*>(b.data()), cols, r, r, cols * r, T);
       std::vector<std::vector<float>> before(T);
       for (int64_t t = 0; t < T; ++t) before[t] = ts.host_vals(static_cast<size_t>(t), kParam);
-      host->update_lowrank_bf16(ts.host_list.data(), T, Ah, Bh, static_cast<dion_dtype_t>(dt), &gs, lr_mult, &skip);
+      cuda->update_lowrank(ts.dev_table.p(), T, ConstMatBatch(pa, rows, r, r, rows * r, T),
+                           ConstMatBatch(pb, cols, r, r, cols * r, T), c.ab, c.x, c.prec, dgs.p(), lr_mult, dskip.p());
+      host->update_lowrank(ts.host_list.data(), T, ConstMatBatch(ha, rows, r, r, rows * r, T),
+                           ConstMatBatch(hb, cols, r, r, cols * r, T), c.ab, c.x, c.prec, &gs, lr_mult, &skip);
       for (int64_t t = 0; t < T; ++t) {
         const std::vector<float> got = ts.dev_vals(static_cast<size_t>(t), kParam);
         const std::vector<float> hgot = ts.host_vals(static_cast<size_t>(t), kParam);
@@ -943,23 +963,23 @@ TEST_F(OpsTest, UpdateLowrankBf16) {
           EXPECT_TRUE(same_bits(before[t], hgot)) << "tensor " << t;
           continue;
         }
+        EXPECT_FALSE(same_bits(before[t], got)) << "tensor " << t << ": not updated";
         for (int64_t i = 0; i < rows; ++i)
           for (int64_t j = 0; j < cols; ++j) {
             double prod = 0, mag = 0;
             for (int64_t k = 0; k < r; ++k) {
-              const double x = static_cast<double>(bf16_to_float(a[(t * rows + i) * r + k])) *
-                               bf16_to_float(b[(t * cols + j) * r + k]);
+              const double x = static_cast<double>(fa[(t * rows + i) * r + k]) * fb[(t * cols + j) * r + k];
               prod += x;
               mag += std::fabs(x);
             }
             const size_t e = static_cast<size_t>(i * cols + j);
             const double want = decay * before[t][e] - lr_adj * prod;
             double tol = 0x1p-21 * (std::fabs(decay * before[t][e]) + lr_adj * mag);
-            if (dt == DION_DTYPE_BF16) tol += 0x1p-8 * std::fabs(want);
-            ASSERT_LE(std::fabs(got[e] - want), tol) << "tensor " << t << " (" << i << ", " << j << ")";
+            if (c.x == DION_DTYPE_BF16) tol += 0x1p-8 * std::fabs(want);
+            const double dtol = tol + (c.prec == DION_MATMUL_TF32 ? 0x1p-10 * lr_adj * mag : 0.0);
+            ASSERT_LE(std::fabs(got[e] - want), dtol) << "tensor " << t << " (" << i << ", " << j << ")";
             ASSERT_LE(std::fabs(hgot[e] - want), tol) << "host, tensor " << t << " (" << i << ", " << j << ")";
           }
-        EXPECT_FALSE(same_bits(before[t], got)) << "tensor " << t << ": not updated";
       }
     }
 }

@@ -201,17 +201,19 @@ TEST_F(HostFused, ApplyUpdateMultiEqualsLoadUpdateStore) {
         }
 }
 
-// Dion's update from bf16 factors: update_lowrank_bf16 equals the bf16 A
-// and B widened (exactly), their fp32 product U = A B^T (gemm_bf16_f32), and
-// apply_update_multi of U (non-cautious), bit for bit, for fp32 and bf16
-// parameters; nothing on a skipped step.
-TEST_F(HostFused, UpdateLowrankBf16EqualsProductThenUpdate) {
+// Dion's update from its factors: update_lowrank equals the fp32 product U
+// = A B^T (bf16 A and B widened exactly first), and apply_update_multi of U
+// (non-cautious), bit for bit: bf16 factors with fp32 and bf16 parameters,
+// fp32 factors with fp32 parameters; nothing on a skipped step.
+TEST_F(HostFused, UpdateLowrankEqualsProductThenUpdate) {
   const int64_t count = 3, rows = 7, cols = 5, r = 3, n = rows * cols;
   GroupScalars gs{0.02, 0.1, 0.9, 0.99, 3, 0};
   std::normal_distribution<float> g(0.0f, 1.0f);
-  for (dion_dtype_t dx : {DION_DTYPE_FP32, DION_DTYPE_BF16})
+  for (int variant = 0; variant < 3; ++variant)
     for (int32_t skip : {0, 1}) {
-      SCOPED_TRACE(::testing::Message() << dtype_name(dx) << " skip " << skip);
+      const dion_dtype_t dx = variant == 1 ? DION_DTYPE_BF16 : DION_DTYPE_FP32;
+      const dion_dtype_t dab = variant == 2 ? DION_DTYPE_FP32 : DION_DTYPE_BF16;
+      SCOPED_TRACE(::testing::Message() << dtype_name(dab) << " factors, " << dtype_name(dx) << " skip " << skip);
       Twin tw(rng, count, n, {dx, DION_DTYPE_FP32, DION_DTYPE_FP32, DION_DTYPE_FP32});
       const std::vector<std::vector<uint8_t>> before = tw.a[kParam];
       std::vector<float> fa(static_cast<size_t>(count * rows * r)), fb(static_cast<size_t>(count * cols * r));
@@ -220,17 +222,19 @@ TEST_F(HostFused, UpdateLowrankBf16EqualsProductThenUpdate) {
       std::vector<uint16_t> a(fa.size()), b(fb.size());
       be->store(a.data(), DION_DTYPE_BF16, fa.data(), static_cast<int64_t>(fa.size()));
       be->store(b.data(), DION_DTYPE_BF16, fb.data(), static_cast<int64_t>(fb.size()));
-      be->load(fa.data(), a.data(), DION_DTYPE_BF16, static_cast<int64_t>(fa.size()));
-      be->load(fb.data(), b.data(), DION_DTYPE_BF16, static_cast<int64_t>(fb.size()));
+      if (dab == DION_DTYPE_BF16) {
+        be->load(fa.data(), a.data(), DION_DTYPE_BF16, static_cast<int64_t>(fa.size()));
+        be->load(fb.data(), b.data(), DION_DTYPE_BF16, static_cast<int64_t>(fb.size()));
+      }
       std::vector<float> U(static_cast<size_t>(count * n));
       be->gemm(false, true, 1.0f, ConstMatBatch(fa.data(), rows, r, r, rows * r, count),
                ConstMatBatch(fb.data(), cols, r, r, cols * r, count), 0.0f,
                MatBatch{U.data(), rows, cols, cols, n, count}, DION_MATMUL_FP32);
       be->apply_update_multi(tw.la.data(), count, n, U.data(), DION_DTYPE_FP32, &gs, 0.7f, false, &skip);
-      be->update_lowrank_bf16(tw.lb.data(), count,
-                              ConstMatBatch(reinterpret_cast<const float*>(a.data()), rows, r, r, rows * r, count),
-                              ConstMatBatch(reinterpret_cast<const float*>(b.data()), cols, r, r, cols * r, count), dx,
-                              &gs, 0.7f, &skip);
+      const float* pa = dab == DION_DTYPE_BF16 ? reinterpret_cast<const float*>(a.data()) : fa.data();
+      const float* pb = dab == DION_DTYPE_BF16 ? reinterpret_cast<const float*>(b.data()) : fb.data();
+      be->update_lowrank(tw.lb.data(), count, ConstMatBatch(pa, rows, r, r, rows * r, count),
+                         ConstMatBatch(pb, cols, r, r, cols * r, count), dab, dx, DION_MATMUL_FP32, &gs, 0.7f, &skip);
       EXPECT_TRUE(tw.same(kParam));
       if (skip)
         EXPECT_TRUE(tw.b[kParam] == before) << "a skipped step wrote the parameters";

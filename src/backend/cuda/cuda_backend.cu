@@ -899,29 +899,35 @@ class CudaBackend final : public Backend {
   // C = 1 * C + 0 * (A B^T) leaves X's bits, and A, B are finite: Dion's P
   // and R pass nan_to_num before their bf16 copies). A row-major X = A B^T is
   // column-major X^T = B A^T: B's pointers first, transposed.
-  void update_lowrank_bf16(const TensorEntry* list, int64_t count, ConstMatBatch a, ConstMatBatch b,
-                           dion_dtype_t x_dtype, const GroupScalars* gs, float lr_mult,
-                           const int32_t* skip) override {
+  void update_lowrank(const TensorEntry* list, int64_t count, ConstMatBatch a, ConstMatBatch b, dion_dtype_t ab_dtype,
+                      dion_dtype_t x_dtype, dion_matmul_precision_t precision, const GroupScalars* gs, float lr_mult,
+                      const int32_t* skip) override {
     const int64_t rows = a.rows, cols = b.rows, r = a.cols;
-    DION_REQUIRE(b.cols == r && a.batch == count && b.batch == count && update_lowrank_bf16_takes(x_dtype),
-                 DION_ERROR_INTERNAL, "cuda update_lowrank_bf16: bad shapes or dtype");
+    DION_REQUIRE(b.cols == r && a.batch == count && b.batch == count && update_lowrank_takes(ab_dtype, x_dtype),
+                 DION_ERROR_INTERNAL, "cuda update_lowrank: bad shapes or dtypes");
     if (count <= 0 || rows == 0 || cols == 0) return;
     DeviceScope ds(device_);
-    ProfScope ps(prof_, "update_lowrank_bf16", stream_);
-    ps.detail([&] { return gemm_tag("update_lowrank_bf16", rows, cols, r, false, true, count); });
+    ProfScope ps(prof_, "update_lowrank", stream_);
+    ps.detail([&] { return gemm_tag(ab_dtype == DION_DTYPE_BF16 ? "update_lowrank bf16" : "update_lowrank fp32", rows,
+                                    cols, r, false, true, count); });
     void** ptr = static_cast<void**>(scratch(kPtrUpdate, sizeof(void*) * static_cast<size_t>(3 * count) + 64));
     float* coef = reinterpret_cast<float*>(ptr + 3 * count);
-    kernels::lowrank_update_setup(ctx(), list, count, a.p, a.stride, b.p, b.stride, gs, lr_mult, skip,
+    const bool lowp = ab_dtype == DION_DTYPE_BF16;
+    kernels::lowrank_update_setup(ctx(), list, count, a.p, a.stride, b.p, b.stride, lowp ? 2 : 4, gs, lr_mult, skip,
                                   const_cast<const void**>(ptr), const_cast<const void**>(ptr + count),
                                   ptr + 2 * count, coef);
+    cublasComputeType_t compute = CUBLAS_COMPUTE_32F;  // bf16 factors, or fp32 ones at FP32
+    if (!lowp && precision == DION_MATMUL_TF32) compute = CUBLAS_COMPUTE_32F_FAST_TF32;
+    if (!lowp && precision == DION_MATMUL_BF16) compute = CUBLAS_COMPUTE_32F_FAST_16BF;
+    const cudaDataType_t ab = lowp ? CUDA_R_16BF : CUDA_R_32F;
     check(cublasSetPointerMode(blas_, CUBLAS_POINTER_MODE_DEVICE), "cublasSetPointerMode (device)");
     const cublasStatus_t st = cublasGemmBatchedEx(
         blas_, CUBLAS_OP_T, CUBLAS_OP_N, to_int(cols, "update cols"), to_int(rows, "update rows"),
-        to_int(r, "update rank"), coef, ptr, CUDA_R_16BF, to_int(b.ld, "update ldb"), ptr + count, CUDA_R_16BF,
+        to_int(r, "update rank"), coef, ptr, ab, to_int(b.ld, "update ldb"), ptr + count, ab,
         to_int(a.ld, "update lda"), coef + 1, ptr + 2 * count, x_dtype == DION_DTYPE_BF16 ? CUDA_R_16BF : CUDA_R_32F,
-        to_int(cols, "update ldx"), to_int(count, "update batch"), CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
+        to_int(cols, "update ldx"), to_int(count, "update batch"), compute, CUBLAS_GEMM_DEFAULT);
     check(cublasSetPointerMode(blas_, CUBLAS_POINTER_MODE_HOST), "cublasSetPointerMode (host)");
-    check(st, "cublasGemmBatchedEx (update_lowrank_bf16)");
+    check(st, "cublasGemmBatchedEx (update_lowrank)");
   }
   void store_slices_multi(const TensorEntry* list, int64_t count, Field f, ConstMatBatch m, Axis axis,
                           const int32_t* idx, int64_t k, const int32_t* skip) override {

@@ -600,13 +600,17 @@ class HostBackend final : public Backend {
     }
   }
   // The product in fp32 (A and B widened exactly), then the update of it.
-  void update_lowrank_bf16(const TensorEntry* list, int64_t count, ConstMatBatch a, ConstMatBatch b,
-                           dion_dtype_t /*x_dtype: each entry's own*/, const GroupScalars* gs, float lr_mult,
-                           const int32_t* skip) override {
+  void update_lowrank(const TensorEntry* list, int64_t count, ConstMatBatch a, ConstMatBatch b, dion_dtype_t ab_dtype,
+                      dion_dtype_t /*x_dtype: each entry's own*/, dion_matmul_precision_t /*fp32 here*/,
+                      const GroupScalars* gs, float lr_mult, const int32_t* skip) override {
     if (skip && *skip) return;
     const int64_t rows = a.rows, cols = b.rows, n = rows * cols;
     float* u = grow(g_scratch.prod, static_cast<size_t>(count * n));
-    gemm_bf16_f32(false, true, 1.0f, a, b, 0.0f, MatBatch{u, rows, cols, cols, n, count});
+    const MatBatch U{u, rows, cols, cols, n, count};
+    if (ab_dtype == DION_DTYPE_BF16)
+      gemm_bf16_f32(false, true, 1.0f, a, b, 0.0f, U);
+    else
+      gemm(false, true, 1.0f, a, b, 0.0f, U, DION_MATMUL_FP32);
     apply_update_multi(list, count, n, u, DION_DTYPE_FP32, gs, lr_mult, false, nullptr);
   }
   void apply_update_multi(const TensorEntry* list, int64_t count, int64_t n, const void* u, dion_dtype_t u_dtype,
