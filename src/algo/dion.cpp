@@ -247,14 +247,13 @@ size_t workspace_floats(const Group& g, const Tensor& t, int64_t count) {
   SlotPad p{T, 0};
   if (T >= 2 && !inner)
     p = outer ? slot_pad(T, static_cast<int64_t>(t.shard_ext[0].size())) : SlotPad{2 * T, ceil_div(T, 2)};
-  // M (M + G, later the update), P, the owned slots, R, Q; with bf16
+  // M (M + G; later U where update_lowrank is not used), P, the owned slots, R, Q; with bf16
   // products (step) M in bf16 and bf16 copies of Q, P and R instead (this
   // does not know the backend: the larger of the two).
   size_t m_part = ws_floats(T * mn);
   if (bf16_products(g.opt, momentum_dtype_of(g.opt, t))) {
     const auto half = [](int64_t n) { return ws_floats((n + 1) / 2); };
-    const size_t lowp = half(T * mn) + half(T * s.a * s.r) + half(T * s.b * s.r) +
-                        half(T * s.b * s.r) * static_cast<size_t>(g.opt.power_iters + 1);
+    const size_t lowp = half(T * mn) + half(T * s.a * s.r) + 2 * half(T * s.b * s.r);
     m_part = std::max(m_part, lowp);
   }
   size_t w = m_part + ws_floats(p.slots * s.a * s.r) + ws_floats(p.own * s.a * s.r) + 2 * ws_floats(T * s.b * s.r);
@@ -522,13 +521,14 @@ void step(Optimizer& opt, Group& g, const Batch& bt) {
     if (d.inner) d.inner->all_reduce(R.p, T * br, ReduceOp::kSum);
     if (d.rep) d.rep->all_reduce(R.p, T * br, ReduceOp::kAvg);
     if (it + 1 < o.power_iters) {
-      // the next iteration starts from the un-normalised R
-      float* Rn = opt.ws.take(T * br);
-      be.copy(Rn, R.p, sizeof(float) * static_cast<size_t>(T * br));
-      Qt = ConstMatBatch(Rn, s.b, s.r, s.r, br, T);
+      // The next iteration starts from the un-normalised R: on the lowp path
+      // its bf16 copy replaces Q~'s (this iteration's product has read it).
       if (lowp) {
-        Qtb.p = half(T * br);
-        to_bf16(const_cast<float*>(Qtb.p), Rn, T * br);
+        to_bf16(const_cast<float*>(Qtb.p), R.p, T * br);
+      } else {
+        float* Rn = opt.ws.take(T * br);
+        be.copy(Rn, R.p, sizeof(float) * static_cast<size_t>(T * br));
+        Qt = ConstMatBatch(Rn, s.b, s.r, s.r, br, T);
       }
     }
   }
@@ -579,7 +579,8 @@ void step(Optimizer& opt, Group& g, const Batch& bt) {
   const dion_dtype_t ab = lowp ? DION_DTYPE_BF16 : DION_DTYPE_FP32;
   if (!be.host_memory() && Backend::update_lowrank_takes(ab, t.param_dtype)) {
     if (lowp) to_bf16(Rb.p, R.p, T * br);
-    const ConstMatBatch Pu = lowp ? ConstMatBatch(Pb) : ConstMatBatch(P), Ru = lowp ? ConstMatBatch(Rb) : ConstMatBatch(R);
+    const ConstMatBatch Pu = lowp ? ConstMatBatch(Pb) : ConstMatBatch(P);
+    const ConstMatBatch Ru = lowp ? ConstMatBatch(Rb) : ConstMatBatch(R);
     be.update_lowrank(bt.list, T, !s.bT ? Pu : Ru, !s.bT ? Ru : Pu, ab, t.param_dtype, prec, g.scalars, lr_mult,
                       opt.skip_flag());
     return;

@@ -930,8 +930,8 @@ TEST_F(OpsTest, UpdateLowrank) {
                        Case{DION_DTYPE_FP32, DION_DTYPE_FP32, DION_MATMUL_FP32},
                        Case{DION_DTYPE_FP32, DION_DTYPE_FP32, DION_MATMUL_TF32}})
     for (int32_t skip : {0, 1}) {
-      SCOPED_TRACE(::testing::Message() << dtype_name(c.ab) << " factors, " << dtype_name(c.x) << " parameters, precision "
-                                        << static_cast<int>(c.prec) << ", skip " << skip);
+      SCOPED_TRACE(::testing::Message() << dtype_name(c.ab) << " factors, " << dtype_name(c.x)
+                                        << " parameters, precision " << static_cast<int>(c.prec) << ", skip " << skip);
       ASSERT_TRUE(Backend::update_lowrank_takes(c.ab, c.x));
       Tensors ts(rng, std::vector<std::vector<int>>(T, {c.x, -1, -1, -1}), std::vector<int64_t>(T, n));
       // The factors as floats (bf16 values when ab is bf16), and their bits.

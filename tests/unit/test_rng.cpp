@@ -106,7 +106,8 @@ TEST(Rng, NeighbouringNormalsAreUncorrelated) {
   for (int64_t i = 0; i < n; ++i) x[static_cast<size_t>(i)] = dion::philox_normal(key, static_cast<uint64_t>(i));
   for (int d = 1; d <= 5; ++d) {
     double s = 0;
-    for (int64_t i = 0; i + d < n; ++i) s += static_cast<double>(x[static_cast<size_t>(i)]) * x[static_cast<size_t>(i + d)];
+    for (int64_t i = 0; i + d < n; ++i)
+      s += static_cast<double>(x[static_cast<size_t>(i)]) * x[static_cast<size_t>(i + d)];
     EXPECT_LT(std::fabs(s / static_cast<double>(n - d)), 5 / std::sqrt(static_cast<double>(n))) << "lag " << d;
   }
   // corr(x_i^2, x_{i+1}^2) over the (cos, sin) pairs i = 4 g, 4 g + 2:

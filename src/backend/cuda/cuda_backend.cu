@@ -947,7 +947,9 @@ class CudaBackend final : public Backend {
 
  private:
   // Scratch buffers, one per purpose, so that one call can hold several.
-  enum Slot { kPtrA, kPtrB, kMat, kTau, kWork, kInfo, kReduce, kDblA, kDblG, kInv, kTmp, kPos, kPtrLevel, kPtrUpdate, kSlotCount };
+  enum Slot {
+    kPtrA, kPtrB, kMat, kTau, kWork, kInfo, kReduce, kDblA, kDblG, kInv, kTmp, kPos, kPtrLevel, kPtrUpdate, kSlotCount
+  };
   enum LworkOp { kOpGeqrf, kOpOrgqr, kOpPotrf, kOpDpotrf };
   struct Buffer {
     void* p = nullptr;
