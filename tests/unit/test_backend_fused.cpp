@@ -22,6 +22,7 @@
 
 #include "core/backend.hpp"
 #include "core/dtype.hpp"
+#include "core/rng.hpp"
 
 namespace {
 
@@ -199,6 +200,44 @@ TEST_F(HostFused, ApplyUpdateMultiEqualsLoadUpdateStore) {
           EXPECT_TRUE(tw.same(kParam));
           if (skip) EXPECT_TRUE(tw.b[kParam] == before) << "a skipped step wrote the parameters";
         }
+}
+
+// The host's randn draws each row of a window from the Philox blocks that
+// cover it (four normals per block): every element must equal philox_normal
+// of its global index, bit for bit, for windows whose rows start anywhere in
+// a block (col0 and global_cols not multiples of 4, rows shorter than a
+// block, whole matrices), with the key's tensor and step taken from the
+// tensor list and the step pointer when given.
+TEST_F(HostFused, RandnWindowsEqualPhiloxNormalPerElement) {
+  struct Win {
+    int64_t batch, rows, cols, row0, col0, gcols;
+  };
+  const PhiloxKey key{0x0123456789abcdefull, kRngSketch | (2u << 8), 5, 9};
+  std::vector<TensorEntry> list(3);
+  for (size_t i = 0; i < list.size(); ++i) list[i].tensor_id = static_cast<uint32_t>(7 * i + 3);
+  const int64_t step = 123;
+  for (const Win w : {Win{2, 5, 7, 1, 3, 13}, Win{3, 4, 2, 0, 1, 3}, Win{1, 6, 16, 2, 0, 16}, Win{2, 3, 9, 0, 6, 15},
+                      Win{3, 8, 1, 3, 2, 5}})
+    for (bool keyed : {false, true}) {
+      SCOPED_TRACE(::testing::Message() << w.rows << "x" << w.cols << " at (" << w.row0 << ", " << w.col0 << ") of "
+                                        << w.gcols << " columns, keyed " << keyed);
+      std::vector<float> out(static_cast<size_t>(w.batch * w.rows * w.cols), -1.0f);
+      be->randn(out.data(), w.batch, w.rows, w.cols, w.row0, w.col0, w.gcols, key, keyed ? list.data() : nullptr,
+                keyed ? &step : nullptr, 0.25f);
+      for (int64_t b = 0; b < w.batch; ++b) {
+        PhiloxKey k = key;
+        if (keyed) {
+          k.tensor = list[static_cast<size_t>(b)].tensor_id;
+          k.step = static_cast<uint64_t>(step);
+        }
+        for (int64_t i = 0; i < w.rows; ++i)
+          for (int64_t j = 0; j < w.cols; ++j) {
+            const float want = 0.25f * philox_normal(k, static_cast<uint64_t>((w.row0 + i) * w.gcols + w.col0 + j));
+            const float got = out[static_cast<size_t>((b * w.rows + i) * w.cols + j)];
+            ASSERT_EQ(std::memcmp(&want, &got, sizeof(float)), 0) << "matrix " << b << " (" << i << ", " << j << ")";
+          }
+      }
+    }
 }
 
 // Dion's update from its factors: update_lowrank equals the fp32 product U
