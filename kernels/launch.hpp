@@ -105,7 +105,7 @@ struct BlockPointers {
   const float* base;
   int64_t outer, inner;
 };
-constexpr int kMaxBlockPointerArrays = 6;
+constexpr int kMaxBlockPointerArrays = 5;  // count_arrays above it is refused (an internal error)
 void fill_block_pointers(const Ctx& c, float** out, const BlockPointers* specs, int count_arrays, int64_t per,
                          int64_t count);
 // out[b] = in[b]^T: in is rows x cols (row-major, ld_in, stride_in), out cols x rows (ld_out, stride_out).

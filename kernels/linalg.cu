@@ -2,6 +2,7 @@
 // Helpers around the cuBLAS/cuSOLVER calls of the CUDA backend (pointer
 // arrays, layout changes, Cholesky post-processing) and the Gram-Schmidt
 // fallback used when a Cholesky factorisation failed.
+#include "core/error.hpp"
 #include "kernels/common.cuh"
 
 namespace dion::kernels {
@@ -218,11 +219,13 @@ void fill_pointers(const Ctx& c, float** ptrs, const float* base, int64_t stride
 
 void fill_block_pointers(const Ctx& c, float** out, const BlockPointers* specs, int count_arrays, int64_t per,
                          int64_t count) {
+  DION_REQUIRE(count_arrays <= kMaxBlockPointerArrays, DION_ERROR_INTERNAL,
+               "fill_block_pointers: %d arrays, at most %d", count_arrays, kMaxBlockPointerArrays);
   if (count <= 0 || count_arrays <= 0) return;
   BlockPointerSpecs s{};
-  for (int a = 0; a < count_arrays && a < kMaxBlockPointerArrays; ++a) s.s[a] = specs[a];
-  const int arrays = count_arrays < kMaxBlockPointerArrays ? count_arrays : kMaxBlockPointerArrays;
-  fill_block_pointers_kernel<<<blocks_1d(c, arrays * count), kThreads, 0, c.stream>>>(out, s, arrays, per, count);
+  for (int a = 0; a < count_arrays; ++a) s.s[a] = specs[a];
+  fill_block_pointers_kernel<<<blocks_1d(c, count_arrays * count), kThreads, 0, c.stream>>>(out, s, count_arrays, per,
+                                                                                           count);
   cuda::check_launch("block pointer-array kernel");
 }
 

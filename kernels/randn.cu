@@ -15,6 +15,10 @@ namespace dion {
 
 namespace {
 
+// The Philox blocks (four elements each) that cover `cols` consecutive
+// elements starting anywhere: at most (cols + 2) / 4 + 1.
+__host__ __device__ inline int64_t blocks_per_row(int64_t cols) { return (cols + 2) / 4 + 1; }
+
 // grid.y walks the matrices, x their Philox blocks (both grid-stride): row r
 // of a matrix is the global elements [s, s + cols), s = (row0 + r) *
 // global_cols + col0, covered by at most gpr = (cols + 2) / 4 + 1 blocks
@@ -25,7 +29,7 @@ namespace {
 __global__ void randn_kernel(float* out, int64_t batch, int64_t rows, int64_t cols, int64_t row0, int64_t col0,
                              int64_t global_cols, PhiloxKey key, const TensorEntry* tensors, const int64_t* step,
                              float scale) {
-  const int64_t gpr = (cols + 2) / 4 + 1, work = rows * gpr;
+  const int64_t gpr = blocks_per_row(cols), work = rows * gpr;
   const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
   // (row, block) of work item i advance by (stride / gpr, stride % gpr) per
   // iteration: one division per thread instead of one per item.
@@ -68,7 +72,7 @@ cudaError_t randn(cudaStream_t stream, float* out, int64_t batch, int64_t rows, 
                   const int64_t* step, float scale) {
   if (batch <= 0 || rows <= 0 || cols <= 0) return cudaSuccess;
   const int threads = 256;
-  const int64_t work = rows * ((cols + 2) / 4 + 1);  // Philox blocks per matrix (randn_kernel)
+  const int64_t work = rows * blocks_per_row(cols);  // Philox blocks per matrix (randn_kernel)
   // About 4096 blocks in all (enough to fill any current GPU several times
   // over), each thread then stepping through its Philox blocks of the matrices.
   const int64_t gy = std::min<int64_t>(batch, 65535);

@@ -453,8 +453,8 @@ void orth_split(Optimizer& opt, const Group& g, const Batch& bt, const Shape& s,
 // read it and bf16 copies of Q, P and R (the roundings a BF16-precision
 // product applies to its fp32 operands anyway) at bf16 tensor-core rates
 // instead of converting fp32 operands inside cuBLAS (about 3x slower on an
-// H100), the error feedback is accumulated into the bf16 M, and U = P Q^T is
-// handed to the update in bf16. P, R, Q and every factorization stay fp32.
+// H100), the error feedback is accumulated into the bf16 M, and the update
+// reads bf16 copies of P and Q. P, R, Q and every factorization stay fp32.
 bool lowp_path(const Backend& be, const dion_group_options_t& o, dion_dtype_t momentum_dtype) {
   return !be.host_memory() && bf16_products(o, momentum_dtype);
 }
@@ -577,8 +577,8 @@ void step(Optimizer& opt, Group& g, const Batch& bt) {
   // U = P Q^T, and the typed parameters are updated from it in one pass.
   const float lr_mult = static_cast<float>(std::sqrt(static_cast<double>(t.geom.m) / static_cast<double>(t.geom.n)));
   const dion_dtype_t ab = lowp ? DION_DTYPE_BF16 : DION_DTYPE_FP32;
+  if (lowp) to_bf16(Rb.p, R.p, T * br);  // Q's bf16 copy, for either form of the update
   if (!be.host_memory() && Backend::update_lowrank_takes(ab, t.param_dtype)) {
-    if (lowp) to_bf16(Rb.p, R.p, T * br);
     const ConstMatBatch Pu = lowp ? ConstMatBatch(Pb) : ConstMatBatch(P);
     const ConstMatBatch Ru = lowp ? ConstMatBatch(Rb) : ConstMatBatch(R);
     be.update_lowrank(bt.list, T, !s.bT ? Pu : Ru, !s.bT ? Ru : Pu, ab, t.param_dtype, prec, g.scalars, lr_mult,
@@ -587,7 +587,6 @@ void step(Optimizer& opt, Group& g, const Batch& bt) {
   }
   MatBatch U = Mm;
   if (lowp) {
-    to_bf16(Rb.p, R.p, T * br);
     if (!s.bT)
       be.gemm_bf16(false, true, 1.0f, Pb, Rb, 0.0f, U);
     else

@@ -119,15 +119,15 @@ DION_HD float rng_cos2pi(float v) {
 // have v - 1/4 and v + 3/4 in the ranges they are taken in).
 DION_HD float rng_sin2pi(float v) { return rng_cos2pi(v < 0.25f ? v + 0.75f : v - 0.25f); }
 
-// The four standard normals of Philox block `group`, those of global elements
-// 4 group .. 4 group + 3: Box-Muller on the block's two pairs of words (the
+// The four standard normals of Philox block `block`, those of global elements
+// 4 block .. 4 block + 3: Box-Muller on the block's two pairs of words (the
 // first of a pair gives u1 in (0, 1], the second u2 in [0, 1), 24 bits
 // each), both normals of each pair (radius times cos and sin of 2 pi u2), in
 // float with rng_logf, rng_cos2pi and rng_sin2pi. One block serves four
 // elements, so a device draws a random matrix at about its write bandwidth.
-DION_HD void philox_normal4(const PhiloxKey& k, uint64_t group, float z[4]) {
+DION_HD void philox_normal4(const PhiloxKey& k, uint64_t block, float z[4]) {
   uint32_t ctr[4];
-  philox_block(k, group, ctr);
+  philox_block(k, block, ctr);
   for (int p = 0; p < 2; ++p) {
     const float u1 = static_cast<float>((ctr[2 * p] >> 8) + 1u) * (1.0f / 16777216.0f);  // (0, 1], exact
     const float u2 = static_cast<float>(ctr[2 * p + 1] >> 8) * (1.0f / 16777216.0f);     // [0, 1), exact

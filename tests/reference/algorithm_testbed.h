@@ -565,6 +565,7 @@ class CaseRunner {
       tensors_.back()->set_param(x0_.back());
       ptrs.push_back(tensors_.back().get());
     }
+    param_bound_.assign(tensors_.size(), 0.0);
     const dion_group_options_t g = make_group_options(spec_.algo, spec_.hyper, spec_.knobs);
     DION_ASSERT_OK(*opt_, opt_->add_group(g, ptrs, &group_));
     for (size_t t = 0; t < spec_.shapes.size(); ++t) {
@@ -712,7 +713,6 @@ class CaseRunner {
       worst_x_ = std::max(worst_x_, ex);
       const double naive_x = rel_change_error(s32.x, s64.x, x0_[t]);
       check("parameter change", t, call, ex, naive_x, x, s64.x);
-      param_bound_.resize(tensors_.size());
       param_bound_[t] = spec_.tol.bound(naive_x);
 
       for (const std::string& name : state_names(spec_.algo)) {

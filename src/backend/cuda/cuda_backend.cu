@@ -166,6 +166,15 @@ class Profiler {
   std::map<std::string, std::pair<double, long>> totals_;
 };
 
+// The cuBLAS compute type of an fp32 GEMM at a group's matmul precision:
+// plain fp32 (no TF32: the default math mode allows none), TF32, or fp32
+// operands converted to bf16 by cuBLAS.
+cublasComputeType_t compute_type(dion_matmul_precision_t precision) {
+  if (precision == DION_MATMUL_TF32) return CUBLAS_COMPUTE_32F_FAST_TF32;
+  if (precision == DION_MATMUL_BF16) return CUBLAS_COMPUTE_32F_FAST_16BF;
+  return CUBLAS_COMPUTE_32F;
+}
+
 // A GEMM's name in a DION_PROFILE=2 profile: kind, m x n x k, transposes, batch.
 std::string gemm_tag(const char* kind, int64_t m, int64_t n, int64_t k, bool ta, bool tb, int64_t batch) {
   char b[128];
@@ -429,9 +438,7 @@ class CudaBackend final : public Backend {
       kernels::scale_matrix(ctx(), c, beta);
       return;
     }
-    cublasComputeType_t compute = CUBLAS_COMPUTE_32F;  // plain fp32: no TF32 (the default math mode allows none)
-    if (precision == DION_MATMUL_TF32) compute = CUBLAS_COMPUTE_32F_FAST_TF32;
-    if (precision == DION_MATMUL_BF16) compute = CUBLAS_COMPUTE_32F_FAST_16BF;
+    const cublasComputeType_t compute = compute_type(precision);
     // Row-major C = op(A) op(B) is column-major C^T = op(B)^T op(A)^T: the
     // buffers are passed as they are, B first, with m and n swapped.
     const int M = to_int(m, "gemm m"), N = to_int(n, "gemm n"), K = to_int(k, "gemm k");
@@ -916,9 +923,8 @@ class CudaBackend final : public Backend {
     kernels::lowrank_update_setup(ctx(), list, count, a.p, a.stride, b.p, b.stride, lowp ? 2 : 4, gs, lr_mult, skip,
                                   const_cast<const void**>(ptr), const_cast<const void**>(ptr + count),
                                   ptr + 2 * count, coef);
-    cublasComputeType_t compute = CUBLAS_COMPUTE_32F;  // bf16 factors, or fp32 ones at FP32
-    if (!lowp && precision == DION_MATMUL_TF32) compute = CUBLAS_COMPUTE_32F_FAST_TF32;
-    if (!lowp && precision == DION_MATMUL_BF16) compute = CUBLAS_COMPUTE_32F_FAST_16BF;
+    // bf16 factors are multiplied exactly, with fp32 accumulation
+    const cublasComputeType_t compute = lowp ? CUBLAS_COMPUTE_32F : compute_type(precision);
     const cudaDataType_t ab = lowp ? CUDA_R_16BF : CUDA_R_32F;
     check(cublasSetPointerMode(blas_, CUBLAS_POINTER_MODE_DEVICE), "cublasSetPointerMode (device)");
     const cublasStatus_t st = cublasGemmBatchedEx(
