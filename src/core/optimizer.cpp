@@ -475,6 +475,7 @@ void Optimizer::add_group(const dion_group_options_t& go, const dion_tensor_t* d
       b.scratch.reserve(b.tensors.size());
       ws_need = std::max(ws_need, b.workspace_floats);
     }
+    if (algo.group_workspace_floats) ws_need = std::max(ws_need, algo.group_workspace_floats(*this, g));
     g.scalars = static_cast<GroupScalars*>(backend->alloc(sizeof(GroupScalars)));
     GroupScalars zero{};
     backend->copy_sync(g.scalars, &zero, sizeof(zero));
@@ -997,8 +998,11 @@ void Optimizer::step() {
     backend->count_skip(status);
     if (!overlapped) {
       if (rep && options.replicate_grad_sync) average_gradients(*this);
-      for (Group& g : groups)
+      for (Group& g : groups) {
+        const Algorithm& algo = algorithm_for(g.opt.algorithm);
+        if (algo.step_group && algo.step_group(*this, g)) continue;
         for (Bucket& b : g.buckets) step_bucket(g, b);
+      }
       return;
     }
     // The gradients are final (the caller's work before dion_step) and

@@ -108,12 +108,18 @@ struct Batch {
 // workspace a step of `count` tensors shaped like `t` needs; `init_state`
 // creates and initialises one tensor's state; `step` updates a batch.
 // Element-wise algorithms step whole groups of mixed shapes at once.
+// Optional: `step_group` steps all the active buckets of a group together
+// and returns true, or returns false (nothing done) when it does not apply,
+// and the buckets are stepped one by one; `group_workspace_floats` is the
+// workspace it needs (0: it never applies to this group).
 struct Algorithm {
   const char* name;
   bool elementwise;
   void (*init_state)(Optimizer& opt, Group& g, Tensor& t);
   size_t (*workspace_floats)(const Group& g, const Tensor& t, int64_t count);
   void (*step)(Optimizer& opt, Group& g, const Batch& b);
+  bool (*step_group)(Optimizer& opt, Group& g) = nullptr;
+  size_t (*group_workspace_floats)(const Optimizer& opt, const Group& g) = nullptr;
 };
 const Algorithm& algorithm_for(dion_algorithm_t algo);
 
@@ -127,9 +133,15 @@ class Workspace {
  public:
   float* take(int64_t floats);
   void reset() { used_ = 0; }
+  // What take() has handed out so far, and a return to such a mark (the
+  // buffers taken after it are free again; stream order keeps their reuse
+  // behind the work that read them).
+  size_t mark() const { return used_; }
+  void rewind(size_t m) { used_ = m; }
   void reserve(Backend& be, size_t floats);
   void free(Backend& be);
   size_t capacity_bytes() const { return cap_ * sizeof(float); }
+  size_t capacity_floats() const { return cap_; }
 
  private:
   float* base_ = nullptr;
