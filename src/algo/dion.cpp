@@ -704,7 +704,8 @@ size_t group_workspace(const Optimizer& opt, const Group& g) {
 }
 
 bool step_group(Optimizer& opt, Group& g) {
-  std::vector<std::pair<const Tensor*, int64_t>> bs;
+  thread_local std::vector<std::pair<const Tensor*, int64_t>> bs;
+  bs.clear();
   for (const Bucket& b : g.buckets)
     if (b.active) bs.emplace_back(&opt.tensors[static_cast<size_t>(b.first_active)], b.active);
   const size_t need = phased_floats(opt, g, bs);
@@ -714,8 +715,9 @@ bool step_group(Optimizer& opt, Group& g) {
   const dion_matmul_precision_t prec = o.matmul_precision;
   const int method = phased_method(g);
   opt.ws.reset();
-  std::vector<Batch> batches;
-  batches.reserve(g.buckets.size());
+  // Host-side lists: their capacity is kept (thread_local), so a steady-state step allocates nothing.
+  thread_local std::vector<Batch> batches;
+  batches.clear();
   for (Bucket& b : g.buckets)
     if (b.active) batches.push_back(Batch{opt.tensors[static_cast<size_t>(b.first_active)], b.active, b.table, b.max_n});
   const Shape s0 = shape_of(o, batches[0].t);
@@ -726,7 +728,8 @@ bool step_group(Optimizer& opt, Group& g) {
   MatBatch R1{opt.ws.take(slots * rr), r, r, r, rr, slots};
   MatBatch G{opt.ws.take(slots * rr), r, r, r, rr, slots};
   int32_t* info = reinterpret_cast<int32_t*>(opt.ws.take(slots));
-  std::vector<PhasedRun> runs(batches.size());
+  thread_local std::vector<PhasedRun> runs;
+  runs.assign(batches.size(), PhasedRun{});
   auto half = [&](int64_t n) { return opt.ws.take((n + 1) / 2); };
   auto to_bf16 = [&](float* dst, const float* src, int64_t n) { be.store(dst, DION_DTYPE_BF16, src, n); };
   auto slice = [](const MatBatch& m, int64_t first, int64_t count) {
@@ -771,14 +774,18 @@ bool step_group(Optimizer& opt, Group& g) {
       opt.ws.rewind(m);
     }
   }
-  // B, C: R1 for all, then P1 = P R1^-1 per bucket (RCQR); the Gram matrices.
-  if (method == DION_QR_RCQR) be.qr_r(SP, R1);
+  // B, C: R1 for all, then P1 = P R1^-1 (RCQR: the solves of all buckets in
+  // one call, which may form all the inverses at once); the Gram matrices.
+  if (method == DION_QR_RCQR) {
+    be.qr_r(SP, R1);
+    thread_local std::vector<Backend::TrsmPart> parts;  // capacity kept: no allocation after the first step
+    parts.clear();
+    for (PhasedRun& u : runs) parts.push_back(Backend::TrsmPart{u.P, u.P1, u.first});
+    be.trsm_right_upper_many(R1, parts.data(), static_cast<int64_t>(parts.size()), prec);
+  }
   for (PhasedRun& u : runs) {
     const int64_t T = u.bt->count;
-    if (method == DION_QR_RCQR)
-      be.trsm_right_upper(slice(R1, u.first, T), u.P, u.P1, prec);
-    else
-      u.P1 = u.P;  // CQR factors P itself
+    if (method != DION_QR_RCQR) u.P1 = u.P;  // CQR factors P itself
     be.gemm(true, false, 1.0f, u.P1, u.P1, 0.0f, slice(G, u.first, T),
             prec == DION_MATMUL_FP32 ? DION_MATMUL_FP32 : DION_MATMUL_TF32);
   }

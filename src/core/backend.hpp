@@ -224,6 +224,25 @@ class Backend {
     trsm_right_upper(u, b, b, precision);
   }
   void trsm_right_upper(ConstMatBatch u, MatBatch b) { trsm_right_upper(u, b, b, DION_MATMUL_FP32); }
+  // Several solves whose triangular factors lie in one batch: for each part
+  // i, part.out <- part.in * U^{-1} matrix by matrix, with the factors
+  // u[part.first, part.first + part.in.batch) (out not overlapping in). The
+  // same as one trsm_right_upper per part (this default); a backend may form
+  // the inverses of all of u in one go (the CUDA backend's explicit-inverse
+  // path), since their cost is per call rather than per matrix.
+  struct TrsmPart {
+    ConstMatBatch in;
+    MatBatch out;
+    int64_t first;
+  };
+  virtual void trsm_right_upper_many(ConstMatBatch u, const TrsmPart* parts, int64_t count,
+                                     dion_matmul_precision_t precision) {
+    for (int64_t i = 0; i < count; ++i) {
+      const TrsmPart& pt = parts[i];
+      trsm_right_upper(ConstMatBatch(u.p + pt.first * u.stride, u.rows, u.cols, u.ld, u.stride, pt.in.batch), pt.in,
+                       pt.out, precision);
+    }
+  }
   // dst <- src, matrix by matrix (the same shape; one copy when both are dense).
   void copy_mats(ConstMatBatch src, MatBatch dst) {
     const size_t row = sizeof(float) * static_cast<size_t>(src.cols);

@@ -431,6 +431,51 @@ TEST_F(OpsTest, TrsmRightUpperByInverse) {
   }
 }
 
+// trsm_right_upper_many: the solves of two parts (2 and 3 matrices of
+// different row counts) against factors that lie in one batch of 5, on the
+// explicit-inverse path (all inverses at once, then a product per part), at
+// FP32 and TF32; each part against the host's solve of its own matrices
+// within TrsmRightUpperByInverse's bounds, the inputs left as they were.
+TEST_F(OpsTest, TrsmRightUpperManyMatchesHostPerPart) {
+  for (int64_t n : {64, 96}) {
+    for (dion_matmul_precision_t prec : {DION_MATMUL_FP32, DION_MATMUL_TF32}) {
+      SCOPED_TRACE("n " + std::to_string(n) + ", precision " + std::to_string(static_cast<int>(prec)));
+      const int64_t nu = 5;
+      Mat u(n, n, n, n * n, nu);
+      const double off_scale = 0.3 / std::sqrt(static_cast<double>(n));
+      for (int64_t b = 0; b < nu; ++b)
+        for (int64_t i = 0; i < n; ++i)
+          for (int64_t j = 0; j < n; ++j)
+            u.at(b, i, j) = i == j ? 2.0f : i < j ? static_cast<float>(off_scale * gauss()) : NAN;
+      u.sync();
+      const int64_t rows[2] = {4 * n + 5, 6 * n}, count[2] = {2, 3}, first[2] = {0, 2};
+      std::vector<Mat> in, out;
+      for (int p = 0; p < 2; ++p) {
+        in.emplace_back(rows[p], n, n, rows[p] * n, count[p]);
+        in.back().fill([&] { return gauss(); });
+        out.emplace_back(rows[p], n, n, rows[p] * n, count[p]);
+      }
+      std::vector<Backend::TrsmPart> parts;
+      for (int p = 0; p < 2; ++p) parts.push_back(Backend::TrsmPart{in[p].D(), out[p].D(), first[p]});
+      cuda->trsm_right_upper_many(u.D(), parts.data(), 2, prec);
+      for (int p = 0; p < 2; ++p) {
+        EXPECT_TRUE(in[p].dev() == in[p].h) << "part " << p << ": the input was written";
+        std::vector<float> want = in[p].h;
+        host->trsm_right_upper(ConstMatBatch(u.h.data() + first[p] * n * n, n, n, n, n * n, count[p]),
+                               MatBatch{want.data(), rows[p], n, n, rows[p] * n, count[p]});
+        const std::vector<float> got = out[p].dev();
+        double num = 0, den = 0;
+        for (size_t i = 0; i < want.size(); ++i) {
+          ASSERT_TRUE(std::isfinite(got[i])) << "part " << p << " element " << i;
+          num += std::pow(static_cast<double>(got[i]) - want[i], 2);
+          den += std::pow(static_cast<double>(want[i]), 2);
+        }
+        EXPECT_LT(std::sqrt(num / den), prec == DION_MATMUL_FP32 ? 1e-5 : 4e-3) << "part " << p;
+      }
+    }
+  }
+}
+
 // max over columns of || P P^T p0_j - p0_j || / ||p0_j||: P's span holds P0's columns.
 double span_error(const std::vector<float>& p, const Mat& p0, int64_t b) {
   double worst = 0;

@@ -605,6 +605,38 @@ class CudaBackend final : public Backend {
     solve(u, bm);
   }
 
+  // The inverses of all of u at once (tri_inverse_upper), then one product per
+  // part, when every part takes the explicit-inverse path out of place;
+  // otherwise one trsm_right_upper per part.
+  void trsm_right_upper_many(ConstMatBatch u, const TrsmPart* parts, int64_t count,
+                             dion_matmul_precision_t precision) override {
+    const int64_t n = u.rows;
+    bool all = trsm_via_inverse_ && n >= 32 && u.stride != 0 && count > 0;
+    for (int64_t i = 0; i < count && all; ++i) {
+      const TrsmPart& pt = parts[i];
+      const int64_t rows = pt.out.rows;
+      all = rows >= 4 * n && pt.in.ld == n && pt.in.stride == rows * n && pt.out.ld == n &&
+            pt.out.stride == rows * n && pt.in.p != pt.out.p && pt.first + pt.in.batch <= u.batch;
+    }
+    if (!all) {
+      Backend::trsm_right_upper_many(u, parts, count, precision);
+      return;
+    }
+    DeviceScope ds(device_);
+    ProfScope ps(prof_, "trsm_right_upper_many", stream_);
+    const int64_t nu = u.batch;
+    float* inv = static_cast<float*>(scratch(kInv, sizeof(float) * static_cast<size_t>(nu * n * n)));
+    float* tmp = static_cast<float*>(scratch(kTmp, sizeof(float) * static_cast<size_t>((nu * n * n + 3) / 4)));
+    tri_inverse_upper(u, MatBatch{inv, n, n, n, n * n, nu}, tmp);
+    const dion_matmul_precision_t p = precision == DION_MATMUL_FP32 ? DION_MATMUL_FP32 : DION_MATMUL_TF32;
+    for (int64_t i = 0; i < count; ++i) {
+      const TrsmPart& pt = parts[i];
+      if (pt.in.batch <= 0) continue;
+      gemm(false, false, 1.0f, pt.in, ConstMatBatch(inv + pt.first * n * n, n, n, n, n * n, pt.in.batch), 0.0f, pt.out,
+           p);
+    }
+  }
+
  private:
   // bf16 A and B, fp32 accumulation, C of type ctype (bf16 or fp32).
   void gemm_bf16_to(bool ta, bool tb, float alpha, ConstMatBatch a, ConstMatBatch b, float beta, MatBatch c,
