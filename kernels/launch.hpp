@@ -81,6 +81,15 @@ void add_slices(const Ctx& c, MatBatch m, Axis axis, const int32_t* idx, int64_t
                 const GroupScalars* gs, float mult);
 void store_slices_multi(const Ctx& c, const TensorEntry* list, int64_t count, Field f, ConstMatBatch m, Axis axis,
                         const int32_t* idx, int64_t k, const int32_t* skip);
+// Backend::momentum_l1_multi and select_momentum_multi (Dion2's selection on
+// the typed momentum); select_momentum_multi's scratch is
+// decay_add_slices_multi_scratch's (the same position map).
+size_t momentum_l1_multi_scratch(const Ctx& c, int64_t count, int64_t per, int64_t rows, int64_t cols, Axis axis);
+void momentum_l1_multi(const Ctx& c, const TensorEntry* list, int64_t count, int64_t per, int64_t rows, int64_t cols,
+                       Axis axis, float* out, void* scratch);
+void select_momentum_multi(const Ctx& c, const TensorEntry* list, int64_t count, int64_t per, int64_t rows,
+                           int64_t cols, Axis axis, const int32_t* idx, int64_t k, float decay, MatBatch out,
+                           const int32_t* skip, void* scratch);
 size_t decay_add_slices_multi_scratch(int64_t count, int64_t per, int64_t rows, int64_t cols, Axis axis, int64_t k);
 void decay_add_slices_multi(const Ctx& c, const TensorEntry* list, int64_t count, int64_t per, int64_t rows,
                             int64_t cols, Axis axis, const int32_t* idx, int64_t k, ConstMatBatch u,

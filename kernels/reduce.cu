@@ -157,27 +157,61 @@ dim3 col_grid(const ColPlan& p, int64_t batch) {
               static_cast<unsigned>(std::min<int64_t>(std::max<int64_t>(batch, 1), 65535)));
 }
 
+// Element sources of the sum kernels: src.at(b) is matrix b's accessor,
+// (i, j) -> its element as a float. An fp32 batch, or Dion2's momentum M + G
+// read from the typed buffers (momentum_multi's axpby with mu = g_scale = 1,
+// the same fp32 operations: no FMA contraction in these kernels).
+struct MatSrc {
+  ConstMatBatch m;
+  struct At {
+    const float* p;
+    int64_t ld;
+    __device__ __forceinline__ float operator()(int64_t i, int64_t j) const { return p[i * ld + j]; }
+  };
+  __device__ __forceinline__ At at(int64_t b) const { return At{mat_at(m, b), m.ld}; }
+};
+
+struct MomentumSrc {
+  const TensorEntry* list;
+  int64_t per, rows, cols;
+  struct At {
+    const void *pm, *pg;
+    dion_dtype_t dm, dg;
+    int64_t base, cols;
+    __device__ __forceinline__ float operator()(int64_t i, int64_t j) const {
+      const float mu = 1.0f, g_scale = 1.0f;
+      const int64_t o = base + i * cols + j;
+      return mu * load_elem(pm, dm, o) + g_scale * load_elem(pg, dg, o);
+    }
+  };
+  __device__ __forceinline__ At at(int64_t b) const {
+    const TensorEntry& e = list[b / per];
+    return At{e.ptr[kState0], e.ptr[kGrad], static_cast<dion_dtype_t>(e.dtype[kState0]),
+              static_cast<dion_dtype_t>(e.dtype[kGrad]), (b % per) * rows * cols, cols};
+  }
+};
+
 // partial[(b * nr + chunk) * cols + j] = sum over the chunk's rows of op(m[i, j]).
-template <int OP>
-__global__ void col_partial_kernel(ConstMatBatch m, int64_t nr, double* partial) {
+template <int OP, class Src>
+__global__ void col_partial_kernel(Src src, int64_t batch, int64_t rows, int64_t cols, int64_t nr, double* partial) {
   __shared__ double sh[kTileY][kTileX + 1];
   const int tx = threadIdx.x, ty = threadIdx.y;
   const int64_t j = blockIdx.x * static_cast<int64_t>(kTileX) + tx;
-  const int64_t chunk = ceil_div(m.rows, nr), r0 = blockIdx.y * chunk, r1 = min(r0 + chunk, m.rows);
-  for (int64_t b = blockIdx.z; b < m.batch; b += gridDim.z) {
-    const float* p = mat_at(m, b);
+  const int64_t chunk = ceil_div(rows, nr), r0 = blockIdx.y * chunk, r1 = min(r0 + chunk, rows);
+  for (int64_t b = blockIdx.z; b < batch; b += gridDim.z) {
+    const auto p = src.at(b);
     double s = 0.0;
-    if (j < m.cols)
+    if (j < cols)
       for (int64_t i = r0 + ty; i < r1; i += kTileY) {
-        const double v = p[i * m.ld + j];
+        const double v = p(i, j);
         s += OP == kSquares ? v * v : fabs(v);
       }
     sh[ty][tx] = s;
     __syncthreads();
-    if (ty == 0 && j < m.cols) {
+    if (ty == 0 && j < cols) {
       double t = 0.0;
       for (int y = 0; y < kTileY; ++y) t += sh[y][tx];
-      partial[(b * nr + blockIdx.y) * m.cols + j] = t;
+      partial[(b * nr + blockIdx.y) * cols + j] = t;
     }
     __syncthreads();
   }
@@ -212,42 +246,51 @@ __global__ void col_finish_kernel(int64_t batch, int64_t cols, int64_t nr, const
 
 // ---- row sums: one warp per row ----
 
-template <int OP, class T>
-__global__ void row_sum_kernel(ConstMatBatch m, T* out) {
+template <int OP, class T, class Src>
+__global__ void row_sum_kernel(Src src, int64_t batch, int64_t rows, int64_t cols, T* out) {
   const int lane = threadIdx.x;
-  for (int64_t b = blockIdx.y; b < m.batch; b += gridDim.y) {
-    const float* p = mat_at(m, b);
-    for (int64_t i = blockIdx.x * static_cast<int64_t>(kTileY) + threadIdx.y; i < m.rows;
+  for (int64_t b = blockIdx.y; b < batch; b += gridDim.y) {
+    const auto p = src.at(b);
+    for (int64_t i = blockIdx.x * static_cast<int64_t>(kTileY) + threadIdx.y; i < rows;
          i += static_cast<int64_t>(gridDim.x) * kTileY) {
       double s = 0.0;
-      for (int64_t j = lane; j < m.cols; j += 32) {
-        const double v = p[i * m.ld + j];
+      for (int64_t j = lane; j < cols; j += 32) {
+        const double v = p(i, j);
         s += OP == kSquares ? v * v : fabs(v);
       }
       s = warp_sum(s);
-      if (lane == 0) out[b * m.rows + i] = static_cast<T>(s);
+      if (lane == 0) out[b * rows + i] = static_cast<T>(s);
     }
   }
 }
 
+template <int OP, class T, class Src = MatSrc>
+void row_sums(const Ctx& c, Src src, int64_t batch, int64_t rows, int64_t cols, T* out, const char* name) {
+  const int64_t gy = std::min<int64_t>(batch, 65535);
+  const int64_t gx = std::min<int64_t>(ceil_div(rows, kTileY), std::max<int64_t>(1, ceil_div(c.sms * 32, gy)));
+  row_sum_kernel<OP, T><<<dim3(static_cast<unsigned>(std::max<int64_t>(gx, 1)), static_cast<unsigned>(gy)),
+                          dim3(32, kTileY), 0, c.stream>>>(src, batch, rows, cols, out);
+  cuda::check_launch(name);
+}
 template <int OP, class T>
 void row_sums(const Ctx& c, ConstMatBatch m, T* out, const char* name) {
-  const int64_t gy = std::min<int64_t>(m.batch, 65535);
-  const int64_t gx = std::min<int64_t>(ceil_div(m.rows, kTileY), std::max<int64_t>(1, ceil_div(c.sms * 32, gy)));
-  row_sum_kernel<OP, T><<<dim3(static_cast<unsigned>(std::max<int64_t>(gx, 1)), static_cast<unsigned>(gy)),
-                          dim3(32, kTileY), 0, c.stream>>>(m, out);
-  cuda::check_launch(name);
+  row_sums<OP, T>(c, MatSrc{m}, m.batch, m.rows, m.cols, out, name);
 }
 
 // Column totals of op(m) into out (batch x cols), through `partial`.
+template <int OP, class T, class Src>
+void col_sums(const Ctx& c, Src src, int64_t batch, int64_t rows, int64_t cols, T* out, double* partial,
+              const char* name) {
+  const ColPlan plan = col_plan(c, rows, cols, batch);
+  col_partial_kernel<OP><<<col_grid(plan, batch), dim3(kTileX, kTileY), 0, c.stream>>>(src, batch, rows, cols,
+                                                                                       plan.nr, partial);
+  cuda::check_launch(name);
+  col_finish_kernel<T><<<blocks_1d(c, batch * cols), kThreads, 0, c.stream>>>(batch, cols, plan.nr, partial, out);
+  cuda::check_launch(name);
+}
 template <int OP, class T>
 void col_sums(const Ctx& c, ConstMatBatch m, T* out, double* partial, const char* name) {
-  const ColPlan plan = col_plan(c, m.rows, m.cols, m.batch);
-  col_partial_kernel<OP><<<col_grid(plan, m.batch), dim3(kTileX, kTileY), 0, c.stream>>>(m, plan.nr, partial);
-  cuda::check_launch(name);
-  col_finish_kernel<T><<<blocks_1d(c, m.batch * m.cols), kThreads, 0, c.stream>>>(m.batch, m.cols, plan.nr, partial,
-                                                                                  out);
-  cuda::check_launch(name);
+  col_sums<OP, T>(c, MatSrc{m}, m.batch, m.rows, m.cols, out, partial, name);
 }
 
 size_t col_partial_bytes(const Ctx& c, int64_t rows, int64_t cols, int64_t batch) {
@@ -332,7 +375,8 @@ void col_normalize(const Ctx& c, MatBatch m, float eps, void* scratch) {
   if (m.batch <= 0 || m.rows <= 0 || m.cols <= 0) return;
   const ColPlan plan = col_plan(c, m.rows, m.cols, m.batch);
   double* partial = static_cast<double*>(scratch);
-  col_partial_kernel<kSquares><<<col_grid(plan, m.batch), dim3(kTileX, kTileY), 0, c.stream>>>(m, plan.nr, partial);
+  col_partial_kernel<kSquares><<<col_grid(plan, m.batch), dim3(kTileX, kTileY), 0, c.stream>>>(
+      MatSrc{m}, m.batch, m.rows, m.cols, plan.nr, partial);
   cuda::check_launch("col_normalize partial-sum kernel");
   col_scale_kernel<<<col_grid(plan, m.batch), dim3(kTileX, kTileY), 0, c.stream>>>(m, plan.nr, partial, eps);
   cuda::check_launch("col_normalize scale kernel");
@@ -355,6 +399,27 @@ void slice_l1(const Ctx& c, ConstMatBatch m, Axis axis, float* out, void* scratc
     row_sums<kAbs, float>(c, m, out, "slice_l1 row kernel");
   else
     col_sums<kAbs, float>(c, m, out, static_cast<double*>(scratch), "slice_l1 column kernel");
+}
+
+size_t momentum_l1_multi_scratch(const Ctx& c, int64_t count, int64_t per, int64_t rows, int64_t cols, Axis axis) {
+  return axis == kRows ? 0 : col_partial_bytes(c, rows, cols, count * per);
+}
+
+void momentum_l1_multi(const Ctx& c, const TensorEntry* list, int64_t count, int64_t per, int64_t rows, int64_t cols,
+                       Axis axis, float* out, void* scratch) {
+  const int64_t batch = count * per, N = axis == kRows ? rows : cols;
+  if (batch <= 0 || N <= 0) return;
+  if (rows <= 0 || cols <= 0) {  // empty slices: all norms are 0
+    cuda::check(cudaMemsetAsync(out, 0, sizeof(float) * static_cast<size_t>(batch * N), c.stream),
+                "cudaMemsetAsync (momentum_l1_multi)");
+    return;
+  }
+  const MomentumSrc src{list, per, rows, cols};
+  if (axis == kRows)
+    row_sums<kAbs, float>(c, src, batch, rows, cols, out, "momentum_l1_multi row kernel");
+  else
+    col_sums<kAbs, float>(c, src, batch, rows, cols, out, static_cast<double*>(scratch),
+                          "momentum_l1_multi column kernel");
 }
 
 size_t zero_fixup_scratch(const Ctx& c, const ConstMatBatch& m) {

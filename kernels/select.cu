@@ -243,6 +243,72 @@ __global__ void decay_add_slices_multi_kernel(const TensorEntry* list, int64_t c
   }
 }
 
+// Dion2's selection pass (Backend::select_momentum_multi): m = M + G (the
+// fp32 operations of momentum_multi with mu = g_scale = 1); an element of a
+// selected slice s goes to out and is scaled by decay (scale_slices' x *= s);
+// M <- the result unless skipped.
+struct SelectMomentum {
+  int64_t per, N;
+  bool rows;
+  const int32_t* pos;
+  MatBatch out;
+  float decay;
+  __device__ __forceinline__ float operator()(float m, float g, int64_t t, const MatPos& p) const {
+    const float mu = 1.0f, g_scale = 1.0f;
+    float v = mu * m + g_scale * g;
+    const int64_t b = t * per + p.q;
+    const int32_t s = pos[b * N + (rows ? p.r : p.c)];
+    if (s >= 0) {
+      mat_at(out, b)[rows ? s * out.ld + p.c : p.r * out.ld + s] = v;
+      v *= decay;
+    }
+    return v;
+  }
+};
+
+__global__ void select_momentum_multi_kernel(const TensorEntry* list, int64_t count, int64_t rows, int64_t cols,
+                                             SelectMomentum op, const int32_t* skip) {
+  const bool write = !(skip && *skip);  // uniform over the grid
+  const int64_t n = op.per * rows * cols;
+  for (int64_t t = blockIdx.y; t < count; t += gridDim.y) {
+    void* pm = list[t].ptr[kState0];
+    const void* pg = list[t].ptr[kGrad];
+    const dion_dtype_t dm = static_cast<dion_dtype_t>(list[t].dtype[kState0]);
+    const dion_dtype_t dg = static_cast<dion_dtype_t>(list[t].dtype[kGrad]);
+    int64_t i0 = 0;
+    if (aligned16(pm) && aligned16(pg)) {
+      const int64_t n8 = n / 8;
+      for (int64_t j = global_thread(); j < n8; j += grid_threads()) {
+        float m[8], g[8];
+        load8(pm, dm, j, m);
+        load8(pg, dg, j, g);
+        MatPos p(8 * j, rows, cols);
+#pragma unroll
+        for (int k = 0; k < 8; ++k) {
+          m[k] = op(m[k], g[k], t, p);
+          p.next(rows, cols);
+        }
+        if (write) store8(pm, dm, j, m);
+      }
+      i0 = n8 * 8;
+    }
+    for (int64_t i = i0 + global_thread(); i < n; i += grid_threads()) {
+      const float v = op(load_elem(pm, dm, i), load_elem(pg, dg, i), t, MatPos(i, rows, cols));
+      if (write) store_elem(pm, dm, i, v);
+    }
+  }
+}
+
+// pos (count * per * N int32): -1 everywhere, then each matrix's selected
+// slices' places in its index list.
+int32_t* fill_positions(const Ctx& c, int64_t matrices, int64_t N, const int32_t* idx, int64_t k, void* scratch,
+                        const char* what) {
+  int32_t* pos = static_cast<int32_t*>(scratch);
+  cuda::check(cudaMemsetAsync(pos, 0xff, sizeof(int32_t) * static_cast<size_t>(matrices * N), c.stream), what);
+  for_each_2d(c, matrices, 1, k, FillPos{idx, k, N, pos}, what);
+  return pos;
+}
+
 }  // namespace
 
 void topk(const Ctx& c, const float* scores, int64_t batch, int64_t n, int64_t k, int32_t* idx) {
@@ -291,17 +357,26 @@ void decay_add_slices_multi(const Ctx& c, const TensorEntry* list, int64_t count
   if (count <= 0 || n <= 0) return;
   const bool by_rows = axis == kRows;
   const int64_t N = by_rows ? rows : cols;
-  int32_t* pos = nullptr;
-  if (k > 0) {
-    pos = static_cast<int32_t*>(scratch);
-    cuda::check(cudaMemsetAsync(pos, 0xff, sizeof(int32_t) * static_cast<size_t>(count * per * N), c.stream),
-                "cudaMemsetAsync (decay_add_slices_multi)");  // -1 everywhere
-    for_each_2d(c, count * per, 1, k, FillPos{idx, k, N, pos}, "decay_add_slices_multi index kernel");
-  }
+  const int32_t* pos = k > 0 ? fill_positions(c, count * per, N, idx, k, scratch, "decay_add_slices_multi positions")
+                            : nullptr;
   const DecayAdd op{0.0f, 0.0f, per, N, by_rows, pos, u};
   decay_add_slices_multi_kernel<<<grid_multi(c, count, (n + 7) / 8), kThreads, 0, c.stream>>>(list, count, rows, cols,
                                                                                             op, gs, mult, skip);
   cuda::check_launch("decay_add_slices_multi kernel");
+}
+
+void select_momentum_multi(const Ctx& c, const TensorEntry* list, int64_t count, int64_t per, int64_t rows,
+                           int64_t cols, Axis axis, const int32_t* idx, int64_t k, float decay, MatBatch out,
+                           const int32_t* skip, void* scratch) {
+  const int64_t n = per * rows * cols;
+  if (count <= 0 || n <= 0 || k <= 0) return;
+  const bool by_rows = axis == kRows;
+  const int64_t N = by_rows ? rows : cols;
+  const int32_t* pos = fill_positions(c, count * per, N, idx, k, scratch, "select_momentum_multi positions");
+  const SelectMomentum op{per, N, by_rows, pos, out, decay};
+  select_momentum_multi_kernel<<<grid_multi(c, count, (n + 7) / 8), kThreads, 0, c.stream>>>(list, count, rows, cols,
+                                                                                           op, skip);
+  cuda::check_launch("select_momentum_multi kernel");
 }
 
 }  // namespace dion::kernels

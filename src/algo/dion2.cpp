@@ -162,11 +162,11 @@ size_t dion2_family_workspace(const Group& g, const Tensor& t, int64_t count) {
     if (nor) w += ws_floats(B * rows) + megabatch_sizes(p.mb, neuron_piece(t, p.mb, flatten), B).ws_floats;
     return w;
   }
-  // M (G and X stay in their typed buffers); the local scores, indices and
-  // selected slices; their exchange and orthogonalization.
+  // The local scores, indices and selected slices (M, G and X stay in their
+  // typed buffers); their exchange and orthogonalization.
   const Sel s = selection(g.opt, p, t, mp.rows(), mp.cols());
   const MbSizes u = megabatch_sizes(p.mb, selected_piece(p, t, flatten, s), B);
-  size_t w = ws_floats(N) + ws_floats(B * s.N) + ws_floats(B * s.k) + ws_floats(B * s.k * s.len) + u.ws_floats;
+  size_t w = ws_floats(B * s.N) + ws_floats(B * s.k) + ws_floats(B * s.k * s.len) + u.ws_floats;
   w += orthogonalize_ws_floats(u.whole.rows(), u.whole.cols(), u.owned);
   if (nor)
     w += ws_floats(B * rows) + ws_floats(B * s.k) + megabatch_sizes(p.mb, selected_neuron_piece(p, t, s), B).ws_floats;
@@ -183,13 +183,11 @@ void dion2_family_step(Optimizer& opt, Group& g, const Batch& bt, bool nor) {
   const Dion2Plan p = dion2_plan(&opt, g, t, B);
   const float decay = static_cast<float>(nor ? o.mu : o.ef_decay);
   const double lr_mult = adjusted_lr(o, 1.0, t.geom.m, t.geom.n);  // from the FULL matrix shape
-  // M += G (no decay here) into fp32 workspace, in one pass over the typed
-  // M and G (Backend::momentum_multi with mu = 1). The local scope also
-  // stores M there (all of it; the selected slices, decayed below, again).
-  float* M = opt.ws.take(n * T);
-  be.momentum_multi(bt.list, T, n, 1.0f, 1.0f, false, !p.whole, M, DION_DTYPE_FP32, opt.skip_flag(), nullptr);
-
   if (p.whole) {
+    // M += G (no decay here) into fp32 workspace, in one pass over the typed
+    // M and G (Backend::momentum_multi with mu = 1); it travels to the owners.
+    float* M = opt.ws.take(n * T);
+    be.momentum_multi(bt.list, T, n, 1.0f, 1.0f, false, false, M, DION_DTYPE_FP32, opt.skip_flag(), nullptr);
     Unshard um(opt, p.mb, matrix_piece(t, p.mb, flatten), B);
     float* Mo = um.forward(M);
     const int64_t c = um.count(), wr = um.whole().rows(), wc = um.whole().cols();
@@ -227,23 +225,23 @@ void dion2_family_step(Optimizer& opt, Group& g, const Batch& bt, bool nor) {
     return;
   }
 
-  // Selection on this rank's shard (or whole matrices).
-  MatBatch Mm = mat(M, t.geom.srows, t.geom.scols, B);
-  const Sel s = selection(o, p, t, t.geom.srows, t.geom.scols);
+  // Selection on this rank's shard (or whole matrices), on the typed M and
+  // G (no fp32 copy of M + G): the slices' L1 norms of M + G, then in one
+  // more pass M <- M + G with the selected slices decayed (error feedback on
+  // them only), and S <- those slices before the decay.
+  const int64_t per = t.geom.batch, srows = t.geom.srows, scols = t.geom.scols;
+  const Sel s = selection(o, p, t, srows, scols);
   float* scores = opt.ws.take(B * s.N);
   int32_t* idx = reinterpret_cast<int32_t*>(opt.ws.take(B * s.k));
   MatBatch S = s.axis == kRows ? mat(opt.ws.take(B * s.k * s.len), s.k, s.len, B)
                                : mat(opt.ws.take(B * s.k * s.len), s.len, s.k, B);
-  be.slice_l1(Mm, s.axis, scores);
+  be.momentum_l1_multi(bt.list, T, per, srows, scols, s.axis, scores);
   // A matrix sharded over the other mesh too: every piece of a slice must
   // see the slice's whole norm (the ranks of that mesh then select alike).
   if (p.sel >= 0 && p.mb.levels == 2) p.mb.lv[1 - p.sel].comm->all_reduce(scores, B * s.N, ReduceOp::kSum);
   if (B > 0 && s.k > 0) {
     be.topk(scores, B, s.N, s.k, idx);
-    be.gather_slices(Mm, s.axis, idx, s.k, S);
-    be.scale_slices(Mm, s.axis, idx, s.k, decay);  // error feedback on the selected slices only
-    // The rest of M went to the state with M += G.
-    be.store_slices_multi(bt.list, T, kState0, Mm, s.axis, idx, s.k, opt.skip_flag());
+    be.select_momentum_multi(bt.list, T, per, srows, scols, s.axis, idx, s.k, decay, S, opt.skip_flag());
   }
   Unshard us(opt, p.mb, selected_piece(p, t, flatten, s), B);
   float* So = us.forward(S.p);

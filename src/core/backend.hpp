@@ -382,6 +382,25 @@ class Backend {
   // dense (rows x cols each, one after the other). idx as scale_slices takes it.
   virtual void store_slices_multi(const TensorEntry* list, int64_t count, Field f, ConstMatBatch m, Axis axis,
                                   const int32_t* idx, int64_t k, const int32_t* skip) = 0;
+  // Dion2's selection on the typed momentum, without an fp32 copy of it:
+  // the `count` tensors hold `per` dense rows x cols matrices each (matrix b
+  // of the batch is tensor b / per's (b % per)-th), M = state 0, G = grad,
+  // and m = M + G as momentum_multi(mu = 1, g_scale = 1) computes it.
+  //   momentum_l1_multi: momentum_multi(..., store_state = false, m, FP32);
+  //     slice_l1(m, axis, out) (out: count * per * N scores). Writes nothing
+  //     typed.
+  //   select_momentum_multi: momentum_multi(..., store_state = true, m,
+  //     FP32, skip); gather_slices(m, axis, idx, k, out); scale_slices(m,
+  //     axis, idx, k, decay); store_slices_multi(kState0, m, axis, idx, k,
+  //     skip): M <- m with its selected slices times decay (when !*skip),
+  //     out <- the selected slices of m (always). k >= 1; idx as
+  //     scale_slices takes it (distinct per matrix).
+  // Each reads M and G once, where the sequence wrote and re-read m.
+  virtual void momentum_l1_multi(const TensorEntry* list, int64_t count, int64_t per, int64_t rows, int64_t cols,
+                                 Axis axis, float* out) = 0;
+  virtual void select_momentum_multi(const TensorEntry* list, int64_t count, int64_t per, int64_t rows, int64_t cols,
+                                     Axis axis, const int32_t* idx, int64_t k, float decay, MatBatch out,
+                                     const int32_t* skip) = 0;
   // Dion2's parameter update: the params of the `count` tensors, each `per`
   // dense rows x cols matrices, as one fp32 batch x of count * per matrices
   // (u holds as many, shaped as gather_slices' out):

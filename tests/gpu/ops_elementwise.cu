@@ -12,6 +12,7 @@
 // hence its rtol of 1e-5 for n <= 100.
 #include <numeric>
 #include <tuple>
+#include <utility>
 
 #include "ops_util.h"
 
@@ -1036,6 +1037,64 @@ TEST_F(OpsTest, StoreSlicesMulti) {
         for (size_t i = 0; i < tp.b.t.size(); ++i)
           EXPECT_TRUE(same_bits(tp.b.t[i].h[kState0], tp.b.dev_raw(i, kState0))) << "tensor " << i;
       }
+}
+
+// Dion2's selection on the typed momentum (no fp32 copy of M + G): the
+// norms of momentum_l1_multi and the state and slices of
+// select_momentum_multi are the bits of the sequence they replace
+// (momentum_multi into fp32, slice_l1, gather_slices, scale_slices,
+// store_slices_multi); against the host's fused ops, the norms within
+// slice_l1's tolerance (the host sums in fp32, slices of <= 100 elements
+// here) and the rest bit for bit (one addition and one product per element).
+// 96 rows make two row chunks of the column sums; n = 2 * 7 * 9 leaves a
+// tail after the vector path, a shift of one the element path everywhere.
+TEST_F(OpsTest, MomentumL1AndSelectMomentum) {
+  const int64_t per = 2, T = 3, B = T * per;
+  // grad and momentum dtypes (fp32, bf16, fp16 = 0, 1, 2)
+  const std::vector<std::vector<int>> dtypes = {{-1, 0, 1, -1}, {-1, 1, 0, -1}, {-1, 1, 2, -1}};
+  for (const auto& [rows, cols] : std::initializer_list<std::pair<int64_t, int64_t>>{{7, 9}, {96, 40}})
+    for (int64_t shift : {0, 1})
+      for (Axis ax : {kRows, kCols})
+        for (int64_t k : {1, 3})
+          for (int32_t skip : {0, 1}) {
+            SCOPED_TRACE(::testing::Message() << rows << " x " << cols << ", shift " << shift << ", axis " << ax
+                                              << ", k " << k << ", skip " << skip);
+            const int64_t n = per * rows * cols, N = ax == kRows ? rows : cols;
+            TensorPair tp(rng, dtypes, n, shift);
+            Dev<int32_t> dskip(std::vector<int32_t>{skip});
+            const std::vector<int32_t> idx = pick_slices(rng, B, N, k);
+            Dev<int32_t> didx(idx);
+            // The sequence on a.
+            Dev<float> M(B * rows * cols), L1(B * N), L2(B * N);
+            cuda->momentum_multi(tp.a.dev_table.p(), T, n, 1.0f, 1.0f, false, true, M.p(), DION_DTYPE_FP32, dskip.p(),
+                                 nullptr);
+            const MatBatch m{M.p(), rows, cols, cols, rows * cols, B};
+            cuda->slice_l1(m, ax, L1.p());
+            Mat S1 = ax == kRows ? Mat::padded(k, cols, B) : Mat::padded(rows, k, B);
+            Mat S2 = ax == kRows ? Mat::padded(k, cols, B) : Mat::padded(rows, k, B);
+            Mat S3 = ax == kRows ? Mat::padded(k, cols, B) : Mat::padded(rows, k, B);
+            cuda->gather_slices(m, ax, didx.p(), k, S1.D());
+            cuda->scale_slices(m, ax, didx.p(), k, 0.9f);
+            cuda->store_slices_multi(tp.a.dev_table.p(), T, kState0, m, ax, didx.p(), k, dskip.p());
+            // The fused ops on b: the norms write nothing typed.
+            cuda->momentum_l1_multi(tp.b.dev_table.p(), T, per, rows, cols, ax, L2.p());
+            EXPECT_TRUE(tp.unchanged(kState0));
+            EXPECT_TRUE(same_bits(L1.get(), L2.get()));
+            cuda->select_momentum_multi(tp.b.dev_table.p(), T, per, rows, cols, ax, didx.p(), k, 0.9f, S2.D(),
+                                        dskip.p());
+            EXPECT_TRUE(same_bits(S1.dev(), S2.dev())) << "the slices, and the padding untouched";
+            EXPECT_TRUE(tp.same_field(kState0));
+            if (skip) EXPECT_TRUE(tp.unchanged(kState0));
+            // The host's fused ops on b's host copy (the same inputs).
+            std::vector<float> Lh(static_cast<size_t>(B * N));
+            host->momentum_l1_multi(tp.b.host_list.data(), T, per, rows, cols, ax, Lh.data());
+            EXPECT_TRUE(close(Lh, L2.get(), 1e-5));
+            host->select_momentum_multi(tp.b.host_list.data(), T, per, rows, cols, ax, idx.data(), k, 0.9f, S3.H(),
+                                        &skip);
+            EXPECT_TRUE(same_bits(S3.h, S2.dev()));
+            for (size_t i = 0; i < tp.b.t.size(); ++i)
+              EXPECT_TRUE(same_bits(tp.b.t[i].h[kState0], tp.b.dev_raw(i, kState0))) << "tensor " << i;
+          }
 }
 
 // The local scope's parameter update: decay all, add the selected slices.

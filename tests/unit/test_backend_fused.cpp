@@ -2,7 +2,7 @@
 //
 // The host backend's fused passes over typed buffers (Backend::momentum_multi,
 // apply_update_multi, store_slices_multi, decay_add_slices_multi,
-// frob_normalize_bf16) against the op sequences they replace in the Muon
+// momentum_l1_multi, select_momentum_multi, frob_normalize_bf16) against the op sequences they replace in the Muon
 // family and Dion2 (load_multi, the fp32 ops, store_multi), bit for bit: the
 // fused ops promise the same fp32 operations in the same order with the same
 // roundings, so there is no tolerance. Every dtype of every field (the
@@ -339,6 +339,51 @@ TEST_F(HostFused, DecayAddSlicesMultiEqualsLoadDecayAddStore) {
           EXPECT_TRUE(tw.same(kParam));
           if (skip) EXPECT_TRUE(tw.b[kParam] == before);
         }
+}
+
+// Dion2's selection on the typed momentum: the L1 norms of M + G's slices,
+// then M <- M + G with the selected slices decayed and S <- those slices,
+// against momentum_multi into fp32 and the fp32 calls (slice_l1,
+// gather_slices, scale_slices, store_slices_multi).
+TEST_F(HostFused, MomentumL1AndSelectMomentumEqualTheFp32Sequence) {
+  const int64_t count = 3, per = 2, rows = 6, cols = 9, n = per * rows * cols, B = count * per;
+  for (dion_dtype_t dm : kDtypes)
+    for (dion_dtype_t dg : {DION_DTYPE_FP32, DION_DTYPE_BF16})
+      for (Axis axis : {kRows, kCols})
+        for (int64_t k : {1, 4})
+          for (int32_t skip : {0, 1}) {
+            SCOPED_TRACE(::testing::Message() << dtype_name(dm) << " momentum, " << dtype_name(dg) << " grad, axis "
+                                              << axis << ", k " << k << ", skip " << skip);
+            Twin tw(rng, count, n, {DION_DTYPE_FP32, dg, dm, DION_DTYPE_FP32});
+            const std::vector<std::vector<uint8_t>> before = tw.b[kState0];
+            const int64_t N = axis == kRows ? rows : cols;
+            const std::vector<int32_t> idx = pick(rng, B, N, k);
+            // S shaped as gather_slices' out, with padding (ld > its columns).
+            const int64_t srows = axis == kRows ? k : rows, scols = axis == kRows ? cols : k, ld = scols + 2;
+            std::vector<float> S1(static_cast<size_t>(B * srows * ld), 7.0f), S2 = S1;
+            // The sequence on copy a.
+            std::vector<float> M(B * rows * cols), L1(B * N);
+            be->momentum_multi(tw.la.data(), count, n, 1.0f, 1.0f, false, true, M.data(), DION_DTYPE_FP32, &skip,
+                               nullptr);
+            const MatBatch m{M.data(), rows, cols, cols, rows * cols, B};
+            be->slice_l1(m, axis, L1.data());
+            be->gather_slices(m, axis, idx.data(), k, MatBatch{S1.data(), srows, scols, ld, srows * ld, B});
+            be->scale_slices(m, axis, idx.data(), k, 0.9f);
+            be->store_slices_multi(tw.la.data(), count, kState0, m, axis, idx.data(), k, &skip);
+            // The fused ops on copy b: the norms write nothing typed.
+            std::vector<float> L2(B * N, -1.0f);
+            be->momentum_l1_multi(tw.lb.data(), count, per, rows, cols, axis, L2.data());
+            EXPECT_TRUE(tw.b[kState0] == before);
+            EXPECT_TRUE(same_floats(L1, L2));
+            be->select_momentum_multi(tw.lb.data(), count, per, rows, cols, axis, idx.data(), k, 0.9f,
+                                      MatBatch{S2.data(), srows, scols, ld, srows * ld, B}, &skip);
+            EXPECT_TRUE(same_floats(S1, S2)) << "the selected slices (and the padding) as gather_slices writes them";
+            for (int f = 0; f < 4; ++f) EXPECT_TRUE(tw.same(f)) << "field " << f;
+            if (skip)
+              EXPECT_TRUE(tw.b[kState0] == before);
+            else
+              EXPECT_FALSE(tw.b[kState0] == before);
+          }
 }
 
 // orthogonalize_bf16's start: frob_normalize then store to bf16, from a

@@ -973,6 +973,23 @@ class CudaBackend final : public Backend {
     ProfScope ps(prof_, "store_slices_multi", stream_);
     kernels::store_slices_multi(ctx(), list, count, f, m, axis, idx, k, skip);
   }
+  void momentum_l1_multi(const TensorEntry* list, int64_t count, int64_t per, int64_t rows, int64_t cols, Axis axis,
+                         float* out) override {
+    DeviceScope ds(device_);
+    ProfScope ps(prof_, "momentum_l1_multi", stream_);
+    const size_t bytes = kernels::momentum_l1_multi_scratch(ctx(), count, per, rows, cols, axis);
+    void* s = bytes ? scratch(kReduce, bytes) : nullptr;
+    kernels::momentum_l1_multi(ctx(), list, count, per, rows, cols, axis, out, s);
+  }
+  void select_momentum_multi(const TensorEntry* list, int64_t count, int64_t per, int64_t rows, int64_t cols,
+                             Axis axis, const int32_t* idx, int64_t k, float decay, MatBatch out,
+                             const int32_t* skip) override {
+    DeviceScope ds(device_);
+    ProfScope ps(prof_, "select_momentum_multi", stream_);
+    const size_t bytes = kernels::decay_add_slices_multi_scratch(count, per, rows, cols, axis, k);
+    void* s = bytes ? scratch(kPos, bytes) : nullptr;
+    kernels::select_momentum_multi(ctx(), list, count, per, rows, cols, axis, idx, k, decay, out, skip, s);
+  }
   void decay_add_slices_multi(const TensorEntry* list, int64_t count, int64_t per, int64_t rows, int64_t cols,
                               Axis axis, const int32_t* idx, int64_t k, ConstMatBatch u, const GroupScalars* gs,
                               float mult, const int32_t* skip) override {

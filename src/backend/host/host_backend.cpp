@@ -644,6 +644,36 @@ class HostBackend final : public Backend {
           for (int64_t s = 0; s < k; ++s) store_elem(e.ptr[f], dt, base + i * m.cols + ix[s], p[i * m.ld + ix[s]]);
     }
   }
+  // One matrix at a time: m = M + G into scratch, then the calls' loops.
+  void momentum_l1_multi(const TensorEntry* list, int64_t count, int64_t per, int64_t rows, int64_t cols, Axis axis,
+                         float* out) override {
+    const int64_t msize = rows * cols, N = axis == kRows ? rows : cols;
+    float* m = grow(g_scratch.a, static_cast<size_t>(msize));
+    for (int64_t t = 0; t < count; ++t)
+      for (int64_t q = 0; q < per; ++q) {
+        momentum_of(list[t], q * msize, msize, m);
+        slice_l1(ConstMatBatch(m, rows, cols, cols, msize, 1), axis, out + (t * per + q) * N);
+      }
+  }
+  void select_momentum_multi(const TensorEntry* list, int64_t count, int64_t per, int64_t rows, int64_t cols,
+                             Axis axis, const int32_t* idx, int64_t k, float decay, MatBatch out,
+                             const int32_t* skip) override {
+    const int64_t msize = rows * cols;
+    const bool write = !(skip && *skip);
+    float* m = grow(g_scratch.a, static_cast<size_t>(msize));
+    for (int64_t t = 0; t < count; ++t)
+      for (int64_t q = 0; q < per; ++q) {
+        const int64_t b = t * per + q;
+        momentum_of(list[t], q * msize, msize, m);
+        const MatBatch mb{m, rows, cols, cols, msize, 1};
+        gather_slices(mb, axis, idx + b * k, k, MatBatch{at(out, b), out.rows, out.cols, out.ld, out.stride, 1});
+        scale_slices(mb, axis, idx + b * k, k, decay);
+        if (write) {
+          const auto dm = static_cast<dion_dtype_t>(list[t].dtype[kState0]);
+          for (int64_t i = 0; i < msize; ++i) store_elem(list[t].ptr[kState0], dm, q * msize + i, m[i]);
+        }
+      }
+  }
   void decay_add_slices_multi(const TensorEntry* list, int64_t count, int64_t per, int64_t rows, int64_t cols,
                               Axis axis, const int32_t* idx, int64_t k, ConstMatBatch u, const GroupScalars* gs,
                               float mult, const int32_t* skip) override {
@@ -667,6 +697,15 @@ class HostBackend final : public Backend {
   }
 
  private:
+  // m[i] = M + G (momentum_multi's axpby with mu = g_scale = 1) of elements
+  // [first, first + n) of tensor e.
+  static void momentum_of(const TensorEntry& e, int64_t first, int64_t n, float* m) {
+    const auto dm = static_cast<dion_dtype_t>(e.dtype[kState0]), dg = static_cast<dion_dtype_t>(e.dtype[kGrad]);
+    const float mu = 1.0f, g_scale = 1.0f;
+    for (int64_t i = 0; i < n; ++i)
+      m[i] = mu * load_elem(e.ptr[kState0], dm, first + i) + g_scale * load_elem(e.ptr[kGrad], dg, first + i);
+  }
+
   std::vector<double> col_acc_;
   std::vector<int32_t> order_;
 };
