@@ -60,6 +60,14 @@ void frob_normalize(const Ctx& c, MatBatch m, float factor, float eps, void* scr
 void frob_normalize_bf16(const Ctx& c, ConstMatBatch m, float factor, float eps, void* out, void* scratch);
 size_t col_normalize_scratch(const Ctx& c, const MatBatch& m);
 void col_normalize(const Ctx& c, MatBatch m, float eps, void* scratch);
+// Backend::finish_p, finish_r (scratch: finish_r_scratch bytes) and
+// col_scale_store: Dion's finish of P and R, fused.
+void finish_p(const Ctx& c, MatBatch p, const int32_t* flags, void* pb);
+size_t finish_r_scratch(const Ctx& c, const ConstMatBatch& r);
+void finish_r(const Ctx& c, MatBatch r, const int32_t* flags, ConstMatBatch q, void* rb, double* sumsq,
+              void* scratch);
+void col_scale_store(const Ctx& c, MatBatch r, const double* sumsq, float eps, void* rb, const TensorEntry* list,
+                     Field f, const int32_t* skip);
 size_t slice_l1_scratch(const Ctx& c, const ConstMatBatch& m, Axis axis);
 void slice_l1(const Ctx& c, ConstMatBatch m, Axis axis, float* out, void* scratch);
 size_t zero_fixup_scratch(const Ctx& c, const ConstMatBatch& m);

@@ -8,6 +8,8 @@
 // adds the partials in index order. No float atomics, so every run gives the
 // same bits; the host sums sequentially, so the two agree to double rounding
 // of the sums (far below fp32 resolution of the results).
+#include <cfloat>
+
 #include "kernels/common.cuh"
 
 namespace dion::kernels {
@@ -399,6 +401,126 @@ void slice_l1(const Ctx& c, ConstMatBatch m, Axis axis, float* out, void* scratc
     row_sums<kAbs, float>(c, m, out, "slice_l1 row kernel");
   else
     col_sums<kAbs, float>(c, m, out, static_cast<double*>(scratch), "slice_l1 column kernel");
+}
+
+namespace {
+
+// nan_to_num's value of v (NaN -> 0, +-inf -> +-FLT_MAX).
+__device__ __forceinline__ float finite_or_clamped(float v) {
+  if (isnan(v)) return 0.0f;
+  if (isinf(v)) return v > 0.0f ? FLT_MAX : -FLT_MAX;
+  return v;
+}
+// Writes v over old only where the bits differ (the sequence's kernels
+// write only there too: nan_to_num where not finite, the fix-up where
+// flagged), so a clean P or R is read, not rewritten.
+__device__ __forceinline__ void put_if_changed(float* x, float old, float v) {
+  if (__float_as_uint(v) != __float_as_uint(old)) *x = v;
+}
+
+// Backend::finish_p: grid.y walks the matrices (dense, `per` elements each).
+__global__ void finish_p_kernel(float* p, int64_t batch, int64_t per, const int32_t* flags, uint16_t* pb) {
+  for (int64_t b = blockIdx.y; b < batch; b += gridDim.y) {
+    const bool keep = flags[b] != 0;
+    float* x = p + b * per;
+    uint16_t* o = pb ? pb + b * per : nullptr;
+    for (int64_t i = global_thread(); i < per; i += grid_threads()) {
+      const float v0 = x[i], v = keep ? finite_or_clamped(v0) : 0.0f;
+      put_if_changed(x + i, v0, v);
+      if (o) o[i] = float_to_bf16(v);
+    }
+  }
+}
+
+// Backend::finish_r's pass: col_partial_kernel<kSquares> over the fixed-up
+// r (the same tiles, chunks and order, so col_finish_kernel<double> gives
+// the totals col_normalize's col_total adds), writing the fixed-up values
+// and their bf16 copies on the way (each element is visited once).
+__global__ void finish_r_partial_kernel(MatBatch r, const int32_t* flags, ConstMatBatch q, uint16_t* rb, int64_t nr,
+                                        double* partial) {
+  __shared__ double sh[kTileY][kTileX + 1];
+  const int tx = threadIdx.x, ty = threadIdx.y;
+  const int64_t j = blockIdx.x * static_cast<int64_t>(kTileX) + tx;
+  const int64_t chunk = ceil_div(r.rows, nr), r0 = blockIdx.y * chunk, r1 = min(r0 + chunk, r.rows);
+  for (int64_t b = blockIdx.z; b < r.batch; b += gridDim.z) {
+    const bool keep = flags[b] != 0;
+    float* p = mat_at(r, b);
+    const float* qp = mat_at(q, b);
+    uint16_t* o = rb ? rb + b * r.rows * r.cols : nullptr;
+    double s = 0.0;
+    if (j < r.cols)
+      for (int64_t i = r0 + ty; i < r1; i += kTileY) {
+        const float v0 = p[i * r.ld + j], v = keep ? finite_or_clamped(v0) : qp[i * q.ld + j];
+        put_if_changed(p + i * r.ld + j, v0, v);
+        if (o) o[i * r.cols + j] = float_to_bf16(v);
+        const double d = v;
+        s += d * d;
+      }
+    sh[ty][tx] = s;
+    __syncthreads();
+    if (ty == 0 && j < r.cols) {
+      double t = 0.0;
+      for (int y = 0; y < kTileY; ++y) t += sh[y][tx];
+      partial[(b * nr + blockIdx.y) * r.cols + j] = t;
+    }
+    __syncthreads();
+  }
+}
+
+// Backend::col_scale_store: col_scale_kernel's expression, then the copies.
+struct ColScaleStore {
+  MatBatch m;
+  const double* sumsq;
+  float eps;
+  uint16_t* rb;
+  const TensorEntry* list;
+  int f;
+  const int32_t* skip;
+  __device__ void operator()(int64_t b, int64_t i, int64_t j) const {
+    float* x = mat_at(m, b) + i * m.ld + j;
+    const float v = static_cast<float>(*x * (1.0 / (sqrt(sumsq[b * m.cols + j]) + eps)));
+    *x = v;
+    if (rb) rb[b * m.rows * m.cols + i * m.cols + j] = float_to_bf16(v);
+    if (list && !(skip && *skip))
+      store_elem(list[b].ptr[f], static_cast<dion_dtype_t>(list[b].dtype[f]), i * m.cols + j, v);
+  }
+};
+
+}  // namespace
+
+void finish_p(const Ctx& c, MatBatch p, const int32_t* flags, void* pb) {
+  const int64_t per = p.rows * p.cols;
+  if (p.batch <= 0 || per <= 0) return;
+  finish_p_kernel<<<grid_multi(c, p.batch, per), kThreads, 0, c.stream>>>(p.p, p.batch, per, flags,
+                                                                         static_cast<uint16_t*>(pb));
+  cuda::check_launch("finish_p kernel");
+}
+
+size_t finish_r_scratch(const Ctx& c, const ConstMatBatch& r) { return col_partial_bytes(c, r.rows, r.cols, r.batch); }
+
+void finish_r(const Ctx& c, MatBatch r, const int32_t* flags, ConstMatBatch q, void* rb, double* sumsq,
+              void* scratch) {
+  if (r.batch <= 0 || r.cols <= 0) return;
+  if (r.rows <= 0) {  // empty columns: their sums are 0
+    cuda::check(cudaMemsetAsync(sumsq, 0, sizeof(double) * static_cast<size_t>(r.batch * r.cols), c.stream),
+                "cudaMemsetAsync (finish_r)");
+    return;
+  }
+  const ColPlan plan = col_plan(c, r.rows, r.cols, r.batch);
+  double* partial = static_cast<double*>(scratch);
+  finish_r_partial_kernel<<<col_grid(plan, r.batch), dim3(kTileX, kTileY), 0, c.stream>>>(
+      r, flags, q, static_cast<uint16_t*>(rb), plan.nr, partial);
+  cuda::check_launch("finish_r kernel");
+  col_finish_kernel<double><<<blocks_1d(c, r.batch * r.cols), kThreads, 0, c.stream>>>(r.batch, r.cols, plan.nr,
+                                                                                      partial, sumsq);
+  cuda::check_launch("finish_r sums kernel");
+}
+
+void col_scale_store(const Ctx& c, MatBatch r, const double* sumsq, float eps, void* rb, const TensorEntry* list,
+                     Field f, const int32_t* skip) {
+  for_each_2d(c, r.batch, r.rows, r.cols,
+              ColScaleStore{r, sumsq, eps, static_cast<uint16_t*>(rb), list, static_cast<int>(f), skip},
+              "col_scale_store kernel");
 }
 
 size_t momentum_l1_multi_scratch(const Ctx& c, int64_t count, int64_t per, int64_t rows, int64_t cols, Axis axis) {

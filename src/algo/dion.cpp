@@ -273,8 +273,8 @@ size_t workspace_floats(const Group& g, const Tensor& t, int64_t count) {
   // inner sharding: the whole P gathered over the inner mesh (twice, plus
   // the gather's receive buffer)
   if (inner) per_iter += 3 * ws_floats(T * s.ag * s.r);
-  // the zero flags and column sums
-  const size_t flags = ws_floats(T) + ws_floats(T * s.r);
+  // the zero flags and column sums (in double; and in float over the outer mesh)
+  const size_t flags = ws_floats(T) + ws_floats(2 * T * s.r) + ws_floats(T * s.r);
   return w + flags + per_iter * static_cast<size_t>(g.opt.power_iters);
 }
 
@@ -472,7 +472,7 @@ void finish(Optimizer& opt, Group& g, const Batch& bt, const Shape& s, const Dis
   Backend& be = *opt.backend;
   const dion_group_options_t& o = g.opt;
   const Tensor& t = bt.t;
-  const int64_t T = bt.count, n_el = t.numel_local, ar = s.a * s.r, br = s.b * s.r;
+  const int64_t T = bt.count, n_el = t.numel_local, br = s.b * s.r;
   const dion_matmul_precision_t prec = o.matmul_precision;
   MatBatch Mm{M, t.geom.srows, t.geom.scols, t.geom.scols, n_el, T};  // bf16 elements on the lowp path
   auto to_bf16 = [&](float* dst, const float* src, int64_t n) { be.store(dst, DION_DTYPE_BF16, src, n); };
@@ -480,17 +480,17 @@ void finish(Optimizer& opt, Group& g, const Batch& bt, const Shape& s, const Dis
   // and carries Q over (normalised); NaN/Inf never reach the state. Over
   // meshes, "all zero" is decided for the whole matrix (every shard, and
   // every replica's momentum under compressed sync), so P and R stay the
-  // same on every rank that shares them.
-  be.nan_to_num(P.p, T * ar);
-  be.nan_to_num(R.p, T * br);
+  // same on every rank that shares them. In the same passes: the bf16
+  // copies of P and R for the error feedback (lowp) and R's column sums of
+  // squares for Q = colnorm(R).
   for (Collectives* c : {d.rep, d.outer, d.inner})
     if (c) c->all_reduce(nz, T, ReduceOp::kMax);
-  be.zero_fixup_flagged(nz, P, R, Qm);
+  double* ss = reinterpret_cast<double*>(opt.ws.take(2 * T * s.r));
+  be.finish_p(P, nz, lowp ? Pb.p : nullptr);
+  be.finish_r(R, nz, Qm, lowp ? Rb.p : nullptr, ss);
   // Error feedback: B -= (1 - mu) P R^T, i.e. S -= (1-mu) P R^T or R P^T.
   const float ef = static_cast<float>(-(1.0 - o.mu));
   if (lowp) {
-    to_bf16(Pb.p, P.p, T * ar);
-    to_bf16(Rb.p, R.p, T * br);
     if (!s.bT)
       be.gemm_bf16(false, true, ef, Pb, Rb, 1.0f, Mm);
     else
@@ -503,16 +503,20 @@ void finish(Optimizer& opt, Group& g, const Batch& bt, const Shape& s, const Dis
       be.gemm(false, true, ef, R, P, 1.0f, Mm, prec);
     store_ws(opt, bt, kState0, M, n_el);
   }
-  // Q = colnorm(R); R's rows (B's columns) are sharded over the outer mesh.
+  // Q = colnorm(R), stored (and its bf16 copy, lowp, for the update). R's
+  // rows (B's columns) sharded over the outer mesh: the sums (in float) are
+  // reduced over it first.
   if (d.outer) {
-    float* ss = opt.ws.take(T * s.r);
-    be.col_sumsq(R, ss);
-    d.outer->all_reduce(ss, T * s.r, ReduceOp::kSum);
-    be.col_scale(R, ss, static_cast<float>(o.epsilon));
+    float* ssf = opt.ws.take(T * s.r);
+    be.col_sumsq(R, ssf);
+    d.outer->all_reduce(ssf, T * s.r, ReduceOp::kSum);
+    be.col_scale(R, ssf, static_cast<float>(o.epsilon));
+    store_ws(opt, bt, kState1, R.p, br);
+    if (lowp) to_bf16(Rb.p, R.p, T * br);
   } else {
-    be.col_normalize(R, static_cast<float>(o.epsilon));
+    be.col_scale_store(R, ss, static_cast<float>(o.epsilon), lowp ? Rb.p : nullptr, bt.list, kState1,
+                       opt.skip_flag());
   }
-  store_ws(opt, bt, kState1, R.p, br);
   // X = (1 - lr wd) X - lr sqrt(m/n) P Q^T (in storage orientation). On a
   // device, one product per batch updates the parameters in place from P and
   // Q (update_lowrank: the bf16 copies on the lowp path, for fp32 and bf16
@@ -521,7 +525,6 @@ void finish(Optimizer& opt, Group& g, const Batch& bt, const Shape& s, const Dis
   // U = P Q^T, and the typed parameters are updated from it in one pass.
   const float lr_mult = static_cast<float>(std::sqrt(static_cast<double>(t.geom.m) / static_cast<double>(t.geom.n)));
   const dion_dtype_t ab = lowp ? DION_DTYPE_BF16 : DION_DTYPE_FP32;
-  if (lowp) to_bf16(Rb.p, R.p, T * br);  // Q's bf16 copy, for either form of the update
   if (!be.host_memory() && Backend::update_lowrank_takes(ab, t.param_dtype)) {
     const ConstMatBatch Pu = lowp ? ConstMatBatch(Pb) : ConstMatBatch(P);
     const ConstMatBatch Ru = lowp ? ConstMatBatch(Rb) : ConstMatBatch(R);
@@ -685,9 +688,9 @@ size_t phased_floats(const Optimizer& opt, const Group& g, const std::vector<std
     // A..E: M, nz, Q, Q~ in bf16, P, P1
     sum += (lowp ? half(T * mn) : ws_floats(T * mn)) + ws_floats(T) + ws_floats(T * br) + half(T * br) +
            2 * ws_floats(T * ar);
-    // A: the sketch (one at a time); E: the result, R, bf16 P and R
+    // A: the sketch (one at a time); E: the result, R, bf16 P and R, column sums
     shared = std::max({shared, ws_floats(T * s.k * s.a),
-                       ws_floats(T * ar) + ws_floats(T * br) + half(T * ar) + half(T * br)});
+                       ws_floats(T * ar) + ws_floats(T * br) + half(T * ar) + half(T * br) + ws_floats(2 * T * s.r)});
     slots += T;
   }
   // the group's S P, R1, Gram matrices and Cholesky info

@@ -273,6 +273,29 @@ class Backend {
   // element, else 0; then p[b] = 0 and r[b] = q[b] where flags[b] == 0.
   virtual void nonzero_flags(ConstMatBatch m, int32_t* flags) = 0;
   virtual void zero_fixup_flagged(const int32_t* flags, MatBatch p, MatBatch r, ConstMatBatch q) = 0;
+  // Dion's finish of P and R (dense batches: ld = cols, stride = rows *
+  // cols), each the sequence in its comment with fewer passes over memory
+  // and the same operations, so the bits are the sequence's. pb / rb
+  // (nullable) receive bf16 copies (store(BF16), dense, the matrices one
+  // after the other).
+  //   finish_p: nan_to_num(p); zero_fixup_flagged's p half (p[b] = 0 where
+  //     flags[b] == 0); pb <- bf16(p). (This default runs the sequence.)
+  //   finish_r: nan_to_num(r); its r half (r[b] = q[b] where flags[b] ==
+  //     0); rb <- bf16(r); sumsq[b * cols + j] <- sum_i r[b](i, j)^2 in
+  //     double, as col_normalize sums.
+  //   col_scale_store: r(i, j) *= 1 / (sqrt(sumsq[j]) + eps) in double, as
+  //     col_normalize scales; rb <- bf16(r); with list (one matrix of r per
+  //     tensor): store_multi(list, r.batch, f, r, rows * cols, skip).
+  // So finish_r then col_scale_store is nan_to_num, the fix-up and
+  // col_normalize (the sums in double: a column of 1e30s does not overflow).
+  virtual void finish_p(MatBatch p, const int32_t* flags, void* pb) {
+    nan_to_num(p.p, p.batch * p.rows * p.cols);
+    zero_fixup_flagged(flags, p, MatBatch{p.p, 0, 0, 0, 0, p.batch}, ConstMatBatch(p.p, 0, 0, 0, 0, p.batch));
+    if (pb) store(pb, DION_DTYPE_BF16, p.p, p.batch * p.rows * p.cols);
+  }
+  virtual void finish_r(MatBatch r, const int32_t* flags, ConstMatBatch q, void* rb, double* sumsq) = 0;
+  virtual void col_scale_store(MatBatch r, const double* sumsq, float eps, void* rb, const TensorEntry* list, Field f,
+                               const int32_t* skip) = 0;
   // Each matrix of the batch: m /= (factor * ||m||_F + eps)
   virtual void frob_normalize(MatBatch m, float factor, float eps) = 0;
   // Column normalisation: m[:, j] /= (||m[:, j]|| + eps)

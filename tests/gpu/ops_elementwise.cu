@@ -1039,6 +1039,91 @@ TEST_F(OpsTest, StoreSlicesMulti) {
       }
 }
 
+// Dion's finish of P and R: finish_p, finish_r and col_scale_store give the
+// bits of the CUDA sequence they replace (nan_to_num, zero_fixup_flagged,
+// stores to bf16, col_normalize, store_multi of Q into every dtype), and the
+// host's within the tolerances above (col_normalize's double sums in
+// another order: an ulp of the floats; P's and the bf16 copies' elementwise
+// ops: bit for bit except where an R value's ulp flips its bf16 rounding,
+// hence bf16's rtol). NaN, +-inf, a flagged matrix (R takes Q's), a column
+// of 1e30s, and 96 rows (two row chunks of the column sums).
+TEST_F(OpsTest, FinishPAndR) {
+  const int64_t T = 3;
+  const std::vector<std::vector<int>> dtypes = {{-1, -1, -1, 0}, {-1, -1, -1, 1}, {-1, -1, -1, 2}};
+  for (const auto& [rows, cols] : std::initializer_list<std::pair<int64_t, int64_t>>{{7, 5}, {96, 40}})
+    for (int32_t skip : {0, 1}) {
+      SCOPED_TRACE(::testing::Message() << rows << " x " << cols << ", skip " << skip);
+      const int64_t n = rows * cols;
+      std::vector<float> R = univ(static_cast<size_t>(T * n), -2.0f, 2.0f), Q = univ(R.size(), -2.0f, 2.0f),
+                         P = univ(R.size(), -2.0f, 2.0f);
+      R[3] = NAN;
+      R[n + 4] = INFINITY;
+      R[2 * n + 6] = -INFINITY;
+      P[2] = NAN;
+      P[n + 5] = -INFINITY;
+      for (int64_t i = 0; i < rows; ++i) R[2 * n + i * cols + 1] = 1e30f;
+      const std::vector<int32_t> flags = {1, 0, 1};
+      TensorPair tp(rng, dtypes, n, 0);
+      Dev<int32_t> dflags(flags), dskip(std::vector<int32_t>{skip});
+      Dev<float> dR1(R), dR2(R), dP1(P), dP2(P), dQ(Q);
+      Dev<double> dss(static_cast<size_t>(T * cols));
+      Dev<uint16_t> rb1(R.size()), rb2(R.size()), pb1(R.size()), pb2(R.size());
+      const ConstMatBatch q(dQ.p(), rows, cols, cols, n, T);
+      const MatBatch r1{dR1.p(), rows, cols, cols, n, T}, r2{dR2.p(), rows, cols, cols, n, T};
+      const MatBatch p1{dP1.p(), rows, cols, cols, n, T}, p2{dP2.p(), rows, cols, cols, n, T};
+      cuda->nan_to_num(dR1.p(), T * n);
+      cuda->nan_to_num(dP1.p(), T * n);
+      cuda->zero_fixup_flagged(dflags.p(), p1, r1, q);
+      cuda->store(pb1.p(), DION_DTYPE_BF16, dP1.p(), T * n);
+      cuda->store(rb1.p(), DION_DTYPE_BF16, dR1.p(), T * n);
+      const std::vector<uint16_t> rb_fixed = rb1.get();
+      cuda->col_normalize(r1, 0.5f);
+      cuda->store(rb1.p(), DION_DTYPE_BF16, dR1.p(), T * n);
+      cuda->store_multi(tp.a.dev_table.p(), T, kState1, dR1.p(), n, dskip.p());
+      cuda->finish_p(p2, dflags.p(), pb2.p());
+      cuda->finish_r(r2, dflags.p(), q, rb2.p(), dss.p());
+      EXPECT_TRUE(same_bits(rb_fixed, rb2.get())) << "the fixed-up R's bf16 copy";
+      cuda->col_scale_store(r2, dss.p(), 0.5f, rb2.p(), tp.b.dev_table.p(), kState1, dskip.p());
+      EXPECT_TRUE(same_bits(dP1.get(), dP2.get()));
+      EXPECT_TRUE(same_bits(pb1.get(), pb2.get()));
+      EXPECT_TRUE(same_bits(dR1.get(), dR2.get()));
+      EXPECT_TRUE(same_bits(rb1.get(), rb2.get()));
+      EXPECT_TRUE(tp.same_field(kState1));
+      if (skip) EXPECT_TRUE(tp.unchanged(kState1));
+      // The host's on the same inputs (b's host copy of the state).
+      std::vector<float> Rh = R, Ph = P, Qh = Q;
+      std::vector<double> ssh(static_cast<size_t>(T * cols));
+      std::vector<uint16_t> rbh(R.size()), pbh(R.size());
+      const MatBatch rh{Rh.data(), rows, cols, cols, n, T}, ph{Ph.data(), rows, cols, cols, n, T};
+      host->finish_p(ph, flags.data(), pbh.data());
+      host->finish_r(rh, flags.data(), ConstMatBatch(Qh.data(), rows, cols, cols, n, T), nullptr, ssh.data());
+      EXPECT_TRUE(close(std::vector<float>(ssh.begin(), ssh.end()),
+                        [&] {
+                          const std::vector<double> d = dss.get();
+                          return std::vector<float>(d.begin(), d.end());
+                        }(),
+                        kUlps));
+      host->col_scale_store(rh, ssh.data(), 0.5f, rbh.data(), tp.b.host_list.data(), kState1, &skip);
+      EXPECT_TRUE(same_bits(Ph, dP2.get()));
+      EXPECT_TRUE(same_bits(pbh, pb2.get()));
+      EXPECT_TRUE(close(Rh, dR2.get(), kUlps));
+      EXPECT_NEAR(Rh[2 * n + 1], 1.0 / std::sqrt(static_cast<double>(rows)), 1e-6) << "the 1e30 column, normalised";
+      std::vector<float> wb(rbh.size()), gb(rbh.size());
+      const std::vector<uint16_t> rbd = rb2.get();
+      for (size_t i = 0; i < rbh.size(); ++i) {
+        wb[i] = bf16_to_float(rbh[i]);
+        gb[i] = bf16_to_float(rbd[i]);
+      }
+      EXPECT_TRUE(close(wb, gb, dtype_rtol(DION_DTYPE_BF16)));
+      for (size_t i = 0; i < tp.b.t.size(); ++i) {
+        const int dt = tp.b.host_list[i].dtype[kState1];
+        EXPECT_TRUE(close(tp.b.host_vals(i, kState1), tp.b.dev_vals(i, kState1), dtype_rtol(dt),
+                          dt == DION_DTYPE_FP16 ? 6e-8 : 0.0))
+            << "tensor " << i;
+      }
+    }
+}
+
 // Dion2's selection on the typed momentum (no fp32 copy of M + G): the
 // norms of momentum_l1_multi and the state and slices of
 // select_momentum_multi are the bits of the sequence they replace

@@ -16,6 +16,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <limits>
 #include <memory>
 #include <random>
 #include <vector>
@@ -384,6 +385,65 @@ TEST_F(HostFused, MomentumL1AndSelectMomentumEqualTheFp32Sequence) {
             else
               EXPECT_FALSE(tw.b[kState0] == before);
           }
+}
+
+// Dion's finish of R: finish_r then col_scale_store against nan_to_num,
+// the fix-up (R = Q where the flag is 0), col_normalize, the bf16 copies
+// and store_multi, bit for bit; with NaN, +-inf and a column of 1e30s (its
+// squares overflow fp32, not the double sums), a flagged matrix, every
+// dtype of the stored field and a set skip flag. finish_p (a default that
+// runs its sequence) is checked against the same sequence's P half.
+TEST_F(HostFused, FinishRAndColScaleStoreEqualFixupAndColNormalize) {
+  const int64_t T = 3, rows = 7, cols = 5, n = rows * cols;
+  const float kInf = std::numeric_limits<float>::infinity();
+  for (dion_dtype_t dq : kDtypes)
+    for (int32_t skip : {0, 1}) {
+      SCOPED_TRACE(::testing::Message() << dtype_name(dq) << " state, skip " << skip);
+      Twin tw(rng, T, n, {DION_DTYPE_FP32, DION_DTYPE_FP32, DION_DTYPE_FP32, dq});
+      const std::vector<std::vector<uint8_t>> before = tw.b[kState1];
+      std::normal_distribution<float> g(0.0f, 1.0f);
+      std::vector<float> R(T * n), Q(T * n), P(T * n);
+      for (auto* v : {&R, &Q, &P})
+        for (auto& x : *v) x = g(rng);
+      R[3] = std::nanf("");
+      R[n + 4] = kInf;
+      R[n + 6] = -kInf;
+      P[2] = std::nanf("");
+      P[5] = -kInf;
+      for (int64_t i = 0; i < rows; ++i) R[2 * n + i * cols + 1] = 1e30f;
+      const int32_t flags[T] = {1, 0, 1};
+      // The sequence.
+      std::vector<float> R1 = R, P1 = P;
+      std::vector<uint16_t> rb1(T * n), rb2(T * n, 7), pb1(T * n), pb2(T * n, 7);
+      MatBatch r1{R1.data(), rows, cols, cols, n, T}, p1{P1.data(), rows, cols, cols, n, T};
+      const ConstMatBatch q(Q.data(), rows, cols, cols, n, T);
+      be->nan_to_num(R1.data(), T * n);
+      be->nan_to_num(P1.data(), T * n);
+      be->zero_fixup_flagged(flags, p1, r1, q);
+      be->store(pb1.data(), DION_DTYPE_BF16, P1.data(), T * n);
+      be->col_normalize(r1, 0.5f);
+      be->store(rb1.data(), DION_DTYPE_BF16, R1.data(), T * n);
+      be->store_multi(tw.la.data(), T, kState1, R1.data(), n, &skip);
+      // The fused calls.
+      std::vector<float> R2 = R, P2 = P;
+      std::vector<double> ss(T * cols);
+      MatBatch r2{R2.data(), rows, cols, cols, n, T}, p2{P2.data(), rows, cols, cols, n, T};
+      be->finish_p(p2, flags, pb2.data());
+      be->finish_r(r2, flags, q, nullptr, ss.data());
+      be->col_scale_store(r2, ss.data(), 0.5f, rb2.data(), tw.lb.data(), kState1, &skip);
+      EXPECT_TRUE(same_floats(P1, P2));
+      EXPECT_TRUE(pb1 == pb2);
+      EXPECT_TRUE(same_floats(R1, R2));
+      EXPECT_TRUE(rb1 == rb2);
+      for (int f = 0; f < 4; ++f) EXPECT_TRUE(tw.same(f)) << "field " << f;
+      if (skip) EXPECT_TRUE(tw.b[kState1] == before);
+      // The fix-up took Q's matrix (normalised), the 1e30 column came out
+      // finite with unit norm.
+      double q0 = 0.0;
+      for (int64_t i = 0; i < rows; ++i) q0 += static_cast<double>(Q[n + i * cols]) * Q[n + i * cols];
+      EXPECT_EQ(R2[n], static_cast<float>(Q[n] * (1.0 / (std::sqrt(q0) + 0.5))));
+      EXPECT_NEAR(R2[2 * n + 1], 1.0 / std::sqrt(static_cast<double>(rows)), 1e-6);
+    }
 }
 
 // orthogonalize_bf16's start: frob_normalize then store to bf16, from a

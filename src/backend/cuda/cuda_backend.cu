@@ -850,6 +850,23 @@ class CudaBackend final : public Backend {
     void* s = scratch(kReduce, kernels::col_normalize_scratch(ctx(), m));
     kernels::col_normalize(ctx(), m, eps, s);
   }
+  void finish_p(MatBatch p, const int32_t* flags, void* pb) override {
+    DeviceScope ds(device_);
+    ProfScope ps(prof_, "finish_p", stream_);
+    kernels::finish_p(ctx(), p, flags, pb);
+  }
+  void finish_r(MatBatch r, const int32_t* flags, ConstMatBatch q, void* rb, double* sumsq) override {
+    DeviceScope ds(device_);
+    ProfScope ps(prof_, "finish_r", stream_);
+    void* s = scratch(kReduce, kernels::finish_r_scratch(ctx(), r));
+    kernels::finish_r(ctx(), r, flags, q, rb, sumsq, s);
+  }
+  void col_scale_store(MatBatch r, const double* sumsq, float eps, void* rb, const TensorEntry* list, Field f,
+                       const int32_t* skip) override {
+    DeviceScope ds(device_);
+    ProfScope ps(prof_, "col_scale_store", stream_);
+    kernels::col_scale_store(ctx(), r, sumsq, eps, rb, list, f, skip);
+  }
   void slice_l1(ConstMatBatch m, Axis axis, float* out) override {
     if (m.batch <= 0) return;
     DeviceScope ds(device_);

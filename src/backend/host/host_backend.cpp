@@ -420,6 +420,32 @@ class HostBackend final : public Backend {
         for (int64_t j = 0; j < m.cols; ++j) p[i * m.ld + j] = static_cast<float>(p[i * m.ld + j] * s[j]);
     }
   }
+  // col_normalize's loops, split at its sums.
+  void finish_r(MatBatch r, const int32_t* flags, ConstMatBatch q, void* rb, double* sumsq) override {
+    nan_to_num(r.p, r.batch * r.rows * r.cols);
+    zero_fixup_flagged(flags, MatBatch{r.p, 0, 0, 0, 0, r.batch}, r, q);
+    if (rb) store(rb, DION_DTYPE_BF16, r.p, r.batch * r.rows * r.cols);
+    for (int64_t b = 0; b < r.batch; ++b) {
+      const float* p = at(r, b);
+      double* s = sumsq + b * r.cols;
+      for (int64_t j = 0; j < r.cols; ++j) s[j] = 0.0;
+      for (int64_t i = 0; i < r.rows; ++i)
+        for (int64_t j = 0; j < r.cols; ++j) s[j] += static_cast<double>(p[i * r.ld + j]) * p[i * r.ld + j];
+    }
+  }
+  void col_scale_store(MatBatch r, const double* sumsq, float eps, void* rb, const TensorEntry* list, Field f,
+                       const int32_t* skip) override {
+    std::vector<double>& s = col_acc_;
+    for (int64_t b = 0; b < r.batch; ++b) {
+      float* p = at(r, b);
+      s.assign(sumsq + b * r.cols, sumsq + (b + 1) * r.cols);
+      for (int64_t j = 0; j < r.cols; ++j) s[j] = 1.0 / (std::sqrt(s[j]) + eps);
+      for (int64_t i = 0; i < r.rows; ++i)
+        for (int64_t j = 0; j < r.cols; ++j) p[i * r.ld + j] = static_cast<float>(p[i * r.ld + j] * s[j]);
+    }
+    if (rb) store(rb, DION_DTYPE_BF16, r.p, r.batch * r.rows * r.cols);
+    if (list) store_multi(list, r.batch, f, r.p, r.rows * r.cols, skip);
+  }
   void slice_l1(ConstMatBatch m, Axis axis, float* out) override {
     const int64_t N = axis == kRows ? m.rows : m.cols;
     for (int64_t b = 0; b < m.batch; ++b) {
