@@ -266,20 +266,27 @@ __global__ void apply_update_multi_kernel(const TensorEntry* list, int64_t count
   }
 }
 
-__global__ void lowrank_update_setup_kernel(const TensorEntry* list, int64_t count, const char* a, int64_t a_stride,
-                                            const char* b, int64_t b_stride, const GroupScalars* gs,
+// gs: the update's coefficients (-lr lr_mult, 1 - lr wd) for field f; null:
+// (lr_mult, 1), the error feedback's. {0, 1} on a skipped step.
+__global__ void lowrank_update_setup_kernel(const TensorEntry* list, int64_t count, int f, const char* a,
+                                            int64_t a_stride, const char* b, int64_t b_stride, const GroupScalars* gs,
                                             float lr_mult, const int32_t* skip, const void** pa, const void** pb,
                                             void** pc, float* coef) {
   for (int64_t i = global_thread(); i < count; i += grid_threads()) {
     pa[i] = b + i * b_stride;
     pb[i] = a + i * a_stride;
-    pc[i] = list[i].ptr[kParam];
+    pc[i] = list[i].ptr[f];
   }
   if (global_thread() == 0) {
-    const Update op(gs, lr_mult, false);
     const bool s = skip && *skip;
-    coef[0] = s ? 0.0f : -op.lr_adj;
-    coef[1] = s ? 1.0f : op.decay;
+    if (gs) {
+      const Update op(gs, lr_mult, false);
+      coef[0] = s ? 0.0f : -op.lr_adj;
+      coef[1] = s ? 1.0f : op.decay;
+    } else {
+      coef[0] = s ? 0.0f : lr_mult;
+      coef[1] = 1.0f;
+    }
   }
 }
 
@@ -407,11 +414,12 @@ void momentum_multi(const Ctx& c, const TensorEntry* list, int64_t count, int64_
   cuda::check_launch("momentum_multi kernel");
 }
 
-void lowrank_update_setup(const Ctx& c, const TensorEntry* list, int64_t count, const void* a, int64_t a_stride,
-                          const void* b, int64_t b_stride, int elem_bytes, const GroupScalars* gs, float lr_mult,
-                          const int32_t* skip, const void** pa, const void** pb, void** pc, float* coef) {
+void lowrank_update_setup(const Ctx& c, const TensorEntry* list, int64_t count, Field f, const void* a,
+                          int64_t a_stride, const void* b, int64_t b_stride, int elem_bytes, const GroupScalars* gs,
+                          float lr_mult, const int32_t* skip, const void** pa, const void** pb, void** pc,
+                          float* coef) {
   lowrank_update_setup_kernel<<<blocks_1d(c, std::max<int64_t>(count, 1)), kThreads, 0, c.stream>>>(
-      list, count, static_cast<const char*>(a), a_stride * elem_bytes, static_cast<const char*>(b),
+      list, count, static_cast<int>(f), static_cast<const char*>(a), a_stride * elem_bytes, static_cast<const char*>(b),
       b_stride * elem_bytes, gs, lr_mult, skip, pa, pb, pc, coef);
   cuda::check_launch("lowrank_update_setup kernel");
 }

@@ -103,13 +103,15 @@ void decay_add_slices_multi(const Ctx& c, const TensorEntry* list, int64_t count
                             int64_t cols, Axis axis, const int32_t* idx, int64_t k, ConstMatBatch u,
                             const GroupScalars* gs, float mult, const int32_t* skip, void* scratch);
 
-// update_lowrank's pointer arrays and coefficients: pa[i] = b + i *
-// b_stride, pb[i] = a + i * a_stride (elements of elem_bytes bytes), pc[i] =
-// list[i]'s parameter; coef = {-lr lr_mult, 1 - lr wd} as apply_update
-// computes them, or {0, 1} when *skip.
-void lowrank_update_setup(const Ctx& c, const TensorEntry* list, int64_t count, const void* a, int64_t a_stride,
-                          const void* b, int64_t b_stride, int elem_bytes, const GroupScalars* gs, float lr_mult,
-                          const int32_t* skip, const void** pa, const void** pb, void** pc, float* coef);
+// update_lowrank's and accumulate_lowrank's pointer arrays and
+// coefficients: pa[i] = b + i * b_stride, pb[i] = a + i * a_stride
+// (elements of elem_bytes bytes), pc[i] = list[i]'s field f; coef = {-lr
+// lr_mult, 1 - lr wd} as apply_update computes them (gs not null) or
+// {lr_mult, 1} (gs null), {0, 1} when *skip.
+void lowrank_update_setup(const Ctx& c, const TensorEntry* list, int64_t count, Field f, const void* a,
+                          int64_t a_stride, const void* b, int64_t b_stride, int elem_bytes, const GroupScalars* gs,
+                          float lr_mult, const int32_t* skip, const void** pa, const void** pb, void** pc,
+                          float* coef);
 
 // ---- linalg.cu ----
 // ptrs[b] = base + b * stride (device pointer arrays for the batched cuBLAS/cuSOLVER calls).
@@ -153,5 +155,9 @@ void orth_fallback(const Ctx& c, MatBatch p, ConstMatBatch p0, const int32_t* in
 cudaError_t randn(cudaStream_t stream, float* out, int64_t batch, int64_t rows, int64_t cols, int64_t row0,
                   int64_t col0, int64_t global_cols, const PhiloxKey& key, const TensorEntry* tensors,
                   const int64_t* step, float scale);
+// The same numbers rounded to bf16 (out: bf16 elements).
+cudaError_t randn_bf16(cudaStream_t stream, void* out, int64_t batch, int64_t rows, int64_t cols, int64_t row0,
+                       int64_t col0, int64_t global_cols, const PhiloxKey& key, const TensorEntry* tensors,
+                       const int64_t* step, float scale);
 
 }  // namespace dion::kernels

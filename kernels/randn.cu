@@ -8,6 +8,7 @@
 #include <algorithm>
 
 #include "core/backend.hpp"
+#include "core/dtype.hpp"
 #include "core/rng.hpp"
 #include "kernels/launch.hpp"
 
@@ -25,8 +26,13 @@ __host__ __device__ inline int64_t blocks_per_row(int64_t cols) { return (cols +
 // from s / 4 on (philox_normal4: block g holds elements 4 g .. 4 g + 3);
 // each thread draws one block and writes those of its four normals that lie
 // in the row. The key's tensor and step may come from device memory, so a
-// captured graph replayed at a later step draws that step's numbers.
-__global__ void randn_kernel(float* out, int64_t batch, int64_t rows, int64_t cols, int64_t row0, int64_t col0,
+// captured graph replayed at a later step draws that step's numbers. T:
+// float, or uint16_t for bf16 (the float value rounded as store rounds it).
+__device__ __forceinline__ void put(float* p, float v) { *p = v; }
+__device__ __forceinline__ void put(uint16_t* p, float v) { *p = float_to_bf16(v); }
+
+template <class T>
+__global__ void randn_kernel(T* out, int64_t batch, int64_t rows, int64_t cols, int64_t row0, int64_t col0,
                              int64_t global_cols, PhiloxKey key, const TensorEntry* tensors, const int64_t* step,
                              float scale) {
   const int64_t gpr = blocks_per_row(cols), work = rows * gpr;
@@ -38,7 +44,7 @@ __global__ void randn_kernel(float* out, int64_t batch, int64_t rows, int64_t co
     PhiloxKey k = key;
     if (tensors) k.tensor = tensors[b].tensor_id;
     if (step) k.step = static_cast<uint64_t>(*step);
-    float* o = out + b * rows * cols;
+    T* o = out + b * rows * cols;
     int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
     int64_t r = i / gpr, j = i % gpr;
     for (; i < work; i += stride) {
@@ -46,11 +52,11 @@ __global__ void randn_kernel(float* out, int64_t batch, int64_t rows, int64_t co
       if (4 * g < e) {
         float z[4];
         philox_normal4(k, static_cast<uint64_t>(g), z);
-        float* row = o + r * cols - s;
+        T* row = o + r * cols - s;
 #pragma unroll
         for (int q = 0; q < 4; ++q) {
           const int64_t idx = 4 * g + q;
-          if (idx >= s && idx < e) row[idx] = scale * z[q];
+          if (idx >= s && idx < e) put(row + idx, scale * z[q]);
         }
       }
       r += sr;
@@ -67,9 +73,10 @@ __global__ void randn_kernel(float* out, int64_t batch, int64_t rows, int64_t co
 
 namespace kernels {
 
-cudaError_t randn(cudaStream_t stream, float* out, int64_t batch, int64_t rows, int64_t cols, int64_t row0,
-                  int64_t col0, int64_t global_cols, const PhiloxKey& key, const TensorEntry* tensors,
-                  const int64_t* step, float scale) {
+template <class T>
+cudaError_t randn_t(cudaStream_t stream, T* out, int64_t batch, int64_t rows, int64_t cols, int64_t row0,
+                    int64_t col0, int64_t global_cols, const PhiloxKey& key, const TensorEntry* tensors,
+                    const int64_t* step, float scale) {
   if (batch <= 0 || rows <= 0 || cols <= 0) return cudaSuccess;
   const int threads = 256;
   const int64_t work = rows * blocks_per_row(cols);  // Philox blocks per matrix (randn_kernel)
@@ -77,9 +84,22 @@ cudaError_t randn(cudaStream_t stream, float* out, int64_t batch, int64_t rows, 
   // over), each thread then stepping through its Philox blocks of the matrices.
   const int64_t gy = std::min<int64_t>(batch, 65535);
   const int64_t gx = std::min<int64_t>((work + threads - 1) / threads, std::max<int64_t>(1, 4096 / gy));
-  randn_kernel<<<dim3(static_cast<unsigned>(gx), static_cast<unsigned>(gy)), threads, 0, stream>>>(
+  randn_kernel<T><<<dim3(static_cast<unsigned>(gx), static_cast<unsigned>(gy)), threads, 0, stream>>>(
       out, batch, rows, cols, row0, col0, global_cols, key, tensors, step, scale);
   return cudaGetLastError();
+}
+
+cudaError_t randn(cudaStream_t stream, float* out, int64_t batch, int64_t rows, int64_t cols, int64_t row0,
+                  int64_t col0, int64_t global_cols, const PhiloxKey& key, const TensorEntry* tensors,
+                  const int64_t* step, float scale) {
+  return randn_t(stream, out, batch, rows, cols, row0, col0, global_cols, key, tensors, step, scale);
+}
+
+cudaError_t randn_bf16(cudaStream_t stream, void* out, int64_t batch, int64_t rows, int64_t cols, int64_t row0,
+                       int64_t col0, int64_t global_cols, const PhiloxKey& key, const TensorEntry* tensors,
+                       const int64_t* step, float scale) {
+  return randn_t(stream, static_cast<uint16_t*>(out), batch, rows, cols, row0, col0, global_cols, key, tensors, step,
+                 scale);
 }
 
 }  // namespace kernels

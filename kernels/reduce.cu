@@ -467,24 +467,29 @@ __global__ void finish_r_partial_kernel(MatBatch r, const int32_t* flags, ConstM
   }
 }
 
-// Backend::col_scale_store: col_scale_kernel's expression, then the copies.
-struct ColScaleStore {
-  MatBatch m;
-  const double* sumsq;
-  float eps;
-  uint16_t* rb;
-  const TensorEntry* list;
-  int f;
-  const int32_t* skip;
-  __device__ void operator()(int64_t b, int64_t i, int64_t j) const {
-    float* x = mat_at(m, b) + i * m.ld + j;
-    const float v = static_cast<float>(*x * (1.0 / (sqrt(sumsq[b * m.cols + j]) + eps)));
-    *x = v;
-    if (rb) rb[b * m.rows * m.cols + i * m.cols + j] = float_to_bf16(v);
-    if (list && !(skip && *skip))
-      store_elem(list[b].ptr[f], static_cast<dion_dtype_t>(list[b].dtype[f]), i * m.cols + j, v);
+// Backend::col_scale_store: col_scale_kernel's loop (each thread's column
+// scale computed once, in double, as there), then the copies.
+__global__ void col_scale_store_kernel(MatBatch m, int64_t nr, const double* sumsq, float eps, uint16_t* rb,
+                                       const TensorEntry* list, int f, const int32_t* skip) {
+  const int tx = threadIdx.x, ty = threadIdx.y;
+  const int64_t j = blockIdx.x * static_cast<int64_t>(kTileX) + tx;
+  const int64_t chunk = ceil_div(m.rows, nr), r0 = blockIdx.y * chunk, r1 = min(r0 + chunk, m.rows);
+  if (j >= m.cols) return;
+  const bool store = list && !(skip && *skip);
+  for (int64_t b = blockIdx.z; b < m.batch; b += gridDim.z) {
+    const double inv = 1.0 / (sqrt(sumsq[b * m.cols + j]) + eps);
+    float* p = mat_at(m, b);
+    uint16_t* o = rb ? rb + b * m.rows * m.cols : nullptr;
+    void* dst = store ? list[b].ptr[f] : nullptr;
+    const dion_dtype_t dt = store ? static_cast<dion_dtype_t>(list[b].dtype[f]) : DION_DTYPE_FP32;
+    for (int64_t i = r0 + ty; i < r1; i += kTileY) {
+      const float v = static_cast<float>(p[i * m.ld + j] * inv);
+      p[i * m.ld + j] = v;
+      if (o) o[i * m.cols + j] = float_to_bf16(v);
+      if (dst) store_elem(dst, dt, i * m.cols + j, v);
+    }
   }
-};
+}
 
 }  // namespace
 
@@ -518,9 +523,11 @@ void finish_r(const Ctx& c, MatBatch r, const int32_t* flags, ConstMatBatch q, v
 
 void col_scale_store(const Ctx& c, MatBatch r, const double* sumsq, float eps, void* rb, const TensorEntry* list,
                      Field f, const int32_t* skip) {
-  for_each_2d(c, r.batch, r.rows, r.cols,
-              ColScaleStore{r, sumsq, eps, static_cast<uint16_t*>(rb), list, static_cast<int>(f), skip},
-              "col_scale_store kernel");
+  if (r.batch <= 0 || r.rows <= 0 || r.cols <= 0) return;
+  const ColPlan plan = col_plan(c, r.rows, r.cols, r.batch);
+  col_scale_store_kernel<<<col_grid(plan, r.batch), dim3(kTileX, kTileY), 0, c.stream>>>(
+      r, plan.nr, sumsq, eps, static_cast<uint16_t*>(rb), list, static_cast<int>(f), skip);
+  cuda::check_launch("col_scale_store kernel");
 }
 
 size_t momentum_l1_multi_scratch(const Ctx& c, int64_t count, int64_t per, int64_t rows, int64_t cols, Axis axis) {

@@ -241,6 +241,11 @@ void gather_slots(Optimizer& opt, const Split& sp, int64_t T, int64_t e, const f
   sp.mesh->all_gather_v(mine, x, cd.data(), cd.data() + W);
 }
 
+// RCQR's sketch in sketch_product (below).
+size_t sketch_floats(int64_t T, const Shape& s) {
+  return std::max(ws_floats(T * s.k * s.a), ws_floats((T * s.k * s.a + 1) / 2) + ws_floats((T * s.a * s.r + 1) / 2));
+}
+
 size_t workspace_floats(const Group& g, const Tensor& t, int64_t count) {
   const Shape s = shape_of(g.opt, t);
   const int64_t T = count, mn = t.geom.srows * t.geom.scols;
@@ -267,7 +272,7 @@ size_t workspace_floats(const Group& g, const Tensor& t, int64_t count) {
   // per power iteration: the orthogonalisation of at most T matrices (the
   // result and RCQR's P1, sketch k x a, S P k x r, two r x r factors,
   // Cholesky info) and a copy of R
-  size_t per_iter = 2 * ws_floats(T * s.a * s.r) + ws_floats(T * s.k * s.a) + ws_floats(f.slots * s.k * s.r) +
+  size_t per_iter = 2 * ws_floats(T * s.a * s.r) + sketch_floats(T, s) + ws_floats(f.slots * s.k * s.r) +
                     ws_floats(f.own * s.k * s.r) + ws_floats(T * s.r * s.r) + ws_floats(f.slots * s.r * s.r) +
                     ws_floats(f.own * s.r * s.r) + ws_floats(T) + ws_floats(T * s.b * s.r);
   // inner sharding: the whole P gathered over the inner mesh (twice, plus
@@ -326,6 +331,36 @@ void take_rows(Optimizer& opt, const Shape& s, int64_t T, const float* full, flo
 // `list` names P's matrices (the sketch of each is keyed by its tensor), so a
 // rank orthogonalizing a slice of a batch draws the sketches a single process
 // draws for those matrices.
+// RCQR's sketch product SP = S P (T matrices, S k x a with N(0, 1/k)
+// entries). The sketch is keyed by (tensor, step) read on the device, so a
+// replayed CUDA graph draws a new sketch every step; a rank holding rows
+// [a_off, a_off + a) of P draws those columns of the global sketch. At
+// matmul precision BF16 on a device, S is drawn in bf16 and multiplied with
+// P's bf16 copy (fp32 accumulation) at bf16 tensor-core rates, as the
+// reference multiplies in P's dtype for bf16 parameters; R1 = qr_r(S P)
+// only preconditions P (the Cholesky step after it orthonormalizes P1 =
+// P R1^-1 in fp32, and the result is P's Q factor whatever R1 is), so the
+// product's precision reaches the result only through P1's conditioning.
+// Workspace: sketch_floats (the fp32 S, or the bf16 S and P).
+void sketch_product(Optimizer& opt, const Group& g, const Shape& s, const TensorEntry* list, int iter,
+                    ConstMatBatch P, MatBatch SP, dion_matmul_precision_t prec) {
+  Backend& be = *opt.backend;
+  const int64_t T = SP.batch;
+  const PhiloxKey key{opt.options.seed, static_cast<uint32_t>(kRngSketch | (iter << 8)), 0, 0};
+  const float scale = static_cast<float>(std::sqrt(1.0 / static_cast<double>(s.k)));
+  if (prec == DION_MATMUL_BF16 && !be.host_memory() && P.ld == s.r && P.stride == s.a * s.r) {
+    const ConstMatBatch S(opt.ws.take((T * s.k * s.a + 1) / 2), s.k, s.a, s.a, s.k * s.a, T);
+    const ConstMatBatch Pb(opt.ws.take((T * s.a * s.r + 1) / 2), s.a, s.r, s.r, s.a * s.r, T);
+    be.randn_bf16(const_cast<float*>(S.p), T, s.k, s.a, 0, s.a_off, s.ag, key, list, &g.scalars->step, scale);
+    be.store(const_cast<float*>(Pb.p), DION_DTYPE_BF16, P.p, T * s.a * s.r);
+    be.gemm_bf16_f32(false, false, 1.0f, S, Pb, 0.0f, SP);
+    return;
+  }
+  const MatBatch S{opt.ws.take(T * s.k * s.a), s.k, s.a, s.a, s.k * s.a, T};
+  be.randn(S.p, T, s.k, s.a, 0, s.a_off, s.ag, key, list, &g.scalars->step, scale);
+  be.gemm(false, false, 1.0f, S, P, 0.0f, SP, prec);
+}
+
 float* orth(Optimizer& opt, const Group& g, const TensorEntry* list, const Shape& s, const Dist& d, MatBatch P,
            int iter) {
   Backend& be = *opt.backend;
@@ -360,16 +395,9 @@ float* orth(Optimizer& opt, const Group& g, const TensorEntry* list, const Shape
   int32_t* info = reinterpret_cast<int32_t*>(opt.ws.take(T));
   if (method == DION_QR_RCQR) {
     // Randomized Cholesky QR: R1 = qr_r(S P); P1 = P R1^-1; P2 = P1 chol(P1^T P1)^-1.
-    MatBatch S{opt.ws.take(T * s.k * s.a), s.k, s.a, s.a, s.k * s.a, T};
     MatBatch SP{opt.ws.take(sp.slots * s.k * s.r), s.k, s.r, s.r, s.k * s.r, T};
     MatBatch R1{opt.ws.take(T * rr), s.r, s.r, s.r, rr, T};
-    // The sketch is keyed by (tensor, step) read on the device, so a replayed
-    // CUDA graph draws a new sketch every step; a rank holding rows
-    // [a_off, a_off + a) of P draws those columns of the global sketch.
-    PhiloxKey key{opt.options.seed, static_cast<uint32_t>(kRngSketch | (iter << 8)), 0, 0};
-    be.randn(S.p, T, s.k, s.a, 0, s.a_off, s.ag, key, list, &g.scalars->step,
-             static_cast<float>(std::sqrt(1.0 / static_cast<double>(s.k))));
-    be.gemm(false, false, 1.0f, S, P, 0.0f, SP, prec);
+    sketch_product(opt, g, s, list, iter, P, SP, prec);
     if (sp.mesh) {
       const int64_t kr = s.k * s.r;
       float* own = sp.scatter ? opt.ws.take(sp.block * kr) : nullptr;
@@ -463,6 +491,16 @@ bool lowp_path(const Backend& be, const dion_group_options_t& o, dion_dtype_t mo
   return !be.host_memory() && bf16_products(o, momentum_dtype);
 }
 
+// Whether the error feedback goes straight into the momentum state
+// (accumulate_lowrank, on a device backend, where it takes the state's
+// dtype with the step's factors: bf16 ones on the lowp path, fp32 ones
+// into an fp32 state). The momentum pass then stores M + G in the state,
+// and the store of M after the error feedback (a pass over it) goes away.
+bool ef_in_state(const Backend& be, bool lowp, dion_dtype_t momentum_dtype) {
+  return !be.host_memory() &&
+         Backend::update_lowrank_takes(lowp ? DION_DTYPE_BF16 : DION_DTYPE_FP32, momentum_dtype);
+}
+
 // The end of a batch's step once P (orthonormal) and R = B^T P are known:
 // the zero / NaN handling, the error feedback into M and its store, Q =
 // colnorm(R) and its store, and the parameter update. M holds M + G (bf16
@@ -488,9 +526,17 @@ void finish(Optimizer& opt, Group& g, const Batch& bt, const Shape& s, const Dis
   double* ss = reinterpret_cast<double*>(opt.ws.take(2 * T * s.r));
   be.finish_p(P, nz, lowp ? Pb.p : nullptr);
   be.finish_r(R, nz, Qm, lowp ? Rb.p : nullptr, ss);
-  // Error feedback: B -= (1 - mu) P R^T, i.e. S -= (1-mu) P R^T or R P^T.
+  // Error feedback: B -= (1 - mu) P R^T, i.e. S -= (1-mu) P R^T or R P^T:
+  // on a device, straight into the momentum state (which holds M + G), where
+  // accumulate_lowrank takes its dtype; else into M, then stored.
   const float ef = static_cast<float>(-(1.0 - o.mu));
-  if (lowp) {
+  const dion_dtype_t mdt = state_of(opt, t, 0).dtype;
+  if (ef_in_state(be, lowp, mdt)) {
+    const ConstMatBatch Pe = lowp ? ConstMatBatch(Pb) : ConstMatBatch(P);
+    const ConstMatBatch Re = lowp ? ConstMatBatch(Rb) : ConstMatBatch(R);
+    be.accumulate_lowrank(bt.list, T, !s.bT ? Pe : Re, !s.bT ? Re : Pe, lowp ? DION_DTYPE_BF16 : DION_DTYPE_FP32, mdt,
+                          prec, ef, opt.skip_flag());
+  } else if (lowp) {
     if (!s.bT)
       be.gemm_bf16(false, true, ef, Pb, Rb, 1.0f, Mm);
     else
@@ -561,14 +607,15 @@ void step(Optimizer& opt, Group& g, const Batch& bt) {
   auto to_bf16 = [&](float* dst, const float* src, int64_t n) { be.store(dst, DION_DTYPE_BF16, src, n); };
 
   // M + G in fp32 (bf16 on the lowp path; one pass over the typed momentum
-  // and gradient; the momentum is stored after the error feedback below),
-  // and which of the T matrices of M + G hold a nonzero element (the zero
-  // handling below).
+  // and gradient; the momentum state receives it too where the error
+  // feedback goes straight into it, else it is stored after the error
+  // feedback), and which of the T matrices of M + G hold a nonzero element
+  // (the zero handling).
   float* M = lowp ? half(T * n_el) : opt.ws.take(T * n_el);
   int32_t* nz = reinterpret_cast<int32_t*>(opt.ws.take(T));
   be.zero(nz, sizeof(int32_t) * static_cast<size_t>(T));
-  be.momentum_multi(bt.list, T, n_el, 1.0f, 1.0f, false, false, M, lowp ? DION_DTYPE_BF16 : DION_DTYPE_FP32,
-                    opt.skip_flag(), nz);
+  be.momentum_multi(bt.list, T, n_el, 1.0f, 1.0f, false, ef_in_state(be, lowp, state_of(opt, t, 0).dtype), M,
+                    lowp ? DION_DTYPE_BF16 : DION_DTYPE_FP32, opt.skip_flag(), nz);
   float* Q = load_ws(opt, bt, kState1, s.b * s.r);
 
   MatBatch Mm{M, t.geom.srows, t.geom.scols, t.geom.scols, n_el, T};  // bf16 elements on the lowp path
@@ -689,7 +736,7 @@ size_t phased_floats(const Optimizer& opt, const Group& g, const std::vector<std
     sum += (lowp ? half(T * mn) : ws_floats(T * mn)) + ws_floats(T) + ws_floats(T * br) + half(T * br) +
            2 * ws_floats(T * ar);
     // A: the sketch (one at a time); E: the result, R, bf16 P and R, column sums
-    shared = std::max({shared, ws_floats(T * s.k * s.a),
+    shared = std::max({shared, sketch_floats(T, s),
                        ws_floats(T * ar) + ws_floats(T * br) + half(T * ar) + half(T * br) + ws_floats(2 * T * s.r)});
     slots += T;
   }
@@ -754,8 +801,8 @@ bool step_group(Optimizer& opt, Group& g) {
     u.M = u.lowp ? half(T * n_el) : opt.ws.take(T * n_el);
     u.nz = reinterpret_cast<int32_t*>(opt.ws.take(T));
     be.zero(u.nz, sizeof(int32_t) * static_cast<size_t>(T));
-    be.momentum_multi(bt.list, T, n_el, 1.0f, 1.0f, false, false, u.M, u.lowp ? DION_DTYPE_BF16 : DION_DTYPE_FP32,
-                      opt.skip_flag(), u.nz);
+    be.momentum_multi(bt.list, T, n_el, 1.0f, 1.0f, false, ef_in_state(be, u.lowp, state_of(opt, t, 0).dtype), u.M,
+                      u.lowp ? DION_DTYPE_BF16 : DION_DTYPE_FP32, opt.skip_flag(), u.nz);
     u.Qm = MatBatch{load_ws(opt, bt, kState1, br), u.s.b, u.s.r, u.s.r, br, T};
     u.P = MatBatch{opt.ws.take(T * ar), u.s.a, u.s.r, u.s.r, ar, T};
     u.P1 = MatBatch{opt.ws.take(T * ar), u.s.a, u.s.r, u.s.r, ar, T};
@@ -769,11 +816,7 @@ bool step_group(Optimizer& opt, Group& g) {
     }
     if (method == DION_QR_RCQR) {
       const size_t m = opt.ws.mark();
-      MatBatch S{opt.ws.take(T * k * u.s.a), k, u.s.a, u.s.a, k * u.s.a, T};
-      PhiloxKey key{opt.options.seed, static_cast<uint32_t>(kRngSketch), 0, 0};
-      be.randn(S.p, T, k, u.s.a, 0, u.s.a_off, u.s.ag, key, bt.list, &g.scalars->step,
-               static_cast<float>(std::sqrt(1.0 / static_cast<double>(k))));
-      be.gemm(false, false, 1.0f, S, u.P, 0.0f, slice(SP, u.first, T), prec);
+      sketch_product(opt, g, u.s, bt.list, 0, u.P, slice(SP, u.first, T), prec);
       opt.ws.rewind(m);
     }
   }

@@ -188,6 +188,11 @@ class Backend {
   virtual void randn(float* out, int64_t batch, int64_t rows, int64_t cols, int64_t row0, int64_t col0,
                      int64_t global_cols, const PhiloxKey& key, const TensorEntry* tensors, const int64_t* step,
                      float scale) = 0;
+  // randn's numbers rounded to bf16 (out: bf16 elements, as store(BF16)
+  // writes them): the bf16 sketch of RCQR at matmul precision BF16.
+  virtual void randn_bf16(void* out, int64_t batch, int64_t rows, int64_t cols, int64_t row0, int64_t col0,
+                          int64_t global_cols, const PhiloxKey& key, const TensorEntry* tensors, const int64_t* step,
+                          float scale) = 0;
 
   // ---- dense linear algebra (fp32, row-major) ----
   // C = alpha * op(A) * op(B) + beta * C, per matrix of the batch.
@@ -395,6 +400,15 @@ class Backend {
   virtual void update_lowrank(const TensorEntry* list, int64_t count, ConstMatBatch a, ConstMatBatch b,
                               dion_dtype_t ab_dtype, dion_dtype_t x_dtype, dion_matmul_precision_t precision,
                               const GroupScalars* gs, float lr_mult, const int32_t* skip) = 0;
+  // Dion's error feedback into the momentum state: for each listed tensor
+  // i, M_i (field kState0, rows x cols row-major dense, of dtype x_dtype)
+  // <- M_i + alpha (A_i B_i^T), the product accumulated in fp32 and added
+  // with one rounding to x_dtype (a GEMM with M as C, beta 1); the operand
+  // dtypes and precisions as update_lowrank's, update_lowrank_takes' pairs.
+  // Nothing when *skip.
+  virtual void accumulate_lowrank(const TensorEntry* list, int64_t count, ConstMatBatch a, ConstMatBatch b,
+                                  dion_dtype_t ab_dtype, dion_dtype_t x_dtype, dion_matmul_precision_t precision,
+                                  float alpha, const int32_t* skip) = 0;
   static bool update_lowrank_takes(dion_dtype_t ab_dtype, dion_dtype_t x_dtype) {
     if (ab_dtype == DION_DTYPE_BF16) return x_dtype == DION_DTYPE_FP32 || x_dtype == DION_DTYPE_BF16;
     return ab_dtype == DION_DTYPE_FP32 && x_dtype == DION_DTYPE_FP32;

@@ -672,6 +672,18 @@ TEST_F(OpsTest, RandnMatchesHost) {
       }
     EXPECT_LE(differ, h.size() / 1000 + 1);
     if (keyed) EXPECT_NE(h[0], h[rows * cols]) << "tensor ids must key the matrices of a batch";
+    // randn_bf16: the device's fp32 numbers rounded as store rounds them,
+    // bit for bit; the host's, its fp32 numbers rounded.
+    Dev<uint16_t> d16(h.size()), d16s(h.size());
+    cuda->randn_bf16(d16.p(), B, rows, cols, row0, col0, gcols, key, keyed ? ts.dev_table.p() : nullptr,
+                     keyed ? dstep.p() : nullptr, 0.5f);
+    cuda->store(d16s.p(), DION_DTYPE_BF16, d.p(), B * rows * cols);
+    EXPECT_TRUE(same_bits(d16s.get(), d16.get()));
+    std::vector<uint16_t> h16(h.size()), h16s(h.size());
+    host->randn_bf16(h16.data(), B, rows, cols, row0, col0, gcols, key, keyed ? ts.host_list.data() : nullptr,
+                     keyed ? &step : nullptr, 0.5f);
+    host->store(h16s.data(), DION_DTYPE_BF16, h.data(), B * rows * cols);
+    EXPECT_TRUE(same_bits(h16s, h16));
   }
 }
 
@@ -906,7 +918,8 @@ TEST_P(FusedMultiTest, ApplyUpdateMulti) {
 // update_lowrank (Dion's update from its factors P and Q): every parameter
 // element against the float64 textbook decay x - lr lr_mult (A B^T)_ij of
 // the same inputs (decay and lr lr_mult as apply_update computes them in
-// float). Error allowed: the update's few fp32 roundings and the product's
+// float); accumulate_lowrank (the error feedback into the momentum state):
+// every state element against x + alpha (A B^T)_ij. Error allowed: the update's few fp32 roundings and the product's
 // fp32 accumulation, 2^-21 of the sum of the terms' magnitudes (|decay x| +
 // lr lr_mult sum_k |a_ik b_jk|); with fp32 factors at TF32, each product
 // term's operands rounded to 11 bits (2^-10 of its magnitude); for bf16
@@ -915,7 +928,7 @@ TEST_P(FusedMultiTest, ApplyUpdateMulti) {
 // parameters at FP32 and TF32. The host backend's op (the fp32 product,
 // then apply_update_multi) within the FP32 bound, and a set skip flag
 // leaves every parameter bit for bit.
-TEST_F(OpsTest, UpdateLowrank) {
+TEST_F(OpsTest, UpdateAndAccumulateLowrank) {
   const int64_t rows = 40, cols = 24, r = 8, T = 3, n = rows * cols;
   const GroupScalars gs{0.02, 0.1, 0.9, 0.95, 3, 0};
   Dev<GroupScalars> dgs(std::vector<GroupScalars>{gs});
@@ -926,15 +939,21 @@ TEST_F(OpsTest, UpdateLowrank) {
     dion_dtype_t ab, x;
     dion_matmul_precision_t prec;
   };
+  const float alpha = -0.05f;  // the error feedback's -(1 - mu)
+  for (const bool acc : {false, true})
   for (const Case c : {Case{DION_DTYPE_BF16, DION_DTYPE_FP32, DION_MATMUL_BF16},
                        Case{DION_DTYPE_BF16, DION_DTYPE_BF16, DION_MATMUL_BF16},
                        Case{DION_DTYPE_FP32, DION_DTYPE_FP32, DION_MATMUL_FP32},
                        Case{DION_DTYPE_FP32, DION_DTYPE_FP32, DION_MATMUL_TF32}})
     for (int32_t skip : {0, 1}) {
-      SCOPED_TRACE(::testing::Message() << dtype_name(c.ab) << " factors, " << dtype_name(c.x)
-                                        << " parameters, precision " << static_cast<int>(c.prec) << ", skip " << skip);
+      SCOPED_TRACE(::testing::Message() << (acc ? "accumulate_lowrank, " : "update_lowrank, ") << dtype_name(c.ab)
+                                        << " factors, " << dtype_name(c.x) << " target, precision "
+                                        << static_cast<int>(c.prec) << ", skip " << skip);
       ASSERT_TRUE(Backend::update_lowrank_takes(c.ab, c.x));
-      Tensors ts(rng, std::vector<std::vector<int>>(T, {c.x, -1, -1, -1}), std::vector<int64_t>(T, n));
+      const int f = acc ? kState0 : kParam;
+      std::vector<int> dts = {-1, -1, -1, -1};
+      dts[static_cast<size_t>(f)] = c.x;
+      Tensors ts(rng, std::vector<std::vector<int>>(T, dts), std::vector<int64_t>(T, n));
       // The factors as floats (bf16 values when ab is bf16), and their bits.
       std::vector<float> fa(static_cast<size_t>(T * rows * r)), fb(static_cast<size_t>(T * cols * r));
       for (auto& v : fa) v = c.ab == DION_DTYPE_BF16 ? bf16_to_float(float_to_bf16(gauss())) : gauss();
@@ -951,14 +970,20 @@ TEST_F(OpsTest, UpdateLowrank) {
       const float* hb = lowp ? reinterpret_cast<const float*>(b16.data()) : fb.data();
       Dev<int32_t> dskip(std::vector<int32_t>{skip});
       std::vector<std::vector<float>> before(T);
-      for (int64_t t = 0; t < T; ++t) before[t] = ts.host_vals(static_cast<size_t>(t), kParam);
-      cuda->update_lowrank(ts.dev_table.p(), T, ConstMatBatch(pa, rows, r, r, rows * r, T),
-                           ConstMatBatch(pb, cols, r, r, cols * r, T), c.ab, c.x, c.prec, dgs.p(), lr_mult, dskip.p());
-      host->update_lowrank(ts.host_list.data(), T, ConstMatBatch(ha, rows, r, r, rows * r, T),
-                           ConstMatBatch(hb, cols, r, r, cols * r, T), c.ab, c.x, c.prec, &gs, lr_mult, &skip);
+      for (int64_t t = 0; t < T; ++t) before[t] = ts.host_vals(static_cast<size_t>(t), f);
+      const ConstMatBatch A(pa, rows, r, r, rows * r, T), B(pb, cols, r, r, cols * r, T);
+      const ConstMatBatch hA(ha, rows, r, r, rows * r, T), hB(hb, cols, r, r, cols * r, T);
+      if (acc) {
+        cuda->accumulate_lowrank(ts.dev_table.p(), T, A, B, c.ab, c.x, c.prec, alpha, dskip.p());
+        host->accumulate_lowrank(ts.host_list.data(), T, hA, hB, c.ab, c.x, c.prec, alpha, &skip);
+      } else {
+        cuda->update_lowrank(ts.dev_table.p(), T, A, B, c.ab, c.x, c.prec, dgs.p(), lr_mult, dskip.p());
+        host->update_lowrank(ts.host_list.data(), T, hA, hB, c.ab, c.x, c.prec, &gs, lr_mult, &skip);
+      }
+      const double keep = acc ? 1.0 : decay, coef = acc ? alpha : -lr_adj;
       for (int64_t t = 0; t < T; ++t) {
-        const std::vector<float> got = ts.dev_vals(static_cast<size_t>(t), kParam);
-        const std::vector<float> hgot = ts.host_vals(static_cast<size_t>(t), kParam);
+        const std::vector<float> got = ts.dev_vals(static_cast<size_t>(t), f);
+        const std::vector<float> hgot = ts.host_vals(static_cast<size_t>(t), f);
         if (skip) {
           EXPECT_TRUE(same_bits(before[t], got)) << "tensor " << t;
           EXPECT_TRUE(same_bits(before[t], hgot)) << "tensor " << t;
@@ -974,10 +999,10 @@ TEST_F(OpsTest, UpdateLowrank) {
               mag += std::fabs(x);
             }
             const size_t e = static_cast<size_t>(i * cols + j);
-            const double want = decay * before[t][e] - lr_adj * prod;
-            double tol = 0x1p-21 * (std::fabs(decay * before[t][e]) + lr_adj * mag);
+            const double want = keep * before[t][e] + coef * prod;
+            double tol = 0x1p-21 * (std::fabs(keep * before[t][e]) + std::fabs(coef) * mag);
             if (c.x == DION_DTYPE_BF16) tol += 0x1p-8 * std::fabs(want);
-            const double dtol = tol + (c.prec == DION_MATMUL_TF32 ? 0x1p-10 * lr_adj * mag : 0.0);
+            const double dtol = tol + (c.prec == DION_MATMUL_TF32 ? 0x1p-10 * std::fabs(coef) * mag : 0.0);
             ASSERT_LE(std::fabs(got[e] - want), dtol) << "tensor " << t << " (" << i << ", " << j << ")";
             ASSERT_LE(std::fabs(hgot[e] - want), tol) << "host, tensor " << t << " (" << i << ", " << j << ")";
           }

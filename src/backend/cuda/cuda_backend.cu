@@ -418,6 +418,14 @@ class CudaBackend final : public Backend {
     check(kernels::randn(stream_, out, batch, rows, cols, row0, col0, global_cols, key, tensors, step, scale),
           "randn kernel");
   }
+  void randn_bf16(void* out, int64_t batch, int64_t rows, int64_t cols, int64_t row0, int64_t col0,
+                  int64_t global_cols, const PhiloxKey& key, const TensorEntry* tensors, const int64_t* step,
+                  float scale) override {
+    DeviceScope ds(device_);
+    ProfScope ps(prof_, "randn_bf16", stream_);
+    check(kernels::randn_bf16(stream_, out, batch, rows, cols, row0, col0, global_cols, key, tensors, step, scale),
+          "randn_bf16 kernel");
+  }
 
   // ---- dense linear algebra ----
   void gemm(bool ta, bool tb, float alpha, ConstMatBatch a, ConstMatBatch b, float beta, MatBatch c,
@@ -948,41 +956,21 @@ class CudaBackend final : public Backend {
     ProfScope ps(prof_, "apply_update_multi", stream_);
     kernels::apply_update_multi(ctx(), list, count, n, u, u_dtype, gs, lr_mult, cautious, skip);
   }
-  // One pointer-array GEMM per batch: C = X (each tensor's parameter, in
-  // place), alpha = -lr lr_mult and beta = 1 - lr wd read from the device
-  // (pointer mode device for this call), computed there by the setup kernel
-  // from the group's scalars and the skip flag ({0, 1} on a skipped step:
-  // C = 1 * C + 0 * (A B^T) leaves X's bits, and A, B are finite: Dion's P
-  // and R pass nan_to_num before their bf16 copies). A row-major X = A B^T is
-  // column-major X^T = B A^T: B's pointers first, transposed.
+  // lowrank_gemm (below) with C = the parameters / the momentum states.
   void update_lowrank(const TensorEntry* list, int64_t count, ConstMatBatch a, ConstMatBatch b, dion_dtype_t ab_dtype,
                       dion_dtype_t x_dtype, dion_matmul_precision_t precision, const GroupScalars* gs, float lr_mult,
                       const int32_t* skip) override {
-    const int64_t rows = a.rows, cols = b.rows, r = a.cols;
-    DION_REQUIRE(b.cols == r && a.batch == count && b.batch == count && update_lowrank_takes(ab_dtype, x_dtype),
-                 DION_ERROR_INTERNAL, "cuda update_lowrank: bad shapes or dtypes");
-    if (count <= 0 || rows == 0 || cols == 0) return;
     DeviceScope ds(device_);
     ProfScope ps(prof_, "update_lowrank", stream_);
-    ps.detail([&] { return gemm_tag(ab_dtype == DION_DTYPE_BF16 ? "update_lowrank bf16" : "update_lowrank fp32", rows,
-                                    cols, r, false, true, count); });
-    void** ptr = static_cast<void**>(scratch(kPtrUpdate, sizeof(void*) * static_cast<size_t>(3 * count) + 64));
-    float* coef = reinterpret_cast<float*>(ptr + 3 * count);
-    const bool lowp = ab_dtype == DION_DTYPE_BF16;
-    kernels::lowrank_update_setup(ctx(), list, count, a.p, a.stride, b.p, b.stride, lowp ? 2 : 4, gs, lr_mult, skip,
-                                  const_cast<const void**>(ptr), const_cast<const void**>(ptr + count),
-                                  ptr + 2 * count, coef);
-    // bf16 factors are multiplied exactly, with fp32 accumulation
-    const cublasComputeType_t compute = lowp ? CUBLAS_COMPUTE_32F : compute_type(precision);
-    const cudaDataType_t ab = lowp ? CUDA_R_16BF : CUDA_R_32F;
-    check(cublasSetPointerMode(blas_, CUBLAS_POINTER_MODE_DEVICE), "cublasSetPointerMode (device)");
-    const cublasStatus_t st = cublasGemmBatchedEx(
-        blas_, CUBLAS_OP_T, CUBLAS_OP_N, to_int(cols, "update cols"), to_int(rows, "update rows"),
-        to_int(r, "update rank"), coef, ptr, ab, to_int(b.ld, "update ldb"), ptr + count, ab,
-        to_int(a.ld, "update lda"), coef + 1, ptr + 2 * count, x_dtype == DION_DTYPE_BF16 ? CUDA_R_16BF : CUDA_R_32F,
-        to_int(cols, "update ldx"), to_int(count, "update batch"), compute, CUBLAS_GEMM_DEFAULT);
-    check(cublasSetPointerMode(blas_, CUBLAS_POINTER_MODE_HOST), "cublasSetPointerMode (host)");
-    check(st, "cublasGemmBatchedEx (update_lowrank)");
+    lowrank_gemm(ps, "update_lowrank", list, count, kParam, a, b, ab_dtype, x_dtype, precision, gs, lr_mult, skip);
+  }
+  void accumulate_lowrank(const TensorEntry* list, int64_t count, ConstMatBatch a, ConstMatBatch b,
+                          dion_dtype_t ab_dtype, dion_dtype_t x_dtype, dion_matmul_precision_t precision, float alpha,
+                          const int32_t* skip) override {
+    DeviceScope ds(device_);
+    ProfScope ps(prof_, "accumulate_lowrank", stream_);
+    lowrank_gemm(ps, "accumulate_lowrank", list, count, kState0, a, b, ab_dtype, x_dtype, precision, nullptr, alpha,
+                 skip);
   }
   void store_slices_multi(const TensorEntry* list, int64_t count, Field f, ConstMatBatch m, Axis axis,
                           const int32_t* idx, int64_t k, const int32_t* skip) override {
@@ -1029,6 +1017,41 @@ class CudaBackend final : public Backend {
   };
 
   kernels::Ctx ctx() const { return kernels::Ctx{stream_, sms_}; }
+
+  // update_lowrank and accumulate_lowrank: one pointer-array GEMM per batch,
+  // C = field f of each tensor (in place), alpha and beta read from the
+  // device (pointer mode device for this call), computed there by the setup
+  // kernel from the group's scalars (gs) or alpha = mult, beta = 1 (gs
+  // null), and the skip flag ({0, 1} on a skipped step: C = 1 * C + 0 *
+  // (A B^T) leaves C's bits, and A, B are finite: Dion's P and R pass
+  // finish_p / finish_r before). A row-major X = A B^T is column-major X^T
+  // = B A^T: B's pointers first, transposed.
+  void lowrank_gemm(ProfScope& ps, const char* what, const TensorEntry* list, int64_t count, Field f, ConstMatBatch a,
+                    ConstMatBatch b, dion_dtype_t ab_dtype, dion_dtype_t x_dtype, dion_matmul_precision_t precision,
+                    const GroupScalars* gs, float mult, const int32_t* skip) {
+    const int64_t rows = a.rows, cols = b.rows, r = a.cols;
+    DION_REQUIRE(b.cols == r && a.batch == count && b.batch == count && update_lowrank_takes(ab_dtype, x_dtype),
+                 DION_ERROR_INTERNAL, "cuda %s: bad shapes or dtypes", what);
+    if (count <= 0 || rows == 0 || cols == 0) return;
+    const bool lowp = ab_dtype == DION_DTYPE_BF16;
+    ps.detail([&] { return gemm_tag(lowp ? "lowrank bf16" : "lowrank fp32", rows, cols, r, false, true, count); });
+    void** ptr = static_cast<void**>(scratch(kPtrUpdate, sizeof(void*) * static_cast<size_t>(3 * count) + 64));
+    float* coef = reinterpret_cast<float*>(ptr + 3 * count);
+    kernels::lowrank_update_setup(ctx(), list, count, f, a.p, a.stride, b.p, b.stride, lowp ? 2 : 4, gs, mult, skip,
+                                  const_cast<const void**>(ptr), const_cast<const void**>(ptr + count),
+                                  ptr + 2 * count, coef);
+    // bf16 factors are multiplied exactly, with fp32 accumulation
+    const cublasComputeType_t compute = lowp ? CUBLAS_COMPUTE_32F : compute_type(precision);
+    const cudaDataType_t ab = lowp ? CUDA_R_16BF : CUDA_R_32F;
+    check(cublasSetPointerMode(blas_, CUBLAS_POINTER_MODE_DEVICE), "cublasSetPointerMode (device)");
+    const cublasStatus_t st = cublasGemmBatchedEx(
+        blas_, CUBLAS_OP_T, CUBLAS_OP_N, to_int(cols, "lowrank cols"), to_int(rows, "lowrank rows"),
+        to_int(r, "lowrank rank"), coef, ptr, ab, to_int(b.ld, "lowrank ldb"), ptr + count, ab,
+        to_int(a.ld, "lowrank lda"), coef + 1, ptr + 2 * count, x_dtype == DION_DTYPE_BF16 ? CUDA_R_16BF : CUDA_R_32F,
+        to_int(cols, "lowrank ldx"), to_int(count, "lowrank batch"), compute, CUBLAS_GEMM_DEFAULT);
+    check(cublasSetPointerMode(blas_, CUBLAS_POINTER_MODE_HOST), "cublasSetPointerMode (host)");
+    check(st, "cublasGemmBatchedEx (lowrank)");
+  }
 
   // cublasSetStream resets the workspace to cuBLAS's own pool, so the
   // preallocated one is set again after every stream change.

@@ -138,6 +138,13 @@ class HostBackend final : public Backend {
     if (st->skip) ++st->skipped_steps;
   }
 
+  void randn_bf16(void* out, int64_t batch, int64_t rows, int64_t cols, int64_t row0, int64_t col0,
+                  int64_t global_cols, const PhiloxKey& key, const TensorEntry* tensors, const int64_t* step,
+                  float scale) override {
+    float* f = grow(g_scratch.prod, static_cast<size_t>(batch * rows * cols));
+    randn(f, batch, rows, cols, row0, col0, global_cols, key, tensors, step, scale);
+    store(out, DION_DTYPE_BF16, f, batch * rows * cols);
+  }
   void randn(float* out, int64_t batch, int64_t rows, int64_t cols, int64_t row0, int64_t col0, int64_t global_cols,
              const PhiloxKey& key, const TensorEntry* tensors, const int64_t* step, float scale) override {
     for (int64_t b = 0; b < batch; ++b) {
@@ -623,6 +630,24 @@ class HostBackend final : public Backend {
         any = any || load_elem(u, u_dtype, t * n + i) != 0.0f;  // NaN counts as nonzero, -0 as zero
       }
       if (nonzero && any) nonzero[t] = 1;
+    }
+  }
+  // The product in fp32 (A and B widened exactly), then each element's sum.
+  void accumulate_lowrank(const TensorEntry* list, int64_t count, ConstMatBatch a, ConstMatBatch b,
+                          dion_dtype_t ab_dtype, dion_dtype_t /*x_dtype: each entry's own*/,
+                          dion_matmul_precision_t /*fp32 here*/, float alpha, const int32_t* skip) override {
+    if (skip && *skip) return;
+    const int64_t rows = a.rows, cols = b.rows, n = rows * cols;
+    float* u = grow(g_scratch.prod, static_cast<size_t>(count * n));
+    const MatBatch U{u, rows, cols, cols, n, count};
+    if (ab_dtype == DION_DTYPE_BF16)
+      gemm_bf16_f32(false, true, 1.0f, a, b, 0.0f, U);
+    else
+      gemm(false, true, 1.0f, a, b, 0.0f, U, DION_MATMUL_FP32);
+    for (int64_t t = 0; t < count; ++t) {
+      const auto dm = static_cast<dion_dtype_t>(list[t].dtype[kState0]);
+      for (int64_t i = 0; i < n; ++i)
+        store_elem(list[t].ptr[kState0], dm, i, alpha * u[t * n + i] + load_elem(list[t].ptr[kState0], dm, i));
     }
   }
   // The product in fp32 (A and B widened exactly), then the update of it.
