@@ -207,7 +207,8 @@ __global__ void momentum_multi_kernel(const TensorEntry* list, int64_t count, in
     const void* pg = list[t].ptr[kGrad];
     const dion_dtype_t dm = static_cast<dion_dtype_t>(list[t].dtype[kState0]);
     const dion_dtype_t dg = static_cast<dion_dtype_t>(list[t].dtype[kGrad]);
-    void* ut = static_cast<char*>(u) + t * n * usize;
+    // u null: M is the output (stored), its flags as written.
+    void* ut = u ? static_cast<char*>(u) + t * n * usize : nullptr;
     int64_t i0 = 0;
     if (aligned16(pm) && aligned16(pg) && aligned16(ut)) {
       const int64_t n8 = n / 8;
@@ -218,18 +219,18 @@ __global__ void momentum_multi_kernel(const TensorEntry* list, int64_t count, in
 #pragma unroll
         for (int k = 0; k < 8; ++k) {
           o[k] = op(m[k], g[k]);
-          any = any || written_nonzero(o[k], udt);
+          any = any || (ut ? written_nonzero(o[k], udt) : round_to(dm, m[k]) != 0.0f);
         }
         if (write) store8(pm, dm, j, m);
-        store8(ut, udt, j, o);
+        if (ut) store8(ut, udt, j, o);
       }
       i0 = n8 * 8;
     }
     for (int64_t i = i0 + global_thread(); i < n; i += grid_threads()) {
       float m = load_elem(pm, dm, i);
       const float o = op(m, load_elem(pg, dg, i));
-      store_elem(ut, udt, i, o);
-      any = any || written_nonzero(o, udt);
+      if (ut) store_elem(ut, udt, i, o);
+      any = any || (ut ? written_nonzero(o, udt) : round_to(dm, m) != 0.0f);
       if (write) store_elem(pm, dm, i, m);
     }
     // Every thread of the block reaches this for every t (the loop bounds
@@ -287,6 +288,18 @@ __global__ void lowrank_update_setup_kernel(const TensorEntry* list, int64_t cou
       coef[0] = s ? 0.0f : lr_mult;
       coef[1] = 1.0f;
     }
+  }
+}
+
+// gemm_field's pointer arrays: pb[i] = b + i * b_stride, px[i] = list[i]'s
+// field f, pc[i] = c + i * c_stride (strides in bytes).
+__global__ void field_gemm_setup_kernel(const TensorEntry* list, int64_t count, int f, const char* b,
+                                        int64_t b_stride, char* c, int64_t c_stride, const void** pb,
+                                        const void** px, void** pc) {
+  for (int64_t i = global_thread(); i < count; i += grid_threads()) {
+    pb[i] = b + i * b_stride;
+    px[i] = list[i].ptr[f];
+    pc[i] = c + i * c_stride;
   }
 }
 
@@ -422,6 +435,15 @@ void lowrank_update_setup(const Ctx& c, const TensorEntry* list, int64_t count, 
       list, count, static_cast<int>(f), static_cast<const char*>(a), a_stride * elem_bytes, static_cast<const char*>(b),
       b_stride * elem_bytes, gs, lr_mult, skip, pa, pb, pc, coef);
   cuda::check_launch("lowrank_update_setup kernel");
+}
+
+void field_gemm_setup(const Ctx& c, const TensorEntry* list, int64_t count, Field f, const void* b,
+                      int64_t b_stride_bytes, void* cp, int64_t c_stride_bytes, const void** pb, const void** px,
+                      void** pc) {
+  field_gemm_setup_kernel<<<blocks_1d(c, std::max<int64_t>(count, 1)), kThreads, 0, c.stream>>>(
+      list, count, static_cast<int>(f), static_cast<const char*>(b), b_stride_bytes, static_cast<char*>(cp),
+      c_stride_bytes, pb, px, pc);
+  cuda::check_launch("field_gemm_setup kernel");
 }
 
 void apply_update_multi(const Ctx& c, const TensorEntry* list, int64_t count, int64_t n, const void* u,

@@ -113,6 +113,12 @@ void lowrank_update_setup(const Ctx& c, const TensorEntry* list, int64_t count, 
                           float lr_mult, const int32_t* skip, const void** pa, const void** pb, void** pc,
                           float* coef);
 
+// gemm_field's pointer arrays: pb[i] = b + i * b_stride_bytes, px[i] =
+// list[i]'s field f, pc[i] = c + i * c_stride_bytes.
+void field_gemm_setup(const Ctx& c, const TensorEntry* list, int64_t count, Field f, const void* b,
+                      int64_t b_stride_bytes, void* cp, int64_t c_stride_bytes, const void** pb, const void** px,
+                      void** pc);
+
 // ---- linalg.cu ----
 // ptrs[b] = base + b * stride (device pointer arrays for the batched cuBLAS/cuSOLVER calls).
 void fill_pointers(const Ctx& c, float** ptrs, const float* base, int64_t stride, int64_t batch);

@@ -501,6 +501,35 @@ bool ef_in_state(const Backend& be, bool lowp, dion_dtype_t momentum_dtype) {
          Backend::update_lowrank_takes(lowp ? DION_DTYPE_BF16 : DION_DTYPE_FP32, momentum_dtype);
 }
 
+// Whether the momentum state is also the products' input (gemm_field), so
+// that M + G needs no copy in the workspace: the error feedback goes into
+// the state, the state holds the products' operand dtype (bf16 on the lowp
+// path, fp32 otherwise) and the update takes the parameters' dtype (finish
+// then never needs M's buffer). DION_MOMENTUM_IN_STATE=0 keeps the copy.
+bool m_in_state(const Backend& be, bool lowp, dion_dtype_t momentum_dtype, dion_dtype_t param_dtype) {
+  static const bool off = [] {
+    const char* e = std::getenv("DION_MOMENTUM_IN_STATE");
+    return e && std::strcmp(e, "0") == 0;
+  }();
+  const dion_dtype_t ab = lowp ? DION_DTYPE_BF16 : DION_DTYPE_FP32;
+  return !off && ef_in_state(be, lowp, momentum_dtype) && momentum_dtype == ab &&
+         Backend::update_lowrank_takes(ab, param_dtype);
+}
+
+// C = op(M) B (op: transposed when `trans`) for the batch's momentum M + G:
+// from the state (in_state), else from its workspace copy Mm (bf16
+// elements on the lowp path, and B bf16 too). Mm's shape is used either way.
+void m_product(Backend& be, const Batch& bt, bool in_state, bool lowp, bool trans, ConstMatBatch Mm, ConstMatBatch B,
+               MatBatch C, dion_matmul_precision_t prec) {
+  if (in_state)
+    be.gemm_field(bt.list, bt.count, kState0, Mm.rows, Mm.cols, lowp ? DION_DTYPE_BF16 : DION_DTYPE_FP32, trans, B, C,
+                  prec);
+  else if (lowp)
+    be.gemm_bf16_f32(trans, false, 1.0f, Mm, B, 0.0f, C);
+  else
+    be.gemm(trans, false, 1.0f, Mm, B, 0.0f, C, prec);
+}
+
 // The end of a batch's step once P (orthonormal) and R = B^T P are known:
 // the zero / NaN handling, the error feedback into M and its store, Q =
 // colnorm(R) and its store, and the parameter update. M holds M + G (bf16
@@ -611,10 +640,12 @@ void step(Optimizer& opt, Group& g, const Batch& bt) {
   // feedback goes straight into it, else it is stored after the error
   // feedback), and which of the T matrices of M + G hold a nonzero element
   // (the zero handling).
-  float* M = lowp ? half(T * n_el) : opt.ws.take(T * n_el);
+  const dion_dtype_t mdt = state_of(opt, t, 0).dtype;
+  const bool in_state = m_in_state(be, lowp, mdt, t.param_dtype);
+  float* M = in_state ? nullptr : lowp ? half(T * n_el) : opt.ws.take(T * n_el);
   int32_t* nz = reinterpret_cast<int32_t*>(opt.ws.take(T));
   be.zero(nz, sizeof(int32_t) * static_cast<size_t>(T));
-  be.momentum_multi(bt.list, T, n_el, 1.0f, 1.0f, false, ef_in_state(be, lowp, state_of(opt, t, 0).dtype), M,
+  be.momentum_multi(bt.list, T, n_el, 1.0f, 1.0f, false, ef_in_state(be, lowp, mdt), M,
                     lowp ? DION_DTYPE_BF16 : DION_DTYPE_FP32, opt.skip_flag(), nz);
   float* Q = load_ws(opt, bt, kState1, s.b * s.r);
 
@@ -634,10 +665,7 @@ void step(Optimizer& opt, Group& g, const Batch& bt) {
   if (lowp) to_bf16(const_cast<float*>(Qtb.p), Q, T * br);
   for (int it = 0; it < o.power_iters; ++it) {
     P.p = p_buf;
-    if (lowp)
-      be.gemm_bf16_f32(s.bT, false, 1.0f, Mm, Qtb, 0.0f, P);  // P = B Q~ (partial over outer)
-    else
-      be.gemm(s.bT, false, 1.0f, Mm, Qt, 0.0f, P, prec);
+    m_product(be, bt, in_state, lowp, s.bT, Mm, lowp ? Qtb : Qt, P, prec);  // P = B Q (partial over outer)
     if (!sp.mesh) {
       if (d.outer) d.outer->all_reduce(P.p, T * ar, ReduceOp::kSum);
       // Compressed replicate sync (spec §2.6): average P = B Q and R = B^T P
@@ -647,12 +675,9 @@ void step(Optimizer& opt, Group& g, const Batch& bt) {
     } else {
       orth_split(opt, g, bt, s, d, sp, P, own, it);
     }
-    if (lowp) {
-      to_bf16(Pb.p, P.p, T * ar);
-      be.gemm_bf16_f32(!s.bT, false, 1.0f, Mm, Pb, 0.0f, R);  // R = B^T P (partial over inner)
-    } else {
-      be.gemm(!s.bT, false, 1.0f, Mm, P, 0.0f, R, prec);
-    }
+    if (lowp) to_bf16(Pb.p, P.p, T * ar);
+    m_product(be, bt, in_state, lowp, !s.bT, Mm, lowp ? ConstMatBatch(Pb) : ConstMatBatch(P), R,
+              prec);  // R = B^T P (partial over inner)
     if (d.inner) d.inner->all_reduce(R.p, T * br, ReduceOp::kSum);
     if (d.rep) d.rep->all_reduce(R.p, T * br, ReduceOp::kAvg);
     if (it + 1 < o.power_iters) {
@@ -696,7 +721,7 @@ void step(Optimizer& opt, Group& g, const Batch& bt) {
 struct PhasedRun {
   const Batch* bt = nullptr;
   Shape s{};
-  bool lowp = false;
+  bool lowp = false, in_state = false;  // lowp_path; m_in_state (M is null then)
   float* M = nullptr;
   int32_t* nz = nullptr;
   MatBatch Qm{}, P{}, P1{};
@@ -730,11 +755,14 @@ size_t phased_floats(const Optimizer& opt, const Group& g, const std::vector<std
     const Shape s = shape_of(o, t);
     if (s.r != s0.r || s.k != s0.k || s.ag <= s.r || t.geom.srows * t.geom.scols != t.numel_local) return 0;
     const int64_t mn = t.numel_local, ar = s.a * s.r, br = s.b * s.r;
-    const bool lowp = !opt.backend->host_memory() && bf16_products(o, momentum_dtype_of(o, t));
+    const dion_dtype_t mdt = momentum_dtype_of(o, t);
+    const bool lowp = !opt.backend->host_memory() && bf16_products(o, mdt);
     const auto half = [](int64_t n) { return ws_floats((n + 1) / 2); };
-    // A..E: M, nz, Q, Q~ in bf16, P, P1
-    sum += (lowp ? half(T * mn) : ws_floats(T * mn)) + ws_floats(T) + ws_floats(T * br) + half(T * br) +
-           2 * ws_floats(T * ar);
+    // A..E: M (unless the state holds it), nz, Q, Q~ in bf16, P, P1
+    const size_t m_copy = m_in_state(*opt.backend, lowp, mdt, t.param_dtype) ? 0
+                          : lowp                                              ? half(T * mn)
+                                                                              : ws_floats(T * mn);
+    sum += m_copy + ws_floats(T) + ws_floats(T * br) + half(T * br) + 2 * ws_floats(T * ar);
     // A: the sketch (one at a time); E: the result, R, bf16 P and R, column sums
     shared = std::max({shared, sketch_floats(T, s),
                        ws_floats(T * ar) + ws_floats(T * br) + half(T * ar) + half(T * br) + ws_floats(2 * T * s.r)});
@@ -796,12 +824,14 @@ bool step_group(Optimizer& opt, Group& g) {
     u.s = shape_of(o, t);
     u.first = first;
     first += T;
-    u.lowp = lowp_path(be, o, state_of(opt, t, 0).dtype);
+    const dion_dtype_t mdt = state_of(opt, t, 0).dtype;
+    u.lowp = lowp_path(be, o, mdt);
+    u.in_state = m_in_state(be, u.lowp, mdt, t.param_dtype);
     const int64_t ar = u.s.a * u.s.r, br = u.s.b * u.s.r;
-    u.M = u.lowp ? half(T * n_el) : opt.ws.take(T * n_el);
+    u.M = u.in_state ? nullptr : u.lowp ? half(T * n_el) : opt.ws.take(T * n_el);
     u.nz = reinterpret_cast<int32_t*>(opt.ws.take(T));
     be.zero(u.nz, sizeof(int32_t) * static_cast<size_t>(T));
-    be.momentum_multi(bt.list, T, n_el, 1.0f, 1.0f, false, ef_in_state(be, u.lowp, state_of(opt, t, 0).dtype), u.M,
+    be.momentum_multi(bt.list, T, n_el, 1.0f, 1.0f, false, ef_in_state(be, u.lowp, mdt), u.M,
                       u.lowp ? DION_DTYPE_BF16 : DION_DTYPE_FP32, opt.skip_flag(), u.nz);
     u.Qm = MatBatch{load_ws(opt, bt, kState1, br), u.s.b, u.s.r, u.s.r, br, T};
     u.P = MatBatch{opt.ws.take(T * ar), u.s.a, u.s.r, u.s.r, ar, T};
@@ -810,10 +840,8 @@ bool step_group(Optimizer& opt, Group& g) {
     if (u.lowp) {
       u.Qtb = ConstMatBatch(half(T * br), u.s.b, u.s.r, u.s.r, br, T);
       to_bf16(const_cast<float*>(u.Qtb.p), u.Qm.p, T * br);
-      be.gemm_bf16_f32(u.s.bT, false, 1.0f, Mm, u.Qtb, 0.0f, u.P);
-    } else {
-      be.gemm(u.s.bT, false, 1.0f, Mm, u.Qm, 0.0f, u.P, prec);
     }
+    m_product(be, bt, u.in_state, u.lowp, u.s.bT, Mm, u.lowp ? u.Qtb : ConstMatBatch(u.Qm), u.P, prec);
     if (method == DION_QR_RCQR) {
       const size_t m = opt.ws.mark();
       sketch_product(opt, g, u.s, bt.list, 0, u.P, slice(SP, u.first, T), prec);
@@ -851,12 +879,8 @@ bool step_group(Optimizer& opt, Group& g) {
     be.trsm_right_upper(slice(G, u.first, T), u.P1, Y, prec);
     be.orth_fallback(Y, u.P, info + u.first);
     const MatBatch Mm{u.M, t.geom.srows, t.geom.scols, t.geom.scols, n_el, T};
-    if (u.lowp) {
-      to_bf16(Pb.p, Y.p, T * ar);
-      be.gemm_bf16_f32(!u.s.bT, false, 1.0f, Mm, Pb, 0.0f, R);
-    } else {
-      be.gemm(!u.s.bT, false, 1.0f, Mm, Y, 0.0f, R, prec);
-    }
+    if (u.lowp) to_bf16(Pb.p, Y.p, T * ar);
+    m_product(be, bt, u.in_state, u.lowp, !u.s.bT, Mm, u.lowp ? ConstMatBatch(Pb) : ConstMatBatch(Y), R, prec);
     finish(opt, g, bt, u.s, none, u.lowp, u.M, u.nz, u.Qm, Y, R, Pb, Rb);
     opt.ws.rewind(m);
   }

@@ -207,6 +207,15 @@ class Backend {
   // bf16): Dion's products of its bf16 momentum at matmul precision BF16.
   virtual void gemm_bf16_f32(bool trans_a, bool trans_b, float alpha, ConstMatBatch a, ConstMatBatch b, float beta,
                              MatBatch c) = 0;
+  // C = op(X_i) B for each listed tensor i, X_i its field f (rows x cols,
+  // row-major dense, of dtype x_dtype): Dion's products with the momentum
+  // read where it is stored. x_dtype BF16: b holds bf16 elements, the
+  // products exact with fp32 accumulation (gemm_bf16_f32's); FP32: b fp32
+  // at `precision` (gemm's). The bits of load_multi (or the bf16 field
+  // itself) and that call up to the products' summation order.
+  virtual void gemm_field(const TensorEntry* list, int64_t count, Field f, int64_t rows, int64_t cols,
+                          dion_dtype_t x_dtype, bool trans_x, ConstMatBatch b, MatBatch c,
+                          dion_matmul_precision_t precision) = 0;
   // m[b] (bf16 elements, as for gemm_bf16) += v on its diagonal, rounded to bf16.
   virtual void add_diag_bf16(MatBatch m, float v) = 0;
   // In place: A (p x r, p >= r) <- the Q factor of its thin Householder QR.
@@ -374,7 +383,10 @@ class Backend {
   // u is written in u_dtype (FP32, or BF16: then rounded as store rounds).
   // nonzero (may be null; count flags the caller zeroed): nonzero[t] = 1
   // where u's matrix t holds an element != 0 as written (NaN counts, -0 does
-  // not), the flags of nonzero_flags(u) without a second pass over u.
+  // not), the flags of nonzero_flags(u) without a second pass over u. u may
+  // be null with store_state (M itself is the product's input; fp32 or bf16
+  // momentum): then the flags are M's as it is written (as computed when
+  // *skip).
   virtual void momentum_multi(const TensorEntry* list, int64_t count, int64_t n, float mu, float g_scale,
                               bool nesterov, bool store_state, void* u, dion_dtype_t u_dtype, const int32_t* skip,
                               int32_t* nonzero) = 0;

@@ -84,6 +84,13 @@ DION_HD float fp16_to_float(uint16_t h) {
   return bits_float(sign | ((exp + 112) << 23) | (mant << 13));
 }
 
+// v as stored in dt and loaded back (store_elem's rounding).
+DION_HD float round_to(dion_dtype_t dt, float v) {
+  if (dt == DION_DTYPE_BF16) return bf16_to_float(float_to_bf16(v));
+  if (dt == DION_DTYPE_FP16) return fp16_to_float(float_to_fp16(v));
+  return v;
+}
+
 DION_HD float load_elem(const void* p, dion_dtype_t dt, int64_t i) {
   switch (dt) {
     case DION_DTYPE_BF16: return bf16_to_float(static_cast<const uint16_t*>(p)[i]);

@@ -1064,6 +1064,75 @@ TEST_F(OpsTest, StoreSlicesMulti) {
       }
 }
 
+// Dion with the momentum state as its products' input: momentum_multi with
+// u null stores the bits it stores with a u and flags the matrices as the
+// host does; gemm_field (C = op(M_i) B from each tensor's state, a
+// pointer-array GEMM) against the float64 product of the stored values,
+// within 2^-20 of the sum of the terms' magnitudes (fp32 accumulation; bf16
+// products are exact), plus 2^-10 of it at TF32; the host's within the fp32
+// bound. fp32 and bf16 states, both orientations, a misaligned table (shift).
+TEST_F(OpsTest, MomentumInStateAndGemmField) {
+  const int64_t rows = 40, cols = 24, r = 8, T = 3, n = rows * cols;
+  struct Case {
+    int dt;
+    dion_matmul_precision_t prec;
+  };
+  for (const Case c : {Case{0, DION_MATMUL_FP32}, Case{0, DION_MATMUL_TF32}, Case{1, DION_MATMUL_BF16}})
+    for (int64_t shift : {0, 1})
+      for (int32_t skip : {0, 1}) {
+        SCOPED_TRACE(::testing::Message() << "state dtype " << c.dt << ", precision " << static_cast<int>(c.prec)
+                                          << ", shift " << shift << ", skip " << skip);
+        TensorPair tp(rng, std::vector<std::vector<int>>(T, {-1, 0, c.dt, -1}), n, shift);
+        Dev<int32_t> dskip(std::vector<int32_t>{skip}), fa(std::vector<int32_t>(T, 0)), fb(std::vector<int32_t>(T, 0));
+        Dev<float> U(T * n);
+        cuda->momentum_multi(tp.a.dev_table.p(), T, n, 1.0f, 1.0f, false, true, U.p(), DION_DTYPE_FP32, dskip.p(),
+                             fa.p());
+        cuda->momentum_multi(tp.b.dev_table.p(), T, n, 1.0f, 1.0f, false, true, nullptr, DION_DTYPE_FP32, dskip.p(),
+                             fb.p());
+        EXPECT_TRUE(tp.same_field(kState0));
+        std::vector<int32_t> fh(T, 0);
+        host->momentum_multi(tp.b.host_list.data(), T, n, 1.0f, 1.0f, false, true, nullptr, DION_DTYPE_FP32, &skip,
+                             fh.data());
+        EXPECT_EQ(fh, fb.get());
+        const dion_dtype_t xd = c.dt == 0 ? DION_DTYPE_FP32 : DION_DTYPE_BF16;
+        for (bool trans : {false, true}) {
+          SCOPED_TRACE(trans ? "op(M) = M^T" : "op(M) = M");
+          const int64_t k = trans ? rows : cols, m = trans ? cols : rows;
+          std::vector<float> B(static_cast<size_t>(T * k * r));
+          for (auto& v : B) v = xd == DION_DTYPE_BF16 ? bf16_to_float(float_to_bf16(gauss())) : gauss();
+          std::vector<uint16_t> B16(B.size());
+          for (size_t i = 0; i < B.size(); ++i) B16[i] = float_to_bf16(B[i]);
+          Dev<float> dB(B), dC(static_cast<size_t>(T * m * r));
+          Dev<uint16_t> dB16(B16);
+          const float* bp = xd == DION_DTYPE_BF16 ? reinterpret_cast<const float*>(dB16.p()) : dB.p();
+          cuda->gemm_field(tp.b.dev_table.p(), T, kState0, rows, cols, xd, trans,
+                           ConstMatBatch(bp, k, r, r, k * r, T), MatBatch{dC.p(), m, r, r, m * r, T}, c.prec);
+          const float* hbp = xd == DION_DTYPE_BF16 ? reinterpret_cast<const float*>(B16.data()) : B.data();
+          std::vector<float> Ch(static_cast<size_t>(T * m * r));
+          host->gemm_field(tp.b.host_list.data(), T, kState0, rows, cols, xd, trans,
+                           ConstMatBatch(hbp, k, r, r, k * r, T), MatBatch{Ch.data(), m, r, r, m * r, T}, c.prec);
+          const std::vector<float> Cd = dC.get();
+          for (int64_t t = 0; t < T; ++t) {
+            const std::vector<float> X = tp.b.dev_vals(static_cast<size_t>(t), kState0);
+            for (int64_t i = 0; i < m; ++i)
+              for (int64_t j = 0; j < r; ++j) {
+                double want = 0, mag = 0;
+                for (int64_t q = 0; q < k; ++q) {
+                  const double x = trans ? X[static_cast<size_t>(q * cols + i)] : X[static_cast<size_t>(i * cols + q)];
+                  const double v = x * B[static_cast<size_t>((t * k + q) * r + j)];
+                  want += v;
+                  mag += std::fabs(v);
+                }
+                const size_t e = static_cast<size_t>((t * m + i) * r + j);
+                const double tol = 0x1p-20 * mag, dtol = tol + (c.prec == DION_MATMUL_TF32 ? 0x1p-10 * mag : 0.0);
+                ASSERT_LE(std::fabs(Cd[e] - want), dtol) << "tensor " << t << " (" << i << ", " << j << ")";
+                ASSERT_LE(std::fabs(Ch[e] - want), tol) << "host, tensor " << t << " (" << i << ", " << j << ")";
+              }
+          }
+        }
+      }
+}
+
 // Dion's finish of P and R: finish_p, finish_r and col_scale_store give the
 // bits of the CUDA sequence they replace (nan_to_num, zero_fixup_flagged,
 // stores to bf16, col_normalize, store_multi of Q into every dtype), and the

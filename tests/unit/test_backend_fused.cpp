@@ -342,6 +342,49 @@ TEST_F(HostFused, DecayAddSlicesMultiEqualsLoadDecayAddStore) {
         }
 }
 
+// Dion with the momentum state as its products' input: momentum_multi with
+// u null stores M + G as with a u (bit for bit) and flags the matrices of M
+// as written (a value that rounds to zero in bf16 counts as zero there);
+// gemm_field equals load_multi and gemm (or gemm_bf16_f32 on a bf16 field).
+TEST_F(HostFused, MomentumInStateAndGemmField) {
+  const int64_t count = 4, rows = 5, cols = 7, n = rows * cols, r = 3;
+  for (dion_dtype_t dm : {DION_DTYPE_FP32, DION_DTYPE_BF16})
+    for (int32_t skip : {0, 1}) {
+      SCOPED_TRACE(::testing::Message() << dtype_name(dm) << ", skip " << skip);
+      Twin tw(rng, count, n, {DION_DTYPE_FP32, DION_DTYPE_FP32, dm, DION_DTYPE_FP32});
+      for (auto* side : {&tw.a, &tw.b})
+        for (int64_t i = 0; i < n; ++i) {  // matrix 2: zero but for 1e-42 (zero in bf16, not in fp32)
+          store_elem((*side)[kState0][2].data(), dm, i, 0.0f);
+          store_elem((*side)[kGrad][2].data(), DION_DTYPE_FP32, i, i == 3 ? 1e-42f : 0.0f);
+        }
+      std::vector<float> U(static_cast<size_t>(count * n));
+      std::vector<int32_t> fa(count, 0), fb(count, 0);
+      be->momentum_multi(tw.la.data(), count, n, 1.0f, 1.0f, false, true, U.data(), DION_DTYPE_FP32, &skip, fa.data());
+      be->momentum_multi(tw.lb.data(), count, n, 1.0f, 1.0f, false, true, nullptr, DION_DTYPE_FP32, &skip, fb.data());
+      for (int f = 0; f < 4; ++f) EXPECT_TRUE(tw.same(f)) << "field " << f;
+      EXPECT_EQ(fb, (std::vector<int32_t>{1, 1, dm == DION_DTYPE_FP32 ? 1 : 0, 1}));
+      if (dm == DION_DTYPE_FP32) EXPECT_EQ(fa, fb);
+      // C = op(M) B from the field, both orientations.
+      for (bool trans : {false, true}) {
+        const int64_t k = trans ? rows : cols, m = trans ? cols : rows;
+        std::vector<float> B(static_cast<size_t>(count * k * r)), C1(static_cast<size_t>(count * m * r)), C2 = C1;
+        std::normal_distribution<float> g(0.0f, 1.0f);
+        for (auto& v : B) v = dm == DION_DTYPE_BF16 ? bf16_to_float(float_to_bf16(g(rng))) : g(rng);
+        std::vector<uint16_t> B16(B.size());
+        for (size_t i = 0; i < B.size(); ++i) B16[i] = float_to_bf16(B[i]);
+        std::vector<float> X(static_cast<size_t>(count * n));
+        be->load_multi(X.data(), tw.lb.data(), count, kState0, n);
+        be->gemm(trans, false, 1.0f, ConstMatBatch(X.data(), rows, cols, cols, n, count),
+                 ConstMatBatch(B.data(), k, r, r, k * r, count), 0.0f, MatBatch{C1.data(), m, r, r, m * r, count},
+                 DION_MATMUL_FP32);
+        const float* bp = dm == DION_DTYPE_BF16 ? reinterpret_cast<const float*>(B16.data()) : B.data();
+        be->gemm_field(tw.lb.data(), count, kState0, rows, cols, dm, trans, ConstMatBatch(bp, k, r, r, k * r, count),
+                       MatBatch{C2.data(), m, r, r, m * r, count}, DION_MATMUL_FP32);
+        EXPECT_TRUE(same_floats(C1, C2)) << "trans " << trans;
+      }
+    }
+}
+
 // Dion2's selection on the typed momentum: the L1 norms of M + G's slices,
 // then M <- M + G with the selected slices decayed and S <- those slices,
 // against momentum_multi into fp32 and the fp32 calls (slice_l1,

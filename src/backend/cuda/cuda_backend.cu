@@ -462,6 +462,38 @@ class CudaBackend final : public Backend {
   void gemm_bf16(bool ta, bool tb, float alpha, ConstMatBatch a, ConstMatBatch b, float beta, MatBatch c) override {
     gemm_bf16_to(ta, tb, alpha, a, b, beta, c, CUDA_R_16BF, "gemm_bf16");
   }
+  // One pointer-array GEMM: the fields' pointers from the table (a small
+  // setup kernel), B's and C's from their strides. Row-major C = op(X) B is
+  // column-major C^T = B^T op(X)^T: B first, as gemm passes its operands.
+  void gemm_field(const TensorEntry* list, int64_t count, Field f, int64_t rows, int64_t cols, dion_dtype_t x_dtype,
+                  bool trans_x, ConstMatBatch b, MatBatch c, dion_matmul_precision_t precision) override {
+    const int64_t m = c.rows, n = c.cols, k = trans_x ? rows : cols;
+    DION_REQUIRE((trans_x ? cols : rows) == m && b.rows == k && b.cols == n && b.batch == count &&
+                     c.batch == count && (x_dtype == DION_DTYPE_FP32 || x_dtype == DION_DTYPE_BF16),
+                 DION_ERROR_INTERNAL, "cuda gemm_field: bad shapes or dtype");
+    if (count <= 0 || m == 0 || n == 0) return;
+    DeviceScope ds(device_);
+    ProfScope ps(prof_, "gemm_field", stream_);
+    const bool lowp = x_dtype == DION_DTYPE_BF16;
+    ps.detail([&] { return gemm_tag(lowp ? "gemm_field bf16" : "gemm_field fp32", m, n, k, trans_x, false, count); });
+    if (k == 0) {  // an empty sum
+      kernels::scale_matrix(ctx(), c, 0.0f);
+      return;
+    }
+    void** ptr = static_cast<void**>(scratch(kPtrField, sizeof(void*) * static_cast<size_t>(3 * count)));
+    kernels::field_gemm_setup(ctx(), list, count, f, b.p, b.stride * (lowp ? 2 : 4), c.p, c.stride * 4,
+                              const_cast<const void**>(ptr), const_cast<const void**>(ptr + count), ptr + 2 * count);
+    const cublasComputeType_t compute = lowp ? CUBLAS_COMPUTE_32F : compute_type(precision);
+    const cudaDataType_t type = lowp ? CUDA_R_16BF : CUDA_R_32F;
+    const float alpha = 1.0f, beta = 0.0f;
+    check(cublasGemmBatchedEx(blas_, CUBLAS_OP_N, trans_x ? CUBLAS_OP_T : CUBLAS_OP_N, to_int(n, "gemm_field n"),
+                              to_int(m, "gemm_field m"), to_int(k, "gemm_field k"), &alpha, ptr, type,
+                              to_int(std::max<int64_t>(b.ld, 1), "gemm_field ldb"), ptr + count, type,
+                              to_int(cols, "gemm_field ldx"), &beta, ptr + 2 * count, CUDA_R_32F,
+                              to_int(std::max<int64_t>(c.ld, 1), "gemm_field ldc"), to_int(count, "gemm_field batch"),
+                              compute, CUBLAS_GEMM_DEFAULT),
+          "cublasGemmBatchedEx (gemm_field)");
+  }
   void gemm_bf16_f32(bool ta, bool tb, float alpha, ConstMatBatch a, ConstMatBatch b, float beta,
                      MatBatch c) override {
     gemm_bf16_to(ta, tb, alpha, a, b, beta, c, CUDA_R_32F, "gemm_bf16_f32");
@@ -1008,7 +1040,7 @@ class CudaBackend final : public Backend {
  private:
   // Scratch buffers, one per purpose, so that one call can hold several.
   enum Slot {
-    kPtrA, kPtrB, kMat, kTau, kWork, kInfo, kReduce, kDblA, kDblG, kInv, kTmp, kPos, kPtrLevel, kPtrUpdate, kSlotCount
+    kPtrA, kPtrB, kMat, kTau, kWork, kInfo, kReduce, kDblA, kDblG, kInv, kTmp, kPos, kPtrLevel, kPtrUpdate, kPtrField, kSlotCount
   };
   enum LworkOp { kOpGeqrf, kOpOrgqr, kOpPotrf, kOpDpotrf };
   struct Buffer {

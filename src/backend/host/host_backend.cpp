@@ -626,11 +626,27 @@ class HostBackend final : public Backend {
         const float g = load_elem(e.ptr[kGrad], dg, i);
         const float m = mu * load_elem(e.ptr[kState0], dm, i) + g_scale * g;  // axpby
         if (write) store_elem(e.ptr[kState0], dm, i, m);
-        store_elem(u, u_dtype, t * n + i, nesterov ? mu * m + g_scale * g : m);  // lincomb
-        any = any || load_elem(u, u_dtype, t * n + i) != 0.0f;  // NaN counts as nonzero, -0 as zero
+        if (u) {
+          store_elem(u, u_dtype, t * n + i, nesterov ? mu * m + g_scale * g : m);  // lincomb
+          any = any || load_elem(u, u_dtype, t * n + i) != 0.0f;  // NaN counts as nonzero, -0 as zero
+        } else {
+          any = any || round_to(dm, m) != 0.0f;  // M as written
+        }
       }
       if (nonzero && any) nonzero[t] = 1;
     }
+  }
+  // The field widened into scratch (and a bf16 b widened), then gemm.
+  void gemm_field(const TensorEntry* list, int64_t count, Field f, int64_t rows, int64_t cols, dion_dtype_t x_dtype,
+                  bool trans_x, ConstMatBatch b, MatBatch c, dion_matmul_precision_t precision) override {
+    const int64_t n = rows * cols;
+    float* x = grow(g_scratch.prod, static_cast<size_t>(count * n));
+    load_multi(x, list, count, f, n);
+    const ConstMatBatch X(x, rows, cols, cols, n, count);
+    if (x_dtype == DION_DTYPE_BF16)
+      gemm(trans_x, false, 1.0f, X, widen_bf16(b, bf16_wide_), 0.0f, c, DION_MATMUL_FP32);
+    else
+      gemm(trans_x, false, 1.0f, X, b, 0.0f, c, precision);
   }
   // The product in fp32 (A and B widened exactly), then each element's sum.
   void accumulate_lowrank(const TensorEntry* list, int64_t count, ConstMatBatch a, ConstMatBatch b,
@@ -758,6 +774,7 @@ class HostBackend final : public Backend {
   }
 
   std::vector<double> col_acc_;
+  std::vector<float> bf16_wide_;
   std::vector<int32_t> order_;
 };
 
