@@ -496,8 +496,9 @@ bool lowp_path(const Backend& be, const dion_group_options_t& o, dion_dtype_t mo
 // dtype with the step's factors: bf16 ones on the lowp path, fp32 ones
 // into an fp32 state). The momentum pass then stores M + G in the state,
 // and the store of M after the error feedback (a pass over it) goes away.
-bool ef_in_state(const Backend& be, bool lowp, dion_dtype_t momentum_dtype) {
-  return !be.host_memory() &&
+// The batch's pointers must be 16-byte aligned (Batch::aligned16).
+bool ef_in_state(const Backend& be, const Batch& bt, bool lowp, dion_dtype_t momentum_dtype) {
+  return !be.host_memory() && bt.aligned16 &&
          Backend::update_lowrank_takes(lowp ? DION_DTYPE_BF16 : DION_DTYPE_FP32, momentum_dtype);
 }
 
@@ -506,13 +507,13 @@ bool ef_in_state(const Backend& be, bool lowp, dion_dtype_t momentum_dtype) {
 // the state, the state holds the products' operand dtype (bf16 on the lowp
 // path, fp32 otherwise) and the update takes the parameters' dtype (finish
 // then never needs M's buffer). DION_MOMENTUM_IN_STATE=0 keeps the copy.
-bool m_in_state(const Backend& be, bool lowp, dion_dtype_t momentum_dtype, dion_dtype_t param_dtype) {
+bool m_in_state(const Backend& be, const Batch& bt, bool lowp, dion_dtype_t momentum_dtype, dion_dtype_t param_dtype) {
   static const bool off = [] {
     const char* e = std::getenv("DION_MOMENTUM_IN_STATE");
     return e && std::strcmp(e, "0") == 0;
   }();
   const dion_dtype_t ab = lowp ? DION_DTYPE_BF16 : DION_DTYPE_FP32;
-  return !off && ef_in_state(be, lowp, momentum_dtype) && momentum_dtype == ab &&
+  return !off && ef_in_state(be, bt, lowp, momentum_dtype) && momentum_dtype == ab &&
          Backend::update_lowrank_takes(ab, param_dtype);
 }
 
@@ -560,7 +561,7 @@ void finish(Optimizer& opt, Group& g, const Batch& bt, const Shape& s, const Dis
   // accumulate_lowrank takes its dtype; else into M, then stored.
   const float ef = static_cast<float>(-(1.0 - o.mu));
   const dion_dtype_t mdt = state_of(opt, t, 0).dtype;
-  if (ef_in_state(be, lowp, mdt)) {
+  if (ef_in_state(be, bt, lowp, mdt)) {
     const ConstMatBatch Pe = lowp ? ConstMatBatch(Pb) : ConstMatBatch(P);
     const ConstMatBatch Re = lowp ? ConstMatBatch(Rb) : ConstMatBatch(R);
     be.accumulate_lowrank(bt.list, T, !s.bT ? Pe : Re, !s.bT ? Re : Pe, lowp ? DION_DTYPE_BF16 : DION_DTYPE_FP32, mdt,
@@ -600,7 +601,7 @@ void finish(Optimizer& opt, Group& g, const Batch& bt, const Shape& s, const Dis
   // U = P Q^T, and the typed parameters are updated from it in one pass.
   const float lr_mult = static_cast<float>(std::sqrt(static_cast<double>(t.geom.m) / static_cast<double>(t.geom.n)));
   const dion_dtype_t ab = lowp ? DION_DTYPE_BF16 : DION_DTYPE_FP32;
-  if (!be.host_memory() && Backend::update_lowrank_takes(ab, t.param_dtype)) {
+  if (!be.host_memory() && bt.aligned16 && Backend::update_lowrank_takes(ab, t.param_dtype)) {
     const ConstMatBatch Pu = lowp ? ConstMatBatch(Pb) : ConstMatBatch(P);
     const ConstMatBatch Ru = lowp ? ConstMatBatch(Rb) : ConstMatBatch(R);
     be.update_lowrank(bt.list, T, !s.bT ? Pu : Ru, !s.bT ? Ru : Pu, ab, t.param_dtype, prec, g.scalars, lr_mult,
@@ -641,11 +642,11 @@ void step(Optimizer& opt, Group& g, const Batch& bt) {
   // feedback), and which of the T matrices of M + G hold a nonzero element
   // (the zero handling).
   const dion_dtype_t mdt = state_of(opt, t, 0).dtype;
-  const bool in_state = m_in_state(be, lowp, mdt, t.param_dtype);
+  const bool in_state = m_in_state(be, bt, lowp, mdt, t.param_dtype);
   float* M = in_state ? nullptr : lowp ? half(T * n_el) : opt.ws.take(T * n_el);
   int32_t* nz = reinterpret_cast<int32_t*>(opt.ws.take(T));
   be.zero(nz, sizeof(int32_t) * static_cast<size_t>(T));
-  be.momentum_multi(bt.list, T, n_el, 1.0f, 1.0f, false, ef_in_state(be, lowp, mdt), M,
+  be.momentum_multi(bt.list, T, n_el, 1.0f, 1.0f, false, ef_in_state(be, bt, lowp, mdt), M,
                     lowp ? DION_DTYPE_BF16 : DION_DTYPE_FP32, opt.skip_flag(), nz);
   float* Q = load_ws(opt, bt, kState1, s.b * s.r);
 
@@ -743,15 +744,16 @@ int phased_method(const Group& g) {
 
 // Whether the buckets (tensor t with `count` matrices each) can be phased
 // together, and the workspace floats that takes (0 if not).
-size_t phased_floats(const Optimizer& opt, const Group& g, const std::vector<std::pair<const Tensor*, int64_t>>& bs) {
+size_t phased_floats(const Optimizer& opt, const Group& g, const std::vector<Batch>& bs) {
   const dion_group_options_t& o = g.opt;
   if (bs.size() < 2 || opt.has_meshes() || o.power_iters != 1 || o.qr_method == DION_QR_QR || !phased_enabled())
     return 0;
-  const Shape s0 = shape_of(o, *bs[0].first);
+  const Shape s0 = shape_of(o, bs[0].t);
   size_t sum = 0, shared = 0;
   int64_t slots = 0;
-  for (const auto& [tp, T] : bs) {
-    const Tensor& t = *tp;
+  for (const Batch& bt : bs) {
+    const Tensor& t = bt.t;
+    const int64_t T = bt.count;
     const Shape s = shape_of(o, t);
     if (s.r != s0.r || s.k != s0.k || s.ag <= s.r || t.geom.srows * t.geom.scols != t.numel_local) return 0;
     const int64_t mn = t.numel_local, ar = s.a * s.r, br = s.b * s.r;
@@ -759,7 +761,7 @@ size_t phased_floats(const Optimizer& opt, const Group& g, const std::vector<std
     const bool lowp = !opt.backend->host_memory() && bf16_products(o, mdt);
     const auto half = [](int64_t n) { return ws_floats((n + 1) / 2); };
     // A..E: M (unless the state holds it), nz, Q, Q~ in bf16, P, P1
-    const size_t m_copy = m_in_state(*opt.backend, lowp, mdt, t.param_dtype) ? 0
+    const size_t m_copy = m_in_state(*opt.backend, bt, lowp, mdt, t.param_dtype) ? 0
                           : lowp                                              ? half(T * mn)
                                                                               : ws_floats(T * mn);
     sum += m_copy + ws_floats(T) + ws_floats(T * br) + half(T * br) + 2 * ws_floats(T * ar);
@@ -774,30 +776,29 @@ size_t phased_floats(const Optimizer& opt, const Group& g, const std::vector<std
 }
 
 size_t group_workspace(const Optimizer& opt, const Group& g) {
-  std::vector<std::pair<const Tensor*, int64_t>> bs;
-  for (const Bucket& b : g.buckets) bs.emplace_back(&opt.tensors[static_cast<size_t>(b.tensors[0])],
-                                                      static_cast<int64_t>(b.tensors.size()));
+  std::vector<Batch> bs;
+  for (const Bucket& b : g.buckets)
+    bs.push_back(Batch{opt.tensors[static_cast<size_t>(b.tensors[0])], static_cast<int64_t>(b.tensors.size()), nullptr,
+                       0, b.aligned16});
   const size_t need = phased_floats(opt, g, bs);
   return need <= 2 * opt.batch_workspace_floats ? need : 0;
 }
 
 bool step_group(Optimizer& opt, Group& g) {
-  thread_local std::vector<std::pair<const Tensor*, int64_t>> bs;
-  bs.clear();
-  for (const Bucket& b : g.buckets)
-    if (b.active) bs.emplace_back(&opt.tensors[static_cast<size_t>(b.first_active)], b.active);
-  const size_t need = phased_floats(opt, g, bs);
+  // Host-side lists: their capacity is kept (thread_local), so a steady-state step allocates nothing.
+  thread_local std::vector<Batch> batches;
+  batches.clear();
+  for (Bucket& b : g.buckets)
+    if (b.active)
+      batches.push_back(
+          Batch{opt.tensors[static_cast<size_t>(b.first_active)], b.active, b.table, b.max_n, b.aligned16});
+  const size_t need = phased_floats(opt, g, batches);
   if (need == 0 || need > opt.ws.capacity_floats()) return false;
   Backend& be = *opt.backend;
   const dion_group_options_t& o = g.opt;
   const dion_matmul_precision_t prec = o.matmul_precision;
   const int method = phased_method(g);
   opt.ws.reset();
-  // Host-side lists: their capacity is kept (thread_local), so a steady-state step allocates nothing.
-  thread_local std::vector<Batch> batches;
-  batches.clear();
-  for (Bucket& b : g.buckets)
-    if (b.active) batches.push_back(Batch{opt.tensors[static_cast<size_t>(b.first_active)], b.active, b.table, b.max_n});
   const Shape s0 = shape_of(o, batches[0].t);
   const int64_t r = s0.r, k = s0.k, rr = r * r;
   int64_t slots = 0;
@@ -826,12 +827,12 @@ bool step_group(Optimizer& opt, Group& g) {
     first += T;
     const dion_dtype_t mdt = state_of(opt, t, 0).dtype;
     u.lowp = lowp_path(be, o, mdt);
-    u.in_state = m_in_state(be, u.lowp, mdt, t.param_dtype);
+    u.in_state = m_in_state(be, bt, u.lowp, mdt, t.param_dtype);
     const int64_t ar = u.s.a * u.s.r, br = u.s.b * u.s.r;
     u.M = u.in_state ? nullptr : u.lowp ? half(T * n_el) : opt.ws.take(T * n_el);
     u.nz = reinterpret_cast<int32_t*>(opt.ws.take(T));
     be.zero(u.nz, sizeof(int32_t) * static_cast<size_t>(T));
-    be.momentum_multi(bt.list, T, n_el, 1.0f, 1.0f, false, ef_in_state(be, u.lowp, mdt), u.M,
+    be.momentum_multi(bt.list, T, n_el, 1.0f, 1.0f, false, ef_in_state(be, bt, u.lowp, mdt), u.M,
                       u.lowp ? DION_DTYPE_BF16 : DION_DTYPE_FP32, opt.skip_flag(), u.nz);
     u.Qm = MatBatch{load_ws(opt, bt, kState1, br), u.s.b, u.s.r, u.s.r, br, T};
     u.P = MatBatch{opt.ws.take(T * ar), u.s.a, u.s.r, u.s.r, ar, T};

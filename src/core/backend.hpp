@@ -212,7 +212,9 @@ class Backend {
   // read where it is stored. x_dtype BF16: b holds bf16 elements, the
   // products exact with fp32 accumulation (gemm_bf16_f32's); FP32: b fp32
   // at `precision` (gemm's). The bits of load_multi (or the bf16 field
-  // itself) and that call up to the products' summation order.
+  // itself) and that call up to the products' summation order. Like
+  // update_lowrank and accumulate_lowrank (pointer-array GEMMs), it needs
+  // every field pointer 16-byte aligned (Batch::aligned16).
   virtual void gemm_field(const TensorEntry* list, int64_t count, Field f, int64_t rows, int64_t cols,
                           dion_dtype_t x_dtype, bool trans_x, ConstMatBatch b, MatBatch c,
                           dion_matmul_precision_t precision) = 0;

@@ -629,6 +629,10 @@ void Optimizer::refresh_table(Bucket& b) {
     list.push_back(e);
   }
   b.active = static_cast<int64_t>(list.size());
+  b.aligned16 = true;
+  for (const TensorEntry& e : list)
+    for (int f : {static_cast<int>(kParam), static_cast<int>(kState0), static_cast<int>(kState1)})
+      if (reinterpret_cast<uintptr_t>(e.ptr[f]) & 15) b.aligned16 = false;
   if (list.size() == b.mirror.size() &&
       (list.empty() || std::memcmp(list.data(), b.mirror.data(), sizeof(TensorEntry) * list.size()) == 0))
     return;
@@ -870,7 +874,7 @@ bool Optimizer::average_bucket_on_comm(const Bucket& b, int slot) {
 void Optimizer::step_bucket(Group& g, Bucket& b) {
   if (!b.active) return;
   ws.reset();
-  Batch batch{tensors[static_cast<size_t>(b.first_active)], b.active, b.table, b.max_n};
+  Batch batch{tensors[static_cast<size_t>(b.first_active)], b.active, b.table, b.max_n, b.aligned16};
   algorithm_for(g.opt.algorithm).step(*this, g, batch);
 }
 

@@ -83,6 +83,10 @@ struct Bucket {
   int64_t active = 0;               // entries of `table` in use this step
   int64_t max_n = 0;                // largest n among them
   size_t workspace_floats = 0;
+  // Every parameter and state pointer of the active set is 16-byte aligned
+  // (refresh_table): the pointer-array GEMMs that write parameters or read
+  // and write states in place (cuBLAS assumes such alignment there) may run.
+  bool aligned16 = true;
 };
 
 struct Group {
@@ -102,6 +106,7 @@ struct Batch {
   int64_t count;
   const TensorEntry* list;
   int64_t max_n;
+  bool aligned16 = false;  // Bucket::aligned16
 };
 
 // Per-algorithm hooks (src/algo). `workspace_floats` bounds the fp32

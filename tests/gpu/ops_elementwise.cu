@@ -1070,7 +1070,8 @@ TEST_F(OpsTest, StoreSlicesMulti) {
 // pointer-array GEMM) against the float64 product of the stored values,
 // within 2^-20 of the sum of the terms' magnitudes (fp32 accumulation; bf16
 // products are exact), plus 2^-10 of it at TF32; the host's within the fp32
-// bound. fp32 and bf16 states, both orientations, a misaligned table (shift).
+// bound. fp32 and bf16 states, both orientations; a misaligned table (shift)
+// for the momentum only (the pointer-array GEMM needs 16-byte alignment).
 TEST_F(OpsTest, MomentumInStateAndGemmField) {
   const int64_t rows = 40, cols = 24, r = 8, T = 3, n = rows * cols;
   struct Case {
@@ -1094,6 +1095,8 @@ TEST_F(OpsTest, MomentumInStateAndGemmField) {
         host->momentum_multi(tp.b.host_list.data(), T, n, 1.0f, 1.0f, false, true, nullptr, DION_DTYPE_FP32, &skip,
                              fh.data());
         EXPECT_EQ(fh, fb.get());
+        // gemm_field needs 16-byte aligned fields (Batch::aligned16): not with a shift.
+        if (shift) continue;
         const dion_dtype_t xd = c.dt == 0 ? DION_DTYPE_FP32 : DION_DTYPE_BF16;
         for (bool trans : {false, true}) {
           SCOPED_TRACE(trans ? "op(M) = M^T" : "op(M) = M");
