@@ -713,10 +713,11 @@ void step(Optimizer& opt, Group& g, const Batch& bt) {
 // The same arithmetic as the bucket-by-bucket step (each bucket's matrices
 // see the same operations, only batched with others'), so the results are
 // the same to the factorizations' batching (bit for bit where the backend's
-// batched calls are per matrix, as the host's are). M, P and P1 of every
-// bucket stay alive from A to E: group_workspace bounds the sum, and the
-// phased step is used only while that sum is at most twice the batch
-// workspace cap (DION_BATCH_WORKSPACE_MIB; DION_PHASED=0 turns it off).
+// batched calls are per matrix, as the host's are). M (unless the state
+// holds it: m_in_state), P and P1 of every bucket stay alive from A to E:
+// group_workspace bounds the sum, and the phased step is used only while
+// that sum is at most twice the batch workspace cap
+// (DION_BATCH_WORKSPACE_MIB; DION_PHASED=0 turns it off).
 
 // Per bucket, what the phases hand on.
 struct PhasedRun {

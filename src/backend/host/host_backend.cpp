@@ -653,13 +653,8 @@ class HostBackend final : public Backend {
                           dion_dtype_t ab_dtype, dion_dtype_t /*x_dtype: each entry's own*/,
                           dion_matmul_precision_t /*fp32 here*/, float alpha, const int32_t* skip) override {
     if (skip && *skip) return;
-    const int64_t rows = a.rows, cols = b.rows, n = rows * cols;
-    float* u = grow(g_scratch.prod, static_cast<size_t>(count * n));
-    const MatBatch U{u, rows, cols, cols, n, count};
-    if (ab_dtype == DION_DTYPE_BF16)
-      gemm_bf16_f32(false, true, 1.0f, a, b, 0.0f, U);
-    else
-      gemm(false, true, 1.0f, a, b, 0.0f, U, DION_MATMUL_FP32);
+    const int64_t n = a.rows * b.rows;
+    const float* u = lowrank_product(count, a, b, ab_dtype);
     for (int64_t t = 0; t < count; ++t) {
       const auto dm = static_cast<dion_dtype_t>(list[t].dtype[kState0]);
       for (int64_t i = 0; i < n; ++i)
@@ -671,6 +666,11 @@ class HostBackend final : public Backend {
                       dion_dtype_t /*x_dtype: each entry's own*/, dion_matmul_precision_t /*fp32 here*/,
                       const GroupScalars* gs, float lr_mult, const int32_t* skip) override {
     if (skip && *skip) return;
+    const float* u = lowrank_product(count, a, b, ab_dtype);
+    apply_update_multi(list, count, a.rows * b.rows, u, DION_DTYPE_FP32, gs, lr_mult, false, nullptr);
+  }
+  // A_i B_i^T of each pair into scratch (dense, the products one after the other), in fp32.
+  const float* lowrank_product(int64_t count, ConstMatBatch a, ConstMatBatch b, dion_dtype_t ab_dtype) {
     const int64_t rows = a.rows, cols = b.rows, n = rows * cols;
     float* u = grow(g_scratch.prod, static_cast<size_t>(count * n));
     const MatBatch U{u, rows, cols, cols, n, count};
@@ -678,7 +678,7 @@ class HostBackend final : public Backend {
       gemm_bf16_f32(false, true, 1.0f, a, b, 0.0f, U);
     else
       gemm(false, true, 1.0f, a, b, 0.0f, U, DION_MATMUL_FP32);
-    apply_update_multi(list, count, n, u, DION_DTYPE_FP32, gs, lr_mult, false, nullptr);
+    return u;
   }
   void apply_update_multi(const TensorEntry* list, int64_t count, int64_t n, const void* u, dion_dtype_t u_dtype,
                           const GroupScalars* gs, float lr_mult, bool cautious, const int32_t* skip) override {
