@@ -310,27 +310,6 @@ void take_rows(Optimizer& opt, const Shape& s, int64_t T, const float* full, flo
                       static_cast<size_t>(T));
 }
 
-// An orthonormal basis of the columns of P (a x r per matrix, a >= r; spec
-// §1.3), returned as the buffer that holds it: P itself for Householder QR
-// (in place), else a workspace buffer: the (R)CQR solves write out of place
-// (no copies of P), and P is left as it was for the fallback. A failed
-// Cholesky never lets garbage through: the matrices whose factor failed are
-// re-orthonormalised from P (orth_fallback: Householder QR on the host,
-// Gram-Schmidt twice on the GPU), decided per matrix on the device, so no
-// step waits for the host.
-//
-// With B's rows sharded over the inner mesh (P row-sharded), the randomized
-// Cholesky QR is distributed (spec §2.6 path 3): each rank sketches its rows
-// with its columns of the global sketch, and the k x r and r x r products are
-// summed over the mesh. In a batch of two or more each rank factors only its
-// slots of the sums and the factors are all-gathered (inner_split); a batch
-// of one is factored on every rank. Either way every rank then solves its
-// rows with the same factors. The Householder cases (square P, a failed
-// Cholesky) gather the whole P.
-//
-// `list` names P's matrices (the sketch of each is keyed by its tensor), so a
-// rank orthogonalizing a slice of a batch draws the sketches a single process
-// draws for those matrices.
 // RCQR's sketch product SP = S P (T matrices, S k x a with N(0, 1/k)
 // entries). The sketch is keyed by (tensor, step) read on the device, so a
 // replayed CUDA graph draws a new sketch every step; a rank holding rows
@@ -361,6 +340,27 @@ void sketch_product(Optimizer& opt, const Group& g, const Shape& s, const Tensor
   be.gemm(false, false, 1.0f, S, P, 0.0f, SP, prec);
 }
 
+// An orthonormal basis of the columns of P (a x r per matrix, a >= r; spec
+// §1.3), returned as the buffer that holds it: P itself for Householder QR
+// (in place), else a workspace buffer: the (R)CQR solves write out of place
+// (no copies of P), and P is left as it was for the fallback. A failed
+// Cholesky never lets garbage through: the matrices whose factor failed are
+// re-orthonormalised from P (orth_fallback: Householder QR on the host,
+// Gram-Schmidt twice on the GPU), decided per matrix on the device, so no
+// step waits for the host.
+//
+// With B's rows sharded over the inner mesh (P row-sharded), the randomized
+// Cholesky QR is distributed (spec §2.6 path 3): each rank sketches its rows
+// with its columns of the global sketch, and the k x r and r x r products are
+// summed over the mesh. In a batch of two or more each rank factors only its
+// slots of the sums and the factors are all-gathered (inner_split); a batch
+// of one is factored on every rank. Either way every rank then solves its
+// rows with the same factors. The Householder cases (square P, a failed
+// Cholesky) gather the whole P.
+//
+// `list` names P's matrices (the sketch of each is keyed by its tensor), so a
+// rank orthogonalizing a slice of a batch draws the sketches a single process
+// draws for those matrices.
 float* orth(Optimizer& opt, const Group& g, const TensorEntry* list, const Shape& s, const Dist& d, MatBatch P,
            int iter) {
   Backend& be = *opt.backend;
@@ -485,8 +485,8 @@ void orth_split(Optimizer& opt, const Group& g, const Batch& bt, const Shape& s,
 // read it and bf16 copies of Q, P and R (the roundings a BF16-precision
 // product applies to its fp32 operands anyway) at bf16 tensor-core rates
 // instead of converting fp32 operands inside cuBLAS (about 3x slower on an
-// H100), the error feedback is accumulated into the bf16 M, and the update
-// reads bf16 copies of P and Q. P, R, Q and every factorization stay fp32.
+// H100), the error feedback and the update read bf16 copies of P, R and
+// Q. P, R, Q and every factorization stay fp32.
 bool lowp_path(const Backend& be, const dion_group_options_t& o, dion_dtype_t momentum_dtype) {
   return !be.host_memory() && bf16_products(o, momentum_dtype);
 }
@@ -532,9 +532,10 @@ void m_product(Backend& be, const Batch& bt, bool in_state, bool lowp, bool tran
 }
 
 // The end of a batch's step once P (orthonormal) and R = B^T P are known:
-// the zero / NaN handling, the error feedback into M and its store, Q =
+// the zero / NaN handling, the error feedback into the momentum, Q =
 // colnorm(R) and its store, and the parameter update. M holds M + G (bf16
-// elements on the lowp path, with Pb and Rb the bf16 copies' room).
+// elements on the lowp path, with Pb and Rb the bf16 copies' room), or is
+// null where the state holds it (m_in_state).
 void finish(Optimizer& opt, Group& g, const Batch& bt, const Shape& s, const Dist& d, bool lowp, float* M,
             int32_t* nz, MatBatch Qm, MatBatch P, MatBatch R, MatBatch Pb, MatBatch Rb) {
   Backend& be = *opt.backend;
@@ -556,28 +557,33 @@ void finish(Optimizer& opt, Group& g, const Batch& bt, const Shape& s, const Dis
   double* ss = reinterpret_cast<double*>(opt.ws.take(2 * T * s.r));
   be.finish_p(P, nz, lowp ? Pb.p : nullptr);
   be.finish_r(R, nz, Qm, lowp ? Rb.p : nullptr, ss);
-  // Error feedback: B -= (1 - mu) P R^T, i.e. S -= (1-mu) P R^T or R P^T:
-  // on a device, straight into the momentum state (which holds M + G), where
-  // accumulate_lowrank takes its dtype; else into M, then stored.
+  // The error feedback's and the update's product is A B^T in storage
+  // orientation: P R^T (then P Q^T), or R P^T when B is stored transposed;
+  // of the bf16 copies on the lowp path. (Rb and R hold Q for the update:
+  // the views read what the buffers hold at each call.)
+  const dion_dtype_t ab = lowp ? DION_DTYPE_BF16 : DION_DTYPE_FP32;
+  const ConstMatBatch Pf = lowp ? ConstMatBatch(Pb) : ConstMatBatch(P);
+  const ConstMatBatch Rf = lowp ? ConstMatBatch(Rb) : ConstMatBatch(R);
+  const ConstMatBatch A = !s.bT ? Pf : Rf, B = !s.bT ? Rf : Pf;
+  auto product_into_m = [&](float alpha, float beta) {  // Mm = alpha A B^T + beta Mm
+    if (lowp)
+      be.gemm_bf16(false, true, alpha, A, B, beta, Mm);
+    else
+      be.gemm(false, true, alpha, A, B, beta, Mm, prec);
+  };
+  // Error feedback: B -= (1 - mu) P R^T: on a device, straight into the
+  // momentum state (which holds M + G), where accumulate_lowrank takes its
+  // dtype; else into M, then stored.
   const float ef = static_cast<float>(-(1.0 - o.mu));
   const dion_dtype_t mdt = state_of(opt, t, 0).dtype;
   if (ef_in_state(be, bt, lowp, mdt)) {
-    const ConstMatBatch Pe = lowp ? ConstMatBatch(Pb) : ConstMatBatch(P);
-    const ConstMatBatch Re = lowp ? ConstMatBatch(Rb) : ConstMatBatch(R);
-    be.accumulate_lowrank(bt.list, T, !s.bT ? Pe : Re, !s.bT ? Re : Pe, lowp ? DION_DTYPE_BF16 : DION_DTYPE_FP32, mdt,
-                          prec, ef, opt.skip_flag());
-  } else if (lowp) {
-    if (!s.bT)
-      be.gemm_bf16(false, true, ef, Pb, Rb, 1.0f, Mm);
-    else
-      be.gemm_bf16(false, true, ef, Rb, Pb, 1.0f, Mm);
-    be.store_multi_bf16(bt.list, T, kState0, M, n_el, opt.skip_flag());
+    be.accumulate_lowrank(bt.list, T, A, B, ab, mdt, prec, ef, opt.skip_flag());
   } else {
-    if (!s.bT)
-      be.gemm(false, true, ef, P, R, 1.0f, Mm, prec);
+    product_into_m(ef, 1.0f);
+    if (lowp)
+      be.store_multi_bf16(bt.list, T, kState0, M, n_el, opt.skip_flag());
     else
-      be.gemm(false, true, ef, R, P, 1.0f, Mm, prec);
-    store_ws(opt, bt, kState0, M, n_el);
+      store_ws(opt, bt, kState0, M, n_el);
   }
   // Q = colnorm(R), stored (and its bf16 copy, lowp, for the update). R's
   // rows (B's columns) sharded over the outer mesh: the sums (in float) are
@@ -600,27 +606,12 @@ void finish(Optimizer& opt, Group& g, const Batch& bt, const Shape& s, const Dis
   // parameters); otherwise the momentum's buffer (stored above) receives
   // U = P Q^T, and the typed parameters are updated from it in one pass.
   const float lr_mult = static_cast<float>(std::sqrt(static_cast<double>(t.geom.m) / static_cast<double>(t.geom.n)));
-  const dion_dtype_t ab = lowp ? DION_DTYPE_BF16 : DION_DTYPE_FP32;
   if (!be.host_memory() && bt.aligned16 && Backend::update_lowrank_takes(ab, t.param_dtype)) {
-    const ConstMatBatch Pu = lowp ? ConstMatBatch(Pb) : ConstMatBatch(P);
-    const ConstMatBatch Ru = lowp ? ConstMatBatch(Rb) : ConstMatBatch(R);
-    be.update_lowrank(bt.list, T, !s.bT ? Pu : Ru, !s.bT ? Ru : Pu, ab, t.param_dtype, prec, g.scalars, lr_mult,
-                      opt.skip_flag());
+    be.update_lowrank(bt.list, T, A, B, ab, t.param_dtype, prec, g.scalars, lr_mult, opt.skip_flag());
     return;
   }
-  MatBatch U = Mm;
-  if (lowp) {
-    if (!s.bT)
-      be.gemm_bf16(false, true, 1.0f, Pb, Rb, 0.0f, U);
-    else
-      be.gemm_bf16(false, true, 1.0f, Rb, Pb, 0.0f, U);
-  } else if (!s.bT) {
-    be.gemm(false, true, 1.0f, P, R, 0.0f, U, prec);
-  } else {
-    be.gemm(false, true, 1.0f, R, P, 0.0f, U, prec);
-  }
-  be.apply_update_multi(bt.list, T, n_el, U.p, lowp ? DION_DTYPE_BF16 : DION_DTYPE_FP32, g.scalars, lr_mult, false,
-                        opt.skip_flag());
+  product_into_m(1.0f, 0.0f);  // U = P Q^T
+  be.apply_update_multi(bt.list, T, n_el, M, ab, g.scalars, lr_mult, false, opt.skip_flag());
 }
 
 void step(Optimizer& opt, Group& g, const Batch& bt) {

@@ -295,7 +295,7 @@ class Backend {
   // (nullable) receive bf16 copies (store(BF16), dense, the matrices one
   // after the other).
   //   finish_p: nan_to_num(p); zero_fixup_flagged's p half (p[b] = 0 where
-  //     flags[b] == 0); pb <- bf16(p). (This default runs the sequence.)
+  //     flags[b] == 0); pb <- bf16(p).
   //   finish_r: nan_to_num(r); its r half (r[b] = q[b] where flags[b] ==
   //     0); rb <- bf16(r); sumsq[b * cols + j] <- sum_i r[b](i, j)^2 in
   //     double, as col_normalize sums.
@@ -304,11 +304,7 @@ class Backend {
   //     tensor): store_multi(list, r.batch, f, r, rows * cols, skip).
   // So finish_r then col_scale_store is nan_to_num, the fix-up and
   // col_normalize (the sums in double: a column of 1e30s does not overflow).
-  virtual void finish_p(MatBatch p, const int32_t* flags, void* pb) {
-    nan_to_num(p.p, p.batch * p.rows * p.cols);
-    zero_fixup_flagged(flags, p, MatBatch{p.p, 0, 0, 0, 0, p.batch}, ConstMatBatch(p.p, 0, 0, 0, 0, p.batch));
-    if (pb) store(pb, DION_DTYPE_BF16, p.p, p.batch * p.rows * p.cols);
-  }
+  virtual void finish_p(MatBatch p, const int32_t* flags, void* pb) = 0;
   virtual void finish_r(MatBatch r, const int32_t* flags, ConstMatBatch q, void* rb, double* sumsq) = 0;
   virtual void col_scale_store(MatBatch r, const double* sumsq, float eps, void* rb, const TensorEntry* list, Field f,
                                const int32_t* skip) = 0;

@@ -360,35 +360,58 @@ class HostBackend final : public Backend {
     }
   }
   void zero_fixup_flagged(const int32_t* flags, MatBatch p, MatBatch r, ConstMatBatch q) override {
+    zero_where_flagged(flags, p);
+    copy_where_flagged(flags, r, q);
+  }
+  // The two halves of the fix-up: p[b] = 0, r[b] = q[b] where flags[b] == 0.
+  static void zero_where_flagged(const int32_t* flags, MatBatch p) {
     for (int64_t b = 0; b < p.batch; ++b) {
       if (flags[b]) continue;
       float* pp = at(p, b);
       for (int64_t i = 0; i < p.rows; ++i)
         for (int64_t j = 0; j < p.cols; ++j) pp[i * p.ld + j] = 0.0f;
+    }
+  }
+  static void copy_where_flagged(const int32_t* flags, MatBatch r, ConstMatBatch q) {
+    for (int64_t b = 0; b < r.batch; ++b) {
+      if (flags[b]) continue;
       float* rp = at(r, b);
       const float* qp = at(q, b);
       for (int64_t i = 0; i < r.rows; ++i)
         for (int64_t j = 0; j < r.cols; ++j) rp[i * r.ld + j] = qp[i * q.ld + j];
     }
   }
-  void col_sumsq(ConstMatBatch m, float* out) override {
-    std::vector<double>& s = col_acc_;
+  // Column sums of squares in double (out: cols per matrix), and the scale by
+  // 1 / (sqrt(sum) + eps) in double: col_normalize's two halves.
+  static void col_sums_double(ConstMatBatch m, double* out) {
     for (int64_t b = 0; b < m.batch; ++b) {
       const float* p = at(m, b);
-      s.assign(static_cast<size_t>(m.cols), 0.0);
+      double* s = out + b * m.cols;
+      for (int64_t j = 0; j < m.cols; ++j) s[j] = 0.0;
       for (int64_t i = 0; i < m.rows; ++i)
         for (int64_t j = 0; j < m.cols; ++j) s[j] += static_cast<double>(p[i * m.ld + j]) * p[i * m.ld + j];
-      for (int64_t j = 0; j < m.cols; ++j) out[b * m.cols + j] = static_cast<float>(s[j]);
     }
   }
-  void col_scale(MatBatch m, const float* sumsq, float eps) override {
+  void col_scale_double(MatBatch m, const double* sumsq, float eps) {
+    std::vector<double>& inv = col_inv_;
+    inv.resize(static_cast<size_t>(m.cols));
     for (int64_t b = 0; b < m.batch; ++b) {
       float* p = at(m, b);
+      for (int64_t j = 0; j < m.cols; ++j) inv[j] = 1.0 / (std::sqrt(sumsq[b * m.cols + j]) + eps);
       for (int64_t i = 0; i < m.rows; ++i)
-        for (int64_t j = 0; j < m.cols; ++j)
-          p[i * m.ld + j] = static_cast<float>(p[i * m.ld + j] *
-                                               (1.0 / (std::sqrt(static_cast<double>(sumsq[b * m.cols + j])) + eps)));
+        for (int64_t j = 0; j < m.cols; ++j) p[i * m.ld + j] = static_cast<float>(p[i * m.ld + j] * inv[j]);
     }
+  }
+  void col_sumsq(ConstMatBatch m, float* out) override {
+    std::vector<double>& s = col_acc_;
+    s.resize(static_cast<size_t>(m.batch * m.cols));
+    col_sums_double(m, s.data());
+    for (size_t i = 0; i < s.size(); ++i) out[i] = static_cast<float>(s[i]);
+  }
+  void col_scale(MatBatch m, const float* sumsq, float eps) override {
+    std::vector<double>& s = col_acc_;
+    s.assign(sumsq, sumsq + m.batch * m.cols);
+    col_scale_double(m, s.data(), eps);
   }
   // 1 / (factor ||m[b]||_F + eps), the scale both normalisations apply.
   static float frob_inv(ConstMatBatch m, int64_t b, float factor, float eps) {
@@ -417,39 +440,24 @@ class HostBackend final : public Backend {
   }
   void col_normalize(MatBatch m, float eps) override {
     std::vector<double>& s = col_acc_;
-    for (int64_t b = 0; b < m.batch; ++b) {
-      float* p = at(m, b);
-      s.assign(static_cast<size_t>(m.cols), 0.0);
-      for (int64_t i = 0; i < m.rows; ++i)
-        for (int64_t j = 0; j < m.cols; ++j) s[j] += static_cast<double>(p[i * m.ld + j]) * p[i * m.ld + j];
-      for (int64_t j = 0; j < m.cols; ++j) s[j] = 1.0 / (std::sqrt(s[j]) + eps);
-      for (int64_t i = 0; i < m.rows; ++i)
-        for (int64_t j = 0; j < m.cols; ++j) p[i * m.ld + j] = static_cast<float>(p[i * m.ld + j] * s[j]);
-    }
+    s.resize(static_cast<size_t>(m.batch * m.cols));
+    col_sums_double(m, s.data());
+    col_scale_double(m, s.data(), eps);
   }
-  // col_normalize's loops, split at its sums.
+  void finish_p(MatBatch p, const int32_t* flags, void* pb) override {
+    nan_to_num(p.p, p.batch * p.rows * p.cols);
+    zero_where_flagged(flags, p);
+    if (pb) store(pb, DION_DTYPE_BF16, p.p, p.batch * p.rows * p.cols);
+  }
   void finish_r(MatBatch r, const int32_t* flags, ConstMatBatch q, void* rb, double* sumsq) override {
     nan_to_num(r.p, r.batch * r.rows * r.cols);
-    zero_fixup_flagged(flags, MatBatch{r.p, 0, 0, 0, 0, r.batch}, r, q);
+    copy_where_flagged(flags, r, q);
     if (rb) store(rb, DION_DTYPE_BF16, r.p, r.batch * r.rows * r.cols);
-    for (int64_t b = 0; b < r.batch; ++b) {
-      const float* p = at(r, b);
-      double* s = sumsq + b * r.cols;
-      for (int64_t j = 0; j < r.cols; ++j) s[j] = 0.0;
-      for (int64_t i = 0; i < r.rows; ++i)
-        for (int64_t j = 0; j < r.cols; ++j) s[j] += static_cast<double>(p[i * r.ld + j]) * p[i * r.ld + j];
-    }
+    col_sums_double(r, sumsq);
   }
   void col_scale_store(MatBatch r, const double* sumsq, float eps, void* rb, const TensorEntry* list, Field f,
                        const int32_t* skip) override {
-    std::vector<double>& s = col_acc_;
-    for (int64_t b = 0; b < r.batch; ++b) {
-      float* p = at(r, b);
-      s.assign(sumsq + b * r.cols, sumsq + (b + 1) * r.cols);
-      for (int64_t j = 0; j < r.cols; ++j) s[j] = 1.0 / (std::sqrt(s[j]) + eps);
-      for (int64_t i = 0; i < r.rows; ++i)
-        for (int64_t j = 0; j < r.cols; ++j) p[i * r.ld + j] = static_cast<float>(p[i * r.ld + j] * s[j]);
-    }
+    col_scale_double(r, sumsq, eps);
     if (rb) store(rb, DION_DTYPE_BF16, r.p, r.batch * r.rows * r.cols);
     if (list) store_multi(list, r.batch, f, r.p, r.rows * r.cols, skip);
   }
@@ -773,7 +781,7 @@ class HostBackend final : public Backend {
       m[i] = mu * load_elem(e.ptr[kState0], dm, first + i) + g_scale * load_elem(e.ptr[kGrad], dg, first + i);
   }
 
-  std::vector<double> col_acc_;
+  std::vector<double> col_acc_, col_inv_;
   std::vector<float> bf16_wide_;
   std::vector<int32_t> order_;
 };
