@@ -191,11 +191,9 @@ struct Momentum {
   }
 };
 
-// Whether v, written in dtype dt (fp32 or bf16), is nonzero: NaN counts, -0
-// does not (as nonzero_flags reads the written buffer).
-__device__ __forceinline__ bool written_nonzero(float v, dion_dtype_t dt) {
-  return dt == DION_DTYPE_FP32 ? v != 0.0f : (float_to_bf16(v) & 0x7fffu) != 0;
-}
+// Whether v, written in dtype dt, is nonzero: NaN counts, -0 does not (as
+// nonzero_flags reads the written buffer).
+__device__ __forceinline__ bool written_nonzero(float v, dion_dtype_t dt) { return round_to(dt, v) != 0.0f; }
 
 __global__ void momentum_multi_kernel(const TensorEntry* list, int64_t count, int64_t n, Momentum op, bool store_state,
                                       void* u, dion_dtype_t udt, const int32_t* skip, int32_t* nonzero) {
@@ -219,7 +217,7 @@ __global__ void momentum_multi_kernel(const TensorEntry* list, int64_t count, in
 #pragma unroll
         for (int k = 0; k < 8; ++k) {
           o[k] = op(m[k], g[k]);
-          any = any || (ut ? written_nonzero(o[k], udt) : round_to(dm, m[k]) != 0.0f);
+          any = any || (ut ? written_nonzero(o[k], udt) : written_nonzero(m[k], dm));
         }
         if (write) store8(pm, dm, j, m);
         if (ut) store8(ut, udt, j, o);
@@ -230,7 +228,7 @@ __global__ void momentum_multi_kernel(const TensorEntry* list, int64_t count, in
       float m = load_elem(pm, dm, i);
       const float o = op(m, load_elem(pg, dg, i));
       if (ut) store_elem(ut, udt, i, o);
-      any = any || (ut ? written_nonzero(o, udt) : round_to(dm, m) != 0.0f);
+      any = any || (ut ? written_nonzero(o, udt) : written_nonzero(m, dm));
       if (write) store_elem(pm, dm, i, m);
     }
     // Every thread of the block reaches this for every t (the loop bounds
@@ -267,39 +265,29 @@ __global__ void apply_update_multi_kernel(const TensorEntry* list, int64_t count
   }
 }
 
-// gs: the update's coefficients (-lr lr_mult, 1 - lr wd) for field f; null:
-// (lr_mult, 1), the error feedback's. {0, 1} on a skipped step.
-__global__ void lowrank_update_setup_kernel(const TensorEntry* list, int64_t count, int f, const char* a,
-                                            int64_t a_stride, const char* b, int64_t b_stride, const GroupScalars* gs,
-                                            float lr_mult, const int32_t* skip, const void** pa, const void** pb,
-                                            void** pc, float* coef) {
+__device__ __forceinline__ const void* pointer_of(const PtrSource& s, const TensorEntry* list, int64_t i) {
+  return s.field >= 0 ? list[i].ptr[s.field] : static_cast<const char*>(s.base) + i * s.stride;
+}
+
+// gemm_pointers: out[j * count + i] from source j; coef as documented there.
+__global__ void gemm_pointers_kernel(const TensorEntry* list, int64_t count, PtrSource s0, PtrSource s1, PtrSource s2,
+                                     const void** out, const GroupScalars* gs, float mult, const int32_t* skip,
+                                     float* coef) {
   for (int64_t i = global_thread(); i < count; i += grid_threads()) {
-    pa[i] = b + i * b_stride;
-    pb[i] = a + i * a_stride;
-    pc[i] = list[i].ptr[f];
+    out[i] = pointer_of(s0, list, i);
+    out[count + i] = pointer_of(s1, list, i);
+    out[2 * count + i] = pointer_of(s2, list, i);
   }
-  if (global_thread() == 0) {
+  if (coef && global_thread() == 0) {
     const bool s = skip && *skip;
     if (gs) {
-      const Update op(gs, lr_mult, false);
+      const Update op(gs, mult, false);
       coef[0] = s ? 0.0f : -op.lr_adj;
       coef[1] = s ? 1.0f : op.decay;
     } else {
-      coef[0] = s ? 0.0f : lr_mult;
+      coef[0] = s ? 0.0f : mult;
       coef[1] = 1.0f;
     }
-  }
-}
-
-// gemm_field's pointer arrays: pb[i] = b + i * b_stride, px[i] = list[i]'s
-// field f, pc[i] = c + i * c_stride (strides in bytes).
-__global__ void field_gemm_setup_kernel(const TensorEntry* list, int64_t count, int f, const char* b,
-                                        int64_t b_stride, char* c, int64_t c_stride, const void** pb,
-                                        const void** px, void** pc) {
-  for (int64_t i = global_thread(); i < count; i += grid_threads()) {
-    pb[i] = b + i * b_stride;
-    px[i] = list[i].ptr[f];
-    pc[i] = c + i * c_stride;
   }
 }
 
@@ -427,23 +415,11 @@ void momentum_multi(const Ctx& c, const TensorEntry* list, int64_t count, int64_
   cuda::check_launch("momentum_multi kernel");
 }
 
-void lowrank_update_setup(const Ctx& c, const TensorEntry* list, int64_t count, Field f, const void* a,
-                          int64_t a_stride, const void* b, int64_t b_stride, int elem_bytes, const GroupScalars* gs,
-                          float lr_mult, const int32_t* skip, const void** pa, const void** pb, void** pc,
-                          float* coef) {
-  lowrank_update_setup_kernel<<<blocks_1d(c, std::max<int64_t>(count, 1)), kThreads, 0, c.stream>>>(
-      list, count, static_cast<int>(f), static_cast<const char*>(a), a_stride * elem_bytes, static_cast<const char*>(b),
-      b_stride * elem_bytes, gs, lr_mult, skip, pa, pb, pc, coef);
-  cuda::check_launch("lowrank_update_setup kernel");
-}
-
-void field_gemm_setup(const Ctx& c, const TensorEntry* list, int64_t count, Field f, const void* b,
-                      int64_t b_stride_bytes, void* cp, int64_t c_stride_bytes, const void** pb, const void** px,
-                      void** pc) {
-  field_gemm_setup_kernel<<<blocks_1d(c, std::max<int64_t>(count, 1)), kThreads, 0, c.stream>>>(
-      list, count, static_cast<int>(f), static_cast<const char*>(b), b_stride_bytes, static_cast<char*>(cp),
-      c_stride_bytes, pb, px, pc);
-  cuda::check_launch("field_gemm_setup kernel");
+void gemm_pointers(const Ctx& c, const TensorEntry* list, int64_t count, const PtrSource (&src)[3], const void** out,
+                   const GroupScalars* gs, float mult, const int32_t* skip, float* coef) {
+  gemm_pointers_kernel<<<blocks_1d(c, std::max<int64_t>(count, 1)), kThreads, 0, c.stream>>>(
+      list, count, src[0], src[1], src[2], out, gs, mult, skip, coef);
+  cuda::check_launch("gemm_pointers kernel");
 }
 
 void apply_update_multi(const Ctx& c, const TensorEntry* list, int64_t count, int64_t n, const void* u,

@@ -103,21 +103,19 @@ void decay_add_slices_multi(const Ctx& c, const TensorEntry* list, int64_t count
                             int64_t cols, Axis axis, const int32_t* idx, int64_t k, ConstMatBatch u,
                             const GroupScalars* gs, float mult, const int32_t* skip, void* scratch);
 
-// update_lowrank's and accumulate_lowrank's pointer arrays and
-// coefficients: pa[i] = b + i * b_stride, pb[i] = a + i * a_stride
-// (elements of elem_bytes bytes), pc[i] = list[i]'s field f; coef = {-lr
-// lr_mult, 1 - lr wd} as apply_update computes them (gs not null) or
-// {lr_mult, 1} (gs null), {0, 1} when *skip.
-void lowrank_update_setup(const Ctx& c, const TensorEntry* list, int64_t count, Field f, const void* a,
-                          int64_t a_stride, const void* b, int64_t b_stride, int elem_bytes, const GroupScalars* gs,
-                          float lr_mult, const int32_t* skip, const void** pa, const void** pb, void** pc,
-                          float* coef);
-
-// gemm_field's pointer arrays: pb[i] = b + i * b_stride_bytes, px[i] =
-// list[i]'s field f, pc[i] = c + i * c_stride_bytes.
-void field_gemm_setup(const Ctx& c, const TensorEntry* list, int64_t count, Field f, const void* b,
-                      int64_t b_stride_bytes, void* cp, int64_t c_stride_bytes, const void** pb, const void** px,
-                      void** pc);
+// The operand pointer arrays of a pointer-array GEMM (update_lowrank,
+// accumulate_lowrank, gemm_field): out[j * count + i] = source j's pointer
+// for matrix i, a base + i * stride (bytes), or list[i]'s field when field
+// >= 0. With coef: coef = {-lr mult, 1 - lr wd} as apply_update computes
+// them (gs not null) or {mult, 1} (gs null), {0, 1} when *skip (the GEMM's
+// alpha and beta, read from the device).
+struct PtrSource {
+  const void* base;
+  int64_t stride;
+  int field;
+};
+void gemm_pointers(const Ctx& c, const TensorEntry* list, int64_t count, const PtrSource (&src)[3], const void** out,
+                   const GroupScalars* gs, float mult, const int32_t* skip, float* coef);
 
 // ---- linalg.cu ----
 // ptrs[b] = base + b * stride (device pointer arrays for the batched cuBLAS/cuSOLVER calls).

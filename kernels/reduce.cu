@@ -388,19 +388,27 @@ size_t slice_l1_scratch(const Ctx& c, const ConstMatBatch& m, Axis axis) {
   return axis == kRows ? 0 : col_partial_bytes(c, m.rows, m.cols, m.batch);
 }
 
-void slice_l1(const Ctx& c, ConstMatBatch m, Axis axis, float* out, void* scratch) {
-  if (m.batch <= 0) return;
-  const int64_t N = axis == kRows ? m.rows : m.cols;
-  if (N <= 0) return;
-  if (m.rows <= 0 || m.cols <= 0) {  // empty slices: all norms are 0
-    cuda::check(cudaMemsetAsync(out, 0, sizeof(float) * static_cast<size_t>(m.batch * N), c.stream),
-                "cudaMemsetAsync (slice_l1)");
+namespace {
+// Per-slice L1 norms of the elements src gives (slice_l1's and
+// momentum_l1_multi's): rows by warps, columns through `partial`.
+template <class Src>
+void slice_l1_of(const Ctx& c, Src src, int64_t batch, int64_t rows, int64_t cols, Axis axis, float* out,
+                 double* partial, const char* name) {
+  const int64_t N = axis == kRows ? rows : cols;
+  if (batch <= 0 || N <= 0) return;
+  if (rows <= 0 || cols <= 0) {  // empty slices: all norms are 0
+    cuda::check(cudaMemsetAsync(out, 0, sizeof(float) * static_cast<size_t>(batch * N), c.stream), name);
     return;
   }
   if (axis == kRows)
-    row_sums<kAbs, float>(c, m, out, "slice_l1 row kernel");
+    row_sums<kAbs, float>(c, src, batch, rows, cols, out, name);
   else
-    col_sums<kAbs, float>(c, m, out, static_cast<double*>(scratch), "slice_l1 column kernel");
+    col_sums<kAbs, float>(c, src, batch, rows, cols, out, partial, name);
+}
+}  // namespace
+
+void slice_l1(const Ctx& c, ConstMatBatch m, Axis axis, float* out, void* scratch) {
+  slice_l1_of(c, MatSrc{m}, m.batch, m.rows, m.cols, axis, out, static_cast<double*>(scratch), "slice_l1 kernel");
 }
 
 namespace {
@@ -432,40 +440,33 @@ __global__ void finish_p_kernel(float* p, int64_t batch, int64_t per, const int3
   }
 }
 
-// Backend::finish_r's pass: col_partial_kernel<kSquares> over the fixed-up
-// r (the same tiles, chunks and order, so col_finish_kernel<double> gives
-// the totals col_normalize's col_total adds), writing the fixed-up values
-// and their bf16 copies on the way (each element is visited once).
-__global__ void finish_r_partial_kernel(MatBatch r, const int32_t* flags, ConstMatBatch q, uint16_t* rb, int64_t nr,
-                                        double* partial) {
-  __shared__ double sh[kTileY][kTileX + 1];
-  const int tx = threadIdx.x, ty = threadIdx.y;
-  const int64_t j = blockIdx.x * static_cast<int64_t>(kTileX) + tx;
-  const int64_t chunk = ceil_div(r.rows, nr), r0 = blockIdx.y * chunk, r1 = min(r0 + chunk, r.rows);
-  for (int64_t b = blockIdx.z; b < r.batch; b += gridDim.z) {
-    const bool keep = flags[b] != 0;
-    float* p = mat_at(r, b);
-    const float* qp = mat_at(q, b);
-    uint16_t* o = rb ? rb + b * r.rows * r.cols : nullptr;
-    double s = 0.0;
-    if (j < r.cols)
-      for (int64_t i = r0 + ty; i < r1; i += kTileY) {
-        const float v0 = p[i * r.ld + j], v = keep ? finite_or_clamped(v0) : qp[i * q.ld + j];
-        put_if_changed(p + i * r.ld + j, v0, v);
-        if (o) o[i * r.cols + j] = float_to_bf16(v);
-        const double d = v;
-        s += d * d;
-      }
-    sh[ty][tx] = s;
-    __syncthreads();
-    if (ty == 0 && j < r.cols) {
-      double t = 0.0;
-      for (int y = 0; y < kTileY; ++y) t += sh[y][tx];
-      partial[(b * nr + blockIdx.y) * r.cols + j] = t;
+// Backend::finish_r's source for col_sums<kSquares>: each element of r
+// fixed up (nan_to_num, or q's where the matrix is flagged) and, since the
+// column-sum kernels read every element exactly once, written back where it
+// changed and to the bf16 copy on the way. The sums are then those of the
+// fixed-up r, in col_normalize's tiles, chunks and order.
+struct FixupSrc {
+  MatBatch r;
+  const int32_t* flags;
+  ConstMatBatch q;
+  uint16_t* rb;
+  struct At {
+    float* p;
+    const float* qp;
+    uint16_t* o;
+    int64_t ld, qld, cols;
+    bool keep;
+    __device__ __forceinline__ float operator()(int64_t i, int64_t j) const {
+      const float v0 = p[i * ld + j], v = keep ? finite_or_clamped(v0) : qp[i * qld + j];
+      put_if_changed(p + i * ld + j, v0, v);
+      if (o) o[i * cols + j] = float_to_bf16(v);
+      return v;
     }
-    __syncthreads();
+  };
+  __device__ __forceinline__ At at(int64_t b) const {
+    return At{mat_at(r, b), mat_at(q, b), rb ? rb + b * r.rows * r.cols : nullptr, r.ld, q.ld, r.cols, flags[b] != 0};
   }
-}
+};
 
 // Backend::col_scale_store: col_scale_kernel's loop (each thread's column
 // scale computed once, in double, as there), then the copies.
@@ -511,14 +512,8 @@ void finish_r(const Ctx& c, MatBatch r, const int32_t* flags, ConstMatBatch q, v
                 "cudaMemsetAsync (finish_r)");
     return;
   }
-  const ColPlan plan = col_plan(c, r.rows, r.cols, r.batch);
-  double* partial = static_cast<double*>(scratch);
-  finish_r_partial_kernel<<<col_grid(plan, r.batch), dim3(kTileX, kTileY), 0, c.stream>>>(
-      r, flags, q, static_cast<uint16_t*>(rb), plan.nr, partial);
-  cuda::check_launch("finish_r kernel");
-  col_finish_kernel<double><<<blocks_1d(c, r.batch * r.cols), kThreads, 0, c.stream>>>(r.batch, r.cols, plan.nr,
-                                                                                      partial, sumsq);
-  cuda::check_launch("finish_r sums kernel");
+  col_sums<kSquares, double>(c, FixupSrc{r, flags, q, static_cast<uint16_t*>(rb)}, r.batch, r.rows, r.cols, sumsq,
+                             static_cast<double*>(scratch), "finish_r kernel");
 }
 
 void col_scale_store(const Ctx& c, MatBatch r, const double* sumsq, float eps, void* rb, const TensorEntry* list,
@@ -536,19 +531,8 @@ size_t momentum_l1_multi_scratch(const Ctx& c, int64_t count, int64_t per, int64
 
 void momentum_l1_multi(const Ctx& c, const TensorEntry* list, int64_t count, int64_t per, int64_t rows, int64_t cols,
                        Axis axis, float* out, void* scratch) {
-  const int64_t batch = count * per, N = axis == kRows ? rows : cols;
-  if (batch <= 0 || N <= 0) return;
-  if (rows <= 0 || cols <= 0) {  // empty slices: all norms are 0
-    cuda::check(cudaMemsetAsync(out, 0, sizeof(float) * static_cast<size_t>(batch * N), c.stream),
-                "cudaMemsetAsync (momentum_l1_multi)");
-    return;
-  }
-  const MomentumSrc src{list, per, rows, cols};
-  if (axis == kRows)
-    row_sums<kAbs, float>(c, src, batch, rows, cols, out, "momentum_l1_multi row kernel");
-  else
-    col_sums<kAbs, float>(c, src, batch, rows, cols, out, static_cast<double*>(scratch),
-                          "momentum_l1_multi column kernel");
+  slice_l1_of(c, MomentumSrc{list, per, rows, cols}, count * per, rows, cols, axis, out, static_cast<double*>(scratch),
+              "momentum_l1_multi kernel");
 }
 
 size_t zero_fixup_scratch(const Ctx& c, const ConstMatBatch& m) {

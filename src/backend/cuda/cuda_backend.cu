@@ -480,9 +480,10 @@ class CudaBackend final : public Backend {
       kernels::scale_matrix(ctx(), c, 0.0f);
       return;
     }
-    void** ptr = static_cast<void**>(scratch(kPtrField, sizeof(void*) * static_cast<size_t>(3 * count)));
-    kernels::field_gemm_setup(ctx(), list, count, f, b.p, b.stride * (lowp ? 2 : 4), c.p, c.stride * 4,
-                              const_cast<const void**>(ptr), const_cast<const void**>(ptr + count), ptr + 2 * count);
+    void** ptr = static_cast<void**>(scratch(kPtrGemm, sizeof(void*) * static_cast<size_t>(3 * count) + 64));
+    const kernels::PtrSource src[3] = {
+        {b.p, b.stride * (lowp ? 2 : 4), -1}, {nullptr, 0, static_cast<int>(f)}, {c.p, c.stride * 4, -1}};
+    kernels::gemm_pointers(ctx(), list, count, src, const_cast<const void**>(ptr), nullptr, 0.0f, nullptr, nullptr);
     const cublasComputeType_t compute = lowp ? CUBLAS_COMPUTE_32F : compute_type(precision);
     const cudaDataType_t type = lowp ? CUDA_R_16BF : CUDA_R_32F;
     const float alpha = 1.0f, beta = 0.0f;
@@ -1040,7 +1041,7 @@ class CudaBackend final : public Backend {
  private:
   // Scratch buffers, one per purpose, so that one call can hold several.
   enum Slot {
-    kPtrA, kPtrB, kMat, kTau, kWork, kInfo, kReduce, kDblA, kDblG, kInv, kTmp, kPos, kPtrLevel, kPtrUpdate, kPtrField, kSlotCount
+    kPtrA, kPtrB, kMat, kTau, kWork, kInfo, kReduce, kDblA, kDblG, kInv, kTmp, kPos, kPtrLevel, kPtrGemm, kSlotCount
   };
   enum LworkOp { kOpGeqrf, kOpOrgqr, kOpPotrf, kOpDpotrf };
   struct Buffer {
@@ -1067,11 +1068,12 @@ class CudaBackend final : public Backend {
     if (count <= 0 || rows == 0 || cols == 0) return;
     const bool lowp = ab_dtype == DION_DTYPE_BF16;
     ps.detail([&] { return gemm_tag(lowp ? "lowrank bf16" : "lowrank fp32", rows, cols, r, false, true, count); });
-    void** ptr = static_cast<void**>(scratch(kPtrUpdate, sizeof(void*) * static_cast<size_t>(3 * count) + 64));
+    void** ptr = static_cast<void**>(scratch(kPtrGemm, sizeof(void*) * static_cast<size_t>(3 * count) + 64));
     float* coef = reinterpret_cast<float*>(ptr + 3 * count);
-    kernels::lowrank_update_setup(ctx(), list, count, f, a.p, a.stride, b.p, b.stride, lowp ? 2 : 4, gs, mult, skip,
-                                  const_cast<const void**>(ptr), const_cast<const void**>(ptr + count),
-                                  ptr + 2 * count, coef);
+    const int64_t es = lowp ? 2 : 4;
+    const kernels::PtrSource src[3] = {
+        {b.p, b.stride * es, -1}, {a.p, a.stride * es, -1}, {nullptr, 0, static_cast<int>(f)}};
+    kernels::gemm_pointers(ctx(), list, count, src, const_cast<const void**>(ptr), gs, mult, skip, coef);
     // bf16 factors are multiplied exactly, with fp32 accumulation
     const cublasComputeType_t compute = lowp ? CUBLAS_COMPUTE_32F : compute_type(precision);
     const cudaDataType_t ab = lowp ? CUDA_R_16BF : CUDA_R_32F;
