@@ -243,7 +243,7 @@ void gather_slots(Optimizer& opt, const Split& sp, int64_t T, int64_t e, const f
 
 // RCQR's sketch in sketch_product (below).
 size_t sketch_floats(int64_t T, const Shape& s) {
-  return std::max(ws_floats(T * s.k * s.a), ws_floats((T * s.k * s.a + 1) / 2) + ws_floats((T * s.a * s.r + 1) / 2));
+  return std::max(ws_floats(s.k * s.a), ws_floats((s.k * s.a + 1) / 2) + ws_floats((T * s.a * s.r + 1) / 2));
 }
 
 size_t workspace_floats(const Group& g, const Tensor& t, int64_t count) {
@@ -310,34 +310,44 @@ void take_rows(Optimizer& opt, const Shape& s, int64_t T, const float* full, flo
                       static_cast<size_t>(T));
 }
 
-// RCQR's sketch product SP = S P (T matrices, S k x a with N(0, 1/k)
-// entries). The sketch is keyed by (tensor, step) read on the device, so a
-// replayed CUDA graph draws a new sketch every step; a rank holding rows
-// [a_off, a_off + a) of P draws those columns of the global sketch. At
-// matmul precision BF16 on a device, S is drawn in bf16 and multiplied with
-// P's bf16 copy (fp32 accumulation) at bf16 tensor-core rates, as the
-// reference multiplies in P's dtype for bf16 parameters; R1 = qr_r(S P)
-// only preconditions P (the Cholesky step after it orthonormalizes P1 =
-// P R1^-1 in fp32, and the result is P's Q factor whatever R1 is), so the
-// product's precision reaches the result only through P1's conditioning.
+// RCQR's sketch product SP = S P for the T matrices of P: one sketch S (k x
+// ag, N(0, 1/k) entries) for all of them, a batched product whose S stride is
+// 0. S is keyed by (iteration, P's global shape, step), the step read on the
+// device, so a replayed CUDA graph draws a new sketch every step, every rank
+// and every batch that holds a matrix of that shape draws the same S (spec
+// §13.2's I2 without communication: the single-process run, a mesh's slots
+// and a row shard's columns all see one global sketch), and a step draws one
+// k x ag matrix per shape instead of one per matrix (the generator was 1.5
+// of the 26.6 ms of a gpt-1.3b bf16 step). Sharing S among the matrices
+// costs nothing in RCQR's guarantee: each S P_i is the sketch of P_i by a
+// Gaussian matrix drawn independently of P_i, which is all the method uses
+// (spec §13.2: "any Gaussian S is valid"). A rank holding rows [a_off,
+// a_off + a) of P draws those columns of S. At matmul precision BF16 on a
+// device, S is drawn in bf16 and multiplied with P's bf16 copy (fp32
+// accumulation) at bf16 tensor-core rates, as the reference multiplies in P's
+// dtype for bf16 parameters; R1 = qr_r(S P) only preconditions P (the
+// Cholesky step after it orthonormalizes P1 = P R1^-1 in fp32, and the
+// result is P's Q factor whatever R1 is), so the product's precision reaches
+// the result only through P1's conditioning.
 // Workspace: sketch_floats (the fp32 S, or the bf16 S and P).
-void sketch_product(Optimizer& opt, const Group& g, const Shape& s, const TensorEntry* list, int iter,
-                    ConstMatBatch P, MatBatch SP, dion_matmul_precision_t prec) {
+void sketch_product(Optimizer& opt, const Group& g, const Shape& s, int iter, ConstMatBatch P, MatBatch SP,
+                    dion_matmul_precision_t prec) {
   Backend& be = *opt.backend;
   const int64_t T = SP.batch;
-  const PhiloxKey key{opt.options.seed, static_cast<uint32_t>(kRngSketch | (iter << 8)), 0, 0};
+  const uint32_t shape_id = static_cast<uint32_t>(s.ag) * 0x9E3779B1u + static_cast<uint32_t>(s.k);
+  const PhiloxKey key{opt.options.seed, static_cast<uint32_t>(kRngSketch | (iter << 8)), shape_id, 0};
   const float scale = static_cast<float>(std::sqrt(1.0 / static_cast<double>(s.k)));
   if (prec == DION_MATMUL_BF16 && !be.host_memory() && P.ld == s.r && P.stride == s.a * s.r) {
-    const ConstMatBatch S(opt.ws.take((T * s.k * s.a + 1) / 2), s.k, s.a, s.a, s.k * s.a, T);
+    float* S = opt.ws.take((s.k * s.a + 1) / 2);
     const ConstMatBatch Pb(opt.ws.take((T * s.a * s.r + 1) / 2), s.a, s.r, s.r, s.a * s.r, T);
-    be.randn_bf16(const_cast<float*>(S.p), T, s.k, s.a, 0, s.a_off, s.ag, key, list, &g.scalars->step, scale);
+    be.randn_bf16(S, 1, s.k, s.a, 0, s.a_off, s.ag, key, nullptr, &g.scalars->step, scale);
     be.store(const_cast<float*>(Pb.p), DION_DTYPE_BF16, P.p, T * s.a * s.r);
-    be.gemm_bf16_f32(false, false, 1.0f, S, Pb, 0.0f, SP);
+    be.gemm_bf16_f32(false, false, 1.0f, ConstMatBatch(S, s.k, s.a, s.a, 0, T), Pb, 0.0f, SP);
     return;
   }
-  const MatBatch S{opt.ws.take(T * s.k * s.a), s.k, s.a, s.a, s.k * s.a, T};
-  be.randn(S.p, T, s.k, s.a, 0, s.a_off, s.ag, key, list, &g.scalars->step, scale);
-  be.gemm(false, false, 1.0f, S, P, 0.0f, SP, prec);
+  float* S = opt.ws.take(s.k * s.a);
+  be.randn(S, 1, s.k, s.a, 0, s.a_off, s.ag, key, nullptr, &g.scalars->step, scale);
+  be.gemm(false, false, 1.0f, ConstMatBatch(S, s.k, s.a, s.a, 0, T), P, 0.0f, SP, prec);
 }
 
 // An orthonormal basis of the columns of P (a x r per matrix, a >= r; spec
@@ -357,12 +367,7 @@ void sketch_product(Optimizer& opt, const Group& g, const Shape& s, const Tensor
 // of one is factored on every rank. Either way every rank then solves its
 // rows with the same factors. The Householder cases (square P, a failed
 // Cholesky) gather the whole P.
-//
-// `list` names P's matrices (the sketch of each is keyed by its tensor), so a
-// rank orthogonalizing a slice of a batch draws the sketches a single process
-// draws for those matrices.
-float* orth(Optimizer& opt, const Group& g, const TensorEntry* list, const Shape& s, const Dist& d, MatBatch P,
-           int iter) {
+float* orth(Optimizer& opt, const Group& g, const Shape& s, const Dist& d, MatBatch P, int iter) {
   Backend& be = *opt.backend;
   const dion_group_options_t& o = g.opt;
   const dion_matmul_precision_t prec = o.matmul_precision;
@@ -397,7 +402,7 @@ float* orth(Optimizer& opt, const Group& g, const TensorEntry* list, const Shape
     // Randomized Cholesky QR: R1 = qr_r(S P); P1 = P R1^-1; P2 = P1 chol(P1^T P1)^-1.
     MatBatch SP{opt.ws.take(sp.slots * s.k * s.r), s.k, s.r, s.r, s.k * s.r, T};
     MatBatch R1{opt.ws.take(T * rr), s.r, s.r, s.r, rr, T};
-    sketch_product(opt, g, s, list, iter, P, SP, prec);
+    sketch_product(opt, g, s, iter, P, SP, prec);
     if (sp.mesh) {
       const int64_t kr = s.k * s.r;
       float* own = sp.scatter ? opt.ws.take(sp.block * kr) : nullptr;
@@ -466,16 +471,14 @@ float* orth(Optimizer& opt, const Group& g, const TensorEntry* list, const Shape
 // them. Under compressed sync an outer-sharded P is also averaged over the
 // replicas, but only this rank's slots: the others arrive averaged by their
 // owners. `own` (B matrices) receives the reduce-scatter.
-void orth_split(Optimizer& opt, const Group& g, const Batch& bt, const Shape& s, const Dist& d, const Split& sp,
-                MatBatch P, float* own, int iter) {
+void orth_split(Optimizer& opt, const Group& g, const Shape& s, const Dist& d, const Split& sp, MatBatch P,
+                float* own, int iter) {
   const int64_t ar = s.a * s.r, T = P.batch;
   float* mine = reduce_slots(*opt.backend, sp, P.p, T, ar, own);
   // The ranks of a replicate mesh sit at the same place of their outer
   // meshes, so they own the same slots.
   if (d.rep && sp.mesh != d.rep) d.rep->all_reduce(mine, sp.count * ar, ReduceOp::kAvg);
-  const float* res =
-      sp.count > 0 ? orth(opt, g, bt.list + sp.first, s, d, MatBatch{mine, s.a, s.r, s.r, ar, sp.count}, iter)
-                   : mine;
+  const float* res = sp.count > 0 ? orth(opt, g, s, d, MatBatch{mine, s.a, s.r, s.r, ar, sp.count}, iter) : mine;
   // In place when the slots were orthogonalized in P itself.
   gather_slots(opt, sp, T, ar, res, P.p);
 }
@@ -663,9 +666,9 @@ void step(Optimizer& opt, Group& g, const Batch& bt) {
       // Compressed replicate sync (spec §2.6): average P = B Q and R = B^T P
       // over the replicas instead of the gradient.
       if (d.rep) d.rep->all_reduce(P.p, T * ar, ReduceOp::kAvg);
-      P.p = orth(opt, g, bt.list, s, d, P, it);
+      P.p = orth(opt, g, s, d, P, it);
     } else {
-      orth_split(opt, g, bt, s, d, sp, P, own, it);
+      orth_split(opt, g, s, d, sp, P, own, it);
     }
     if (lowp) to_bf16(Pb.p, P.p, T * ar);
     m_product(be, bt, in_state, lowp, !s.bT, Mm, lowp ? ConstMatBatch(Pb) : ConstMatBatch(P), R,
@@ -837,7 +840,7 @@ bool step_group(Optimizer& opt, Group& g) {
     m_product(be, bt, u.in_state, u.lowp, u.s.bT, Mm, u.lowp ? u.Qtb : ConstMatBatch(u.Qm), u.P, prec);
     if (method == DION_QR_RCQR) {
       const size_t m = opt.ws.mark();
-      sketch_product(opt, g, u.s, bt.list, 0, u.P, slice(SP, u.first, T), prec);
+      sketch_product(opt, g, u.s, 0, u.P, slice(SP, u.first, T), prec);
       opt.ws.rewind(m);
     }
   }

@@ -728,7 +728,7 @@ TEST(CudaApiState, DefaultBatchWorkspaceCapIsFourGiB) {
   EXPECT_EQ(dflt, w4) << "the default cap should plan the batches that DION_BATCH_WORKSPACE_MIB=4096 plans";
   EXPECT_GT(dflt, 2048.0) << "half of the 96 matrices are meant to need more than 2 GiB";
   EXPECT_LT(w1, 0.5 * dflt) << "a 1 GiB cap should cut them into smaller batches";
-  EXPECT_GT(w8, 1.5 * dflt) << "an 8 GiB cap should take them in one batch";
+  EXPECT_GT(w8, dflt) << "an 8 GiB cap should take them in one batch (more than the default's two)";
 }
 
 // ----------------------------------------------------------------- stream --
