@@ -170,9 +170,8 @@ struct FillPos {
   }
 };
 
-// Where the walk over a tensor's elements stands: matrix q of the tensor,
-// row r, column c. Advanced element by element, so a thread divides once
-// per chunk of eight.
+// Where element e of a tensor's walk lies: matrix q of the tensor, row r,
+// column c (the element paths').
 struct MatPos {
   int64_t q, r, c;
   __device__ MatPos(int64_t e, int64_t rows, int64_t cols) {
@@ -182,16 +181,45 @@ struct MatPos {
     r = rem / cols;
     c = rem - r * cols;
   }
-  __device__ __forceinline__ void next(int64_t rows, int64_t cols) {
-    if (++c == cols) {
-      c = 0;
-      if (++r == rows) {
-        r = 0;
-        ++q;
-      }
+};
+
+// The vector paths' walk over a tensor's rows in chunks of eight elements
+// (cols % 8 == 0): matrix q, row r, chunk c (columns 8c .. 8c + 7), and j,
+// the chunk's index in the tensor (its elements 8j .. 8j + 7). A thread
+// divides once, at its first chunk, and then steps by the grid's thread
+// count; a chunk never straddles two rows, so the selected-slice lookups are
+// per chunk (a row's) or one 32-byte load (eight columns').
+struct ChunkWalk {
+  int64_t j, q, r, c, dr, dc;
+  __device__ ChunkWalk(int64_t start, int64_t step, int64_t rows, int64_t cpr) : j(start) {
+    const int64_t R = start / cpr;
+    c = start - R * cpr;
+    q = R / rows;
+    r = R - q * rows;
+    dr = step / cpr;
+    dc = step - dr * cpr;
+  }
+  __device__ __forceinline__ void next(int64_t step, int64_t rows, int64_t cpr) {
+    j += step;
+    c += dc;
+    r += dr;
+    if (c >= cpr) {
+      c -= cpr;
+      ++r;
+    }
+    while (r >= rows) {
+      r -= rows;
+      ++q;
     }
   }
 };
+
+// The selected-slice positions of columns c0 .. c0 + 7 (pos 16-byte aligned
+// there: c0 and N are multiples of 8 on the vector paths).
+__device__ __forceinline__ void positions8(const int32_t* p, int32_t (&s)[8]) {
+  const int4 a = reinterpret_cast<const int4*>(p)[0], b = reinterpret_cast<const int4*>(p)[1];
+  s[0] = a.x, s[1] = a.y, s[2] = a.z, s[3] = a.w, s[4] = b.x, s[5] = b.y, s[6] = b.z, s[7] = b.w;
+}
 
 // decay (x *= 1 - lr wd, the factor computed in double as decay_kernel
 // does), then add_slices' x += alpha * u on the selected slices, in fp32.
@@ -210,6 +238,27 @@ struct DecayAdd {
     }
     return x;
   }
+  // The same for the chunk (q, r, columns c0 .. c0 + 7) of tensor t.
+  __device__ __forceinline__ void chunk(float (&x)[8], int64_t t, int64_t q, int64_t r, int64_t c0) const {
+#pragma unroll
+    for (int k = 0; k < 8; ++k) x[k] *= d;
+    if (!pos) return;
+    const int64_t b = t * per + q;
+    const float* ub = mat_at(u, b);
+    const int32_t* pb = pos + b * N;
+    if (rows) {
+      const int32_t s = pb[r];
+      if (s >= 0)
+#pragma unroll
+        for (int k = 0; k < 8; ++k) x[k] += alpha * ub[s * u.ld + c0 + k];
+      return;
+    }
+    int32_t s[8];
+    positions8(pb + c0, s);
+#pragma unroll
+    for (int k = 0; k < 8; ++k)
+      if (s[k] >= 0) x[k] += alpha * ub[r * u.ld + s[k]];
+  }
 };
 
 __global__ void decay_add_slices_multi_kernel(const TensorEntry* list, int64_t count, int64_t rows, int64_t cols,
@@ -222,23 +271,26 @@ __global__ void decay_add_slices_multi_kernel(const TensorEntry* list, int64_t c
   for (int64_t t = blockIdx.y; t < count; t += gridDim.y) {
     void* px = list[t].ptr[kParam];
     const dion_dtype_t dx = static_cast<dion_dtype_t>(list[t].dtype[kParam]);
-    int64_t i0 = 0;
-    if (aligned16(px)) {
-      const int64_t n8 = n / 8;
-      for (int64_t j = global_thread(); j < n8; j += grid_threads()) {
-        float x[8];
-        load8(px, dx, j, x);
-        MatPos p(8 * j, rows, cols);
-#pragma unroll
-        for (int k = 0; k < 8; ++k) {
-          x[k] = op(x[k], t, p);
-          p.next(rows, cols);
-        }
-        store8(px, dx, j, x);
+    if (cols % 8 == 0 && aligned16(px)) {
+      const int64_t cpr = cols / 8, step = grid_threads();
+      // Two chunks per iteration, as momentum_multi_kernel.
+      for (ChunkWalk w(global_thread(), step, rows, cpr); w.q < op.per; w.next(step, rows, cpr)) {
+        ChunkWalk w2 = w;
+        w2.next(step, rows, cpr);
+        const bool two = w2.q < op.per;
+        float x[2][8];
+        load8(px, dx, w.j, x[0]);
+        if (two) load8(px, dx, w2.j, x[1]);
+        op.chunk(x[0], t, w.q, w.r, 8 * w.c);
+        store8(px, dx, w.j, x[0]);
+        if (!two) break;
+        op.chunk(x[1], t, w2.q, w2.r, 8 * w2.c);
+        store8(px, dx, w2.j, x[1]);
+        w = w2;
       }
-      i0 = n8 * 8;
+      continue;
     }
-    for (int64_t i = i0 + global_thread(); i < n; i += grid_threads())
+    for (int64_t i = global_thread(); i < n; i += grid_threads())
       store_elem(px, dx, i, op(load_elem(px, dx, i), t, MatPos(i, rows, cols)));
   }
 }
@@ -264,6 +316,43 @@ struct SelectMomentum {
     }
     return v;
   }
+  // The same for the chunk (q, r, columns c0 .. c0 + 7) of tensor t: m <- the results.
+  __device__ __forceinline__ void chunk(float (&m)[8], const float (&g)[8], int64_t t, int64_t q, int64_t r,
+                                        int64_t c0) const {
+    const float mu = 1.0f, g_scale = 1.0f;
+    const int64_t b = t * per + q;
+    float* o = mat_at(out, b);
+    const int32_t* pb = pos + b * N;
+    float v[8];
+#pragma unroll
+    for (int k = 0; k < 8; ++k) v[k] = mu * m[k] + g_scale * g[k];
+    if (rows) {
+      const int32_t sr = pb[r];
+      if (sr >= 0) {
+        float* dst = o + sr * out.ld + c0;
+        if (aligned16(dst)) {
+          reinterpret_cast<float4*>(dst)[0] = make_float4(v[0], v[1], v[2], v[3]);
+          reinterpret_cast<float4*>(dst)[1] = make_float4(v[4], v[5], v[6], v[7]);
+        } else {
+#pragma unroll
+          for (int k = 0; k < 8; ++k) dst[k] = v[k];
+        }
+#pragma unroll
+        for (int k = 0; k < 8; ++k) v[k] *= decay;
+      }
+    } else {
+      int32_t s[8];
+      positions8(pb + c0, s);
+#pragma unroll
+      for (int k = 0; k < 8; ++k)
+        if (s[k] >= 0) {
+          o[r * out.ld + s[k]] = v[k];
+          v[k] *= decay;
+        }
+    }
+#pragma unroll
+    for (int k = 0; k < 8; ++k) m[k] = v[k];
+  }
 };
 
 __global__ void select_momentum_multi_kernel(const TensorEntry* list, int64_t count, int64_t rows, int64_t cols,
@@ -275,24 +364,30 @@ __global__ void select_momentum_multi_kernel(const TensorEntry* list, int64_t co
     const void* pg = list[t].ptr[kGrad];
     const dion_dtype_t dm = static_cast<dion_dtype_t>(list[t].dtype[kState0]);
     const dion_dtype_t dg = static_cast<dion_dtype_t>(list[t].dtype[kGrad]);
-    int64_t i0 = 0;
-    if (aligned16(pm) && aligned16(pg)) {
-      const int64_t n8 = n / 8;
-      for (int64_t j = global_thread(); j < n8; j += grid_threads()) {
-        float m[8], g[8];
-        load8(pm, dm, j, m);
-        load8(pg, dg, j, g);
-        MatPos p(8 * j, rows, cols);
-#pragma unroll
-        for (int k = 0; k < 8; ++k) {
-          m[k] = op(m[k], g[k], t, p);
-          p.next(rows, cols);
+    if (cols % 8 == 0 && aligned16(pm) && aligned16(pg)) {
+      const int64_t cpr = cols / 8, step = grid_threads();
+      // Two chunks per iteration, as momentum_multi_kernel.
+      for (ChunkWalk w(global_thread(), step, rows, cpr); w.q < op.per; w.next(step, rows, cpr)) {
+        ChunkWalk w2 = w;
+        w2.next(step, rows, cpr);
+        const bool two = w2.q < op.per;
+        float m[2][8], g[2][8];
+        load8(pm, dm, w.j, m[0]);
+        load8(pg, dg, w.j, g[0]);
+        if (two) {
+          load8(pm, dm, w2.j, m[1]);
+          load8(pg, dg, w2.j, g[1]);
         }
-        if (write) store8(pm, dm, j, m);
+        op.chunk(m[0], g[0], t, w.q, w.r, 8 * w.c);
+        if (write) store8(pm, dm, w.j, m[0]);
+        if (!two) break;
+        op.chunk(m[1], g[1], t, w2.q, w2.r, 8 * w2.c);
+        if (write) store8(pm, dm, w2.j, m[1]);
+        w = w2;
       }
-      i0 = n8 * 8;
+      continue;
     }
-    for (int64_t i = i0 + global_thread(); i < n; i += grid_threads()) {
+    for (int64_t i = global_thread(); i < n; i += grid_threads()) {
       const float v = op(load_elem(pm, dm, i), load_elem(pg, dg, i), t, MatPos(i, rows, cols));
       if (write) store_elem(pm, dm, i, v);
     }

@@ -1234,7 +1234,7 @@ TEST_F(OpsTest, MomentumL1AndSelectMomentum) {
   const int64_t per = 2, T = 3, B = T * per;
   // grad and momentum dtypes (fp32, bf16, fp16 = 0, 1, 2)
   const std::vector<std::vector<int>> dtypes = {{-1, 0, 1, -1}, {-1, 1, 0, -1}, {-1, 1, 2, -1}};
-  for (const auto& [rows, cols] : std::initializer_list<std::pair<int64_t, int64_t>>{{7, 9}, {96, 40}})
+  for (const auto& [rows, cols] : std::initializer_list<std::pair<int64_t, int64_t>>{{7, 9}, {96, 40}, {300, 520}})
     for (int64_t shift : {0, 1})
       for (Axis ax : {kRows, kCols})
         for (int64_t k : {1, 3})
@@ -1280,38 +1280,43 @@ TEST_F(OpsTest, MomentumL1AndSelectMomentum) {
 }
 
 // The local scope's parameter update: decay all, add the selected slices.
+// Shapes: columns not a multiple of 8 (the element path), and multiples of 8
+// (the chunked path when aligned: shift 0), with many chunks per thread.
 TEST_F(OpsTest, DecayAddSlicesMulti) {
-  const int64_t per = 2, rows = 7, cols = 9, n = per * rows * cols, T = 3, B = T * per;
+  const int64_t per = 2, T = 3, B = T * per;
   const std::vector<std::vector<int>> dtypes = {{0, -1, -1, -1}, {1, -1, -1, -1}, {2, -1, -1, -1}};
   const GroupScalars gs{0.03, 0.1, 0.9, 0.99, 1, 0};
   Dev<GroupScalars> dgs(std::vector<GroupScalars>{gs});
-  for (int64_t shift : {0, 1})
-    for (Axis ax : {kRows, kCols})
-      for (int64_t k : {0, 1, 4})
-        for (int32_t skip : {0, 1}) {
-          SCOPED_TRACE(::testing::Message() << "shift " << shift << ", axis " << ax << ", k " << k << ", skip "
-                                            << skip);
-          TensorPair tp(rng, dtypes, n, shift);
-          Dev<int32_t> dskip(std::vector<int32_t>{skip});
-          const std::vector<int32_t> idx = pick_slices(rng, B, ax == kRows ? rows : cols, k);
-          Dev<int32_t> didx(idx.empty() ? std::vector<int32_t>{0} : idx);
-          // S shaped as gather_slices' out, padded.
-          Mat S = ax == kRows ? Mat::padded(k, cols, B) : Mat::padded(rows, k, B);
-          S.fill([&] { return gauss(); });
-          Dev<float> X(B * rows * cols);
-          cuda->load_multi(X.p(), tp.a.dev_table.p(), T, kParam, n);
-          cuda->decay(X.p(), B * rows * cols, dgs.p());
-          if (k > 0)
-            cuda->add_slices(MatBatch{X.p(), rows, cols, cols, rows * cols, B}, ax, didx.p(), k, S.D(), dgs.p(), -1.3f);
-          cuda->store_multi(tp.a.dev_table.p(), T, kParam, X.p(), n, dskip.p());
-          cuda->decay_add_slices_multi(tp.b.dev_table.p(), T, per, rows, cols, ax, didx.p(), k, S.D(), dgs.p(), -1.3f,
-                                       dskip.p());
-          EXPECT_TRUE(tp.same_field(kParam));
-          if (skip) EXPECT_TRUE(tp.unchanged(kParam));
-          host->decay_add_slices_multi(tp.b.host_list.data(), T, per, rows, cols, ax, idx.data(), k, S.H(), &gs, -1.3f,
-                                       &skip);
-          compare_tensors(tp.b, 1);
-        }
+  for (const auto& [rows, cols] : std::initializer_list<std::pair<int64_t, int64_t>>{{7, 9}, {96, 40}, {300, 520}})
+    for (int64_t shift : {0, 1})
+      for (Axis ax : {kRows, kCols})
+        for (int64_t k : {0, 1, 4})
+          for (int32_t skip : {0, 1}) {
+            SCOPED_TRACE(::testing::Message() << rows << " x " << cols << ", shift " << shift << ", axis " << ax
+                                              << ", k " << k << ", skip " << skip);
+            const int64_t n = per * rows * cols;
+            TensorPair tp(rng, dtypes, n, shift);
+            Dev<int32_t> dskip(std::vector<int32_t>{skip});
+            const std::vector<int32_t> idx = pick_slices(rng, B, ax == kRows ? rows : cols, k);
+            Dev<int32_t> didx(idx.empty() ? std::vector<int32_t>{0} : idx);
+            // S shaped as gather_slices' out, padded.
+            Mat S = ax == kRows ? Mat::padded(k, cols, B) : Mat::padded(rows, k, B);
+            S.fill([&] { return gauss(); });
+            Dev<float> X(B * rows * cols);
+            cuda->load_multi(X.p(), tp.a.dev_table.p(), T, kParam, n);
+            cuda->decay(X.p(), B * rows * cols, dgs.p());
+            if (k > 0)
+              cuda->add_slices(MatBatch{X.p(), rows, cols, cols, rows * cols, B}, ax, didx.p(), k, S.D(), dgs.p(),
+                               -1.3f);
+            cuda->store_multi(tp.a.dev_table.p(), T, kParam, X.p(), n, dskip.p());
+            cuda->decay_add_slices_multi(tp.b.dev_table.p(), T, per, rows, cols, ax, didx.p(), k, S.D(), dgs.p(), -1.3f,
+                                         dskip.p());
+            EXPECT_TRUE(tp.same_field(kParam));
+            if (skip) EXPECT_TRUE(tp.unchanged(kParam));
+            host->decay_add_slices_multi(tp.b.host_list.data(), T, per, rows, cols, ax, idx.data(), k, S.H(), &gs,
+                                         -1.3f, &skip);
+            compare_tensors(tp.b, 1);
+          }
 }
 
 // orthogonalize_bf16's start: the bits of frob_normalize and a store to
