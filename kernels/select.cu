@@ -229,12 +229,17 @@ struct DecayAdd {
   bool rows;
   const int32_t* pos;  // null: nothing selected
   ConstMatBatch u;
+  bool ubf16;  // u's elements are bf16 (widened exactly)
+  __device__ __forceinline__ float u_at(int64_t b, int64_t off) const {
+    const int64_t i = b * u.stride + off;
+    return ubf16 ? bf16_to_float(reinterpret_cast<const uint16_t*>(u.p)[i]) : u.p[i];
+  }
   __device__ __forceinline__ float operator()(float x, int64_t t, const MatPos& p) const {
     x *= d;
     if (pos) {
       const int64_t b = t * per + p.q;
       const int32_t s = pos[b * N + (rows ? p.r : p.c)];
-      if (s >= 0) x += alpha * mat_at(u, b)[rows ? s * u.ld + p.c : p.r * u.ld + s];
+      if (s >= 0) x += alpha * u_at(b, rows ? s * u.ld + p.c : p.r * u.ld + s);
     }
     return x;
   }
@@ -244,20 +249,19 @@ struct DecayAdd {
     for (int k = 0; k < 8; ++k) x[k] *= d;
     if (!pos) return;
     const int64_t b = t * per + q;
-    const float* ub = mat_at(u, b);
     const int32_t* pb = pos + b * N;
     if (rows) {
       const int32_t s = pb[r];
       if (s >= 0)
 #pragma unroll
-        for (int k = 0; k < 8; ++k) x[k] += alpha * ub[s * u.ld + c0 + k];
+        for (int k = 0; k < 8; ++k) x[k] += alpha * u_at(b, s * u.ld + c0 + k);
       return;
     }
     int32_t s[8];
     positions8(pb + c0, s);
 #pragma unroll
     for (int k = 0; k < 8; ++k)
-      if (s[k] >= 0) x[k] += alpha * ub[r * u.ld + s[k]];
+      if (s[k] >= 0) x[k] += alpha * u_at(b, r * u.ld + s[k]);
   }
 };
 
@@ -446,7 +450,7 @@ size_t decay_add_slices_multi_scratch(int64_t count, int64_t per, int64_t rows, 
 }
 
 void decay_add_slices_multi(const Ctx& c, const TensorEntry* list, int64_t count, int64_t per, int64_t rows,
-                            int64_t cols, Axis axis, const int32_t* idx, int64_t k, ConstMatBatch u,
+                            int64_t cols, Axis axis, const int32_t* idx, int64_t k, ConstMatBatch u, bool u_bf16,
                             const GroupScalars* gs, float mult, const int32_t* skip, void* scratch) {
   const int64_t n = per * rows * cols;
   if (count <= 0 || n <= 0) return;
@@ -454,7 +458,7 @@ void decay_add_slices_multi(const Ctx& c, const TensorEntry* list, int64_t count
   const int64_t N = by_rows ? rows : cols;
   const int32_t* pos = k > 0 ? fill_positions(c, count * per, N, idx, k, scratch, "decay_add_slices_multi positions")
                             : nullptr;
-  const DecayAdd op{0.0f, 0.0f, per, N, by_rows, pos, u};
+  const DecayAdd op{0.0f, 0.0f, per, N, by_rows, pos, u, u_bf16};
   decay_add_slices_multi_kernel<<<grid_multi(c, count, (n + 7) / 8), kThreads, 0, c.stream>>>(list, count, rows, cols,
                                                                                             op, gs, mult, skip);
   cuda::check_launch("decay_add_slices_multi kernel");

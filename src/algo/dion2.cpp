@@ -246,7 +246,11 @@ void dion2_family_step(Optimizer& opt, Group& g, const Batch& bt, bool nor) {
   Unshard us(opt, p.mb, selected_piece(p, t, flatten, s), B);
   float* So = us.forward(S.p);
   MatBatch Sw = mat(So, us.whole().rows(), us.whole().cols(), us.count());
-  orthogonalize(opt, o, Sw);
+  // Without meshes and neuron normalisation nothing else reads the result:
+  // a bf16 orthogonalization's stays bf16 and the update reads it there (no
+  // widening pass; the same values, bf16 widening is exact).
+  const void* Sb = nullptr;
+  orthogonalize(opt, o, Sw, !nor && p.mb.levels == 0 ? &Sb : nullptr);
   if (nor) {
     // The selected rows' variances travel with them (compact), and are
     // written back in place: V[I] = 0, then V[I] += the new values (exact).
@@ -266,8 +270,11 @@ void dion2_family_step(Optimizer& opt, Group& g, const Batch& bt, bool nor) {
   }
   us.backward(S.p);
   // X = (1 - lr wd) X; X[I] -= lr lr_mult S on the typed params, in one pass.
-  be.decay_add_slices_multi(bt.list, T, t.geom.batch, t.geom.srows, t.geom.scols, s.axis, idx, B > 0 ? s.k : 0, S,
-                            g.scalars, static_cast<float>(-lr_mult), opt.skip_flag());
+  const ConstMatBatch Su = Sb ? ConstMatBatch(static_cast<const float*>(Sb), S.rows, S.cols, S.cols, S.rows * S.cols, B)
+                              : ConstMatBatch(S);
+  be.decay_add_slices_multi(bt.list, T, t.geom.batch, t.geom.srows, t.geom.scols, s.axis, idx, B > 0 ? s.k : 0, Su,
+                            Sb ? DION_DTYPE_BF16 : DION_DTYPE_FP32, g.scalars, static_cast<float>(-lr_mult),
+                            opt.skip_flag());
 }
 
 void dion2_family_check(const Group& g, const Tensor& t) { dion2_plan(nullptr, g, t, 1); }

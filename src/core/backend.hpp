@@ -453,9 +453,11 @@ class Backend {
   // (u holds as many, shaped as gather_slices' out):
   //   load_multi(x, kParam); decay(x, all, gs);
   //   k > 0: add_slices(x, axis, idx, k, u, gs, mult); store_multi(kParam, x, skip)
+  // u_dtype BF16: u's elements are bf16 (ld and stride count them), widened
+  // exactly: the bf16 result of an orthogonalization, read where it lies.
   // The indices of a matrix must be distinct (topk's are).
   virtual void decay_add_slices_multi(const TensorEntry* list, int64_t count, int64_t per, int64_t rows, int64_t cols,
-                                      Axis axis, const int32_t* idx, int64_t k, ConstMatBatch u,
+                                      Axis axis, const int32_t* idx, int64_t k, ConstMatBatch u, dion_dtype_t u_dtype,
                                       const GroupScalars* gs, float mult, const int32_t* skip) = 0;
 };
 

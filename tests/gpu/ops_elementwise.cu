@@ -1291,32 +1291,45 @@ TEST_F(OpsTest, DecayAddSlicesMulti) {
     for (int64_t shift : {0, 1})
       for (Axis ax : {kRows, kCols})
         for (int64_t k : {0, 1, 4})
-          for (int32_t skip : {0, 1}) {
-            SCOPED_TRACE(::testing::Message() << rows << " x " << cols << ", shift " << shift << ", axis " << ax
-                                              << ", k " << k << ", skip " << skip);
-            const int64_t n = per * rows * cols;
-            TensorPair tp(rng, dtypes, n, shift);
-            Dev<int32_t> dskip(std::vector<int32_t>{skip});
-            const std::vector<int32_t> idx = pick_slices(rng, B, ax == kRows ? rows : cols, k);
-            Dev<int32_t> didx(idx.empty() ? std::vector<int32_t>{0} : idx);
-            // S shaped as gather_slices' out, padded.
-            Mat S = ax == kRows ? Mat::padded(k, cols, B) : Mat::padded(rows, k, B);
-            S.fill([&] { return gauss(); });
-            Dev<float> X(B * rows * cols);
-            cuda->load_multi(X.p(), tp.a.dev_table.p(), T, kParam, n);
-            cuda->decay(X.p(), B * rows * cols, dgs.p());
-            if (k > 0)
-              cuda->add_slices(MatBatch{X.p(), rows, cols, cols, rows * cols, B}, ax, didx.p(), k, S.D(), dgs.p(),
-                               -1.3f);
-            cuda->store_multi(tp.a.dev_table.p(), T, kParam, X.p(), n, dskip.p());
-            cuda->decay_add_slices_multi(tp.b.dev_table.p(), T, per, rows, cols, ax, didx.p(), k, S.D(), dgs.p(), -1.3f,
-                                         dskip.p());
-            EXPECT_TRUE(tp.same_field(kParam));
-            if (skip) EXPECT_TRUE(tp.unchanged(kParam));
-            host->decay_add_slices_multi(tp.b.host_list.data(), T, per, rows, cols, ax, idx.data(), k, S.H(), &gs,
-                                         -1.3f, &skip);
-            compare_tensors(tp.b, 1);
-          }
+          for (int32_t skip : {0, 1})
+            for (bool ubf16 : {false, true}) {
+              SCOPED_TRACE(::testing::Message() << rows << " x " << cols << ", shift " << shift << ", axis " << ax
+                                                << ", k " << k << ", skip " << skip << ", u bf16 " << ubf16);
+              const int64_t n = per * rows * cols;
+              TensorPair tp(rng, dtypes, n, shift);
+              Dev<int32_t> dskip(std::vector<int32_t>{skip});
+              const std::vector<int32_t> idx = pick_slices(rng, B, ax == kRows ? rows : cols, k);
+              Dev<int32_t> didx(idx.empty() ? std::vector<int32_t>{0} : idx);
+              // S shaped as gather_slices' out, padded; for a bf16 u, S holds
+              // bf16 values and Sb their bf16 bits in the same layout (widening
+              // is exact, so the fused op must give the fp32 sequence's bits).
+              Mat S = ax == kRows ? Mat::padded(k, cols, B) : Mat::padded(rows, k, B);
+              S.fill([&] { return ubf16 ? bf16_to_float(float_to_bf16(gauss())) : gauss(); });
+              std::vector<uint16_t> sb(S.h.size());
+              for (size_t i = 0; i < sb.size(); ++i) sb[i] = float_to_bf16(S.h[i]);
+              Dev<uint16_t> Sb(sb);
+              const dion_dtype_t udt = ubf16 ? DION_DTYPE_BF16 : DION_DTYPE_FP32;
+              const ConstMatBatch ud = ubf16 ? ConstMatBatch(reinterpret_cast<const float*>(Sb.p()), S.rows, S.cols,
+                                                             S.ld, S.stride, B)
+                                             : ConstMatBatch(S.D());
+              const ConstMatBatch uh = ubf16 ? ConstMatBatch(reinterpret_cast<const float*>(sb.data()), S.rows, S.cols,
+                                                             S.ld, S.stride, B)
+                                             : ConstMatBatch(S.H());
+              Dev<float> X(B * rows * cols);
+              cuda->load_multi(X.p(), tp.a.dev_table.p(), T, kParam, n);
+              cuda->decay(X.p(), B * rows * cols, dgs.p());
+              if (k > 0)
+                cuda->add_slices(MatBatch{X.p(), rows, cols, cols, rows * cols, B}, ax, didx.p(), k, S.D(), dgs.p(),
+                                 -1.3f);
+              cuda->store_multi(tp.a.dev_table.p(), T, kParam, X.p(), n, dskip.p());
+              cuda->decay_add_slices_multi(tp.b.dev_table.p(), T, per, rows, cols, ax, didx.p(), k, ud, udt, dgs.p(),
+                                           -1.3f, dskip.p());
+              EXPECT_TRUE(tp.same_field(kParam));
+              if (skip) EXPECT_TRUE(tp.unchanged(kParam));
+              host->decay_add_slices_multi(tp.b.host_list.data(), T, per, rows, cols, ax, idx.data(), k, uh, udt, &gs,
+                                           -1.3f, &skip);
+              compare_tensors(tp.b, 1);
+              }
 }
 
 // orthogonalize_bf16's start: the bits of frob_normalize and a store to

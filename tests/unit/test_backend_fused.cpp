@@ -317,29 +317,37 @@ TEST_F(HostFused, DecayAddSlicesMultiEqualsLoadDecayAddStore) {
   for (dion_dtype_t dx : kDtypes)
     for (Axis axis : {kRows, kCols})
       for (int64_t k : {0, 1, 3})
-        for (int32_t skip : {0, 1}) {
-          SCOPED_TRACE(::testing::Message() << dtype_name(dx) << " axis " << axis << " k " << k << " skip " << skip);
-          Twin tw(rng, count, n, {dx, DION_DTYPE_FP32, DION_DTYPE_FP32, DION_DTYPE_FP32});
-          const std::vector<std::vector<uint8_t>> before = tw.b[kParam];
-          const int64_t N = axis == kRows ? rows : cols;
-          const std::vector<int32_t> idx = pick(rng, B, N, k);
-          // S shaped as gather_slices' out, with padding (ld > its columns).
-          const int64_t srows = axis == kRows ? k : rows, scols = axis == kRows ? cols : k, ld = scols + 2;
-          std::vector<float> S(static_cast<size_t>(B * srows * ld + 1));
-          std::normal_distribution<float> g(0.0f, 1.0f);
-          for (auto& v : S) v = g(rng);
-          ConstMatBatch Sm(S.data(), srows, scols, ld, srows * ld, B);
-          std::vector<float> X(B * rows * cols);
-          be->load_multi(X.data(), tw.la.data(), count, kParam, n);
-          be->decay(X.data(), B * rows * cols, &gs);
-          if (k > 0)
-            be->add_slices(MatBatch{X.data(), rows, cols, cols, rows * cols, B}, axis, idx.data(), k, Sm, &gs, -0.8f);
-          be->store_multi(tw.la.data(), count, kParam, X.data(), n, &skip);
-          be->decay_add_slices_multi(tw.lb.data(), count, per, rows, cols, axis, k ? idx.data() : nullptr, k, Sm, &gs,
-                                     -0.8f, &skip);
-          EXPECT_TRUE(tw.same(kParam));
-          if (skip) EXPECT_TRUE(tw.b[kParam] == before);
-        }
+        for (int32_t skip : {0, 1})
+          for (dion_dtype_t ud : {DION_DTYPE_FP32, DION_DTYPE_BF16}) {
+            SCOPED_TRACE(::testing::Message() << dtype_name(dx) << " axis " << axis << " k " << k << " skip " << skip
+                                              << " u " << dtype_name(ud));
+            Twin tw(rng, count, n, {dx, DION_DTYPE_FP32, DION_DTYPE_FP32, DION_DTYPE_FP32});
+            const std::vector<std::vector<uint8_t>> before = tw.b[kParam];
+            const int64_t N = axis == kRows ? rows : cols;
+            const std::vector<int32_t> idx = pick(rng, B, N, k);
+            // S shaped as gather_slices' out, with padding (ld > its columns);
+            // for a bf16 u, S holds bf16 values and Sb their bits in the same
+            // layout (the fused op widens them exactly: the same bits).
+            const int64_t srows = axis == kRows ? k : rows, scols = axis == kRows ? cols : k, ld = scols + 2;
+            std::vector<float> S(static_cast<size_t>(B * srows * ld + 1));
+            std::normal_distribution<float> g(0.0f, 1.0f);
+            for (auto& v : S) v = ud == DION_DTYPE_BF16 ? bf16_to_float(float_to_bf16(g(rng))) : g(rng);
+            std::vector<uint16_t> Sb(S.size());
+            for (size_t i = 0; i < S.size(); ++i) Sb[i] = float_to_bf16(S[i]);
+            ConstMatBatch Sm(S.data(), srows, scols, ld, srows * ld, B);
+            const float* sbp = reinterpret_cast<const float*>(Sb.data());
+            ConstMatBatch Su = ud == DION_DTYPE_BF16 ? ConstMatBatch(sbp, srows, scols, ld, srows * ld, B) : Sm;
+            std::vector<float> X(B * rows * cols);
+            be->load_multi(X.data(), tw.la.data(), count, kParam, n);
+            be->decay(X.data(), B * rows * cols, &gs);
+            if (k > 0)
+              be->add_slices(MatBatch{X.data(), rows, cols, cols, rows * cols, B}, axis, idx.data(), k, Sm, &gs, -0.8f);
+            be->store_multi(tw.la.data(), count, kParam, X.data(), n, &skip);
+            be->decay_add_slices_multi(tw.lb.data(), count, per, rows, cols, axis, k ? idx.data() : nullptr, k, Su, ud,
+                                       &gs, -0.8f, &skip);
+            EXPECT_TRUE(tw.same(kParam));
+            if (skip) EXPECT_TRUE(tw.b[kParam] == before);
+            }
 }
 
 // Dion with the momentum state as its products' input: momentum_multi with

@@ -1029,13 +1029,16 @@ class CudaBackend final : public Backend {
     kernels::select_momentum_multi(ctx(), list, count, per, rows, cols, axis, idx, k, decay, out, skip, s);
   }
   void decay_add_slices_multi(const TensorEntry* list, int64_t count, int64_t per, int64_t rows, int64_t cols,
-                              Axis axis, const int32_t* idx, int64_t k, ConstMatBatch u, const GroupScalars* gs,
-                              float mult, const int32_t* skip) override {
+                              Axis axis, const int32_t* idx, int64_t k, ConstMatBatch u, dion_dtype_t u_dtype,
+                              const GroupScalars* gs, float mult, const int32_t* skip) override {
+    DION_REQUIRE(u_dtype == DION_DTYPE_FP32 || u_dtype == DION_DTYPE_BF16, DION_ERROR_INTERNAL,
+                 "cuda decay_add_slices_multi: u must be fp32 or bf16");
     DeviceScope ds(device_);
     ProfScope ps(prof_, "decay_add_slices_multi", stream_);
     const size_t bytes = kernels::decay_add_slices_multi_scratch(count, per, rows, cols, axis, k);
     void* s = bytes ? scratch(kPos, bytes) : nullptr;
-    kernels::decay_add_slices_multi(ctx(), list, count, per, rows, cols, axis, idx, k, u, gs, mult, skip, s);
+    kernels::decay_add_slices_multi(ctx(), list, count, per, rows, cols, axis, idx, k, u, u_dtype == DION_DTYPE_BF16,
+                                    gs, mult, skip, s);
   }
 
  private:

@@ -750,9 +750,13 @@ class HostBackend final : public Backend {
       }
   }
   void decay_add_slices_multi(const TensorEntry* list, int64_t count, int64_t per, int64_t rows, int64_t cols,
-                              Axis axis, const int32_t* idx, int64_t k, ConstMatBatch u, const GroupScalars* gs,
-                              float mult, const int32_t* skip) override {
+                              Axis axis, const int32_t* idx, int64_t k, ConstMatBatch u, dion_dtype_t u_dtype,
+                              const GroupScalars* gs, float mult, const int32_t* skip) override {
     if (skip && *skip) return;
+    DION_REQUIRE(u_dtype == DION_DTYPE_FP32 || u_dtype == DION_DTYPE_BF16, DION_ERROR_INTERNAL,
+                 "host decay_add_slices_multi: u must be fp32 or bf16");
+    std::vector<float> wide;
+    if (u_dtype == DION_DTYPE_BF16 && k > 0) u = widen_bf16(u, wide);
     const int64_t msize = rows * cols;
     float* x = grow(g_scratch.a, static_cast<size_t>(msize));
     for (int64_t t = 0; t < count; ++t) {
