@@ -557,17 +557,36 @@ __device__ __forceinline__ void put_if_changed(float* x, float old, float v) {
   if (__float_as_uint(v) != __float_as_uint(old)) *x = v;
 }
 
-// Backend::finish_p: grid.y walks the matrices (dense, `per` elements each).
+// Backend::finish_p: grid.y walks the matrices (dense, `per` elements each),
+// read as float4s where aligned. pb holds bf16(p) on entry, so an element is
+// written (to p and pb) only where the fix-up changes it: a clean P is only
+// read.
+__device__ __forceinline__ void finish_p_at(float* x, uint16_t* o, int64_t i, float v0, bool keep) {
+  const float v = keep ? finite_or_clamped(v0) : 0.0f;
+  if (__float_as_uint(v) != __float_as_uint(v0)) {
+    x[i] = v;
+    if (o) o[i] = float_to_bf16(v);
+  }
+}
+
 __global__ void finish_p_kernel(float* p, int64_t batch, int64_t per, const int32_t* flags, uint16_t* pb) {
   for (int64_t b = blockIdx.y; b < batch; b += gridDim.y) {
     const bool keep = flags[b] != 0;
     float* x = p + b * per;
     uint16_t* o = pb ? pb + b * per : nullptr;
-    for (int64_t i = global_thread(); i < per; i += grid_threads()) {
-      const float v0 = x[i], v = keep ? finite_or_clamped(v0) : 0.0f;
-      put_if_changed(x + i, v0, v);
-      if (o) o[i] = float_to_bf16(v);
+    int64_t i0 = 0;
+    if (aligned16(x)) {
+      const int64_t n4 = per / 4;
+      for (int64_t j = global_thread(); j < n4; j += grid_threads()) {
+        const float4 v = reinterpret_cast<const float4*>(x)[j];
+        finish_p_at(x, o, 4 * j, v.x, keep);
+        finish_p_at(x, o, 4 * j + 1, v.y, keep);
+        finish_p_at(x, o, 4 * j + 2, v.z, keep);
+        finish_p_at(x, o, 4 * j + 3, v.w, keep);
+      }
+      i0 = 4 * n4;
     }
+    for (int64_t i = i0 + global_thread(); i < per; i += grid_threads()) finish_p_at(x, o, i, x[i], keep);
   }
 }
 
@@ -628,7 +647,7 @@ __global__ void col_scale_store_kernel(MatBatch m, int64_t nr, const double* sum
 void finish_p(const Ctx& c, MatBatch p, const int32_t* flags, void* pb) {
   const int64_t per = p.rows * p.cols;
   if (p.batch <= 0 || per <= 0) return;
-  finish_p_kernel<<<grid_multi(c, p.batch, per), kThreads, 0, c.stream>>>(p.p, p.batch, per, flags,
+  finish_p_kernel<<<grid_multi(c, p.batch, ceil_div(per, 4)), kThreads, 0, c.stream>>>(p.p, p.batch, per, flags,
                                                                          static_cast<uint16_t*>(pb));
   cuda::check_launch("finish_p kernel");
 }

@@ -295,7 +295,9 @@ class Backend {
   // (nullable) receive bf16 copies (store(BF16), dense, the matrices one
   // after the other).
   //   finish_p: nan_to_num(p); zero_fixup_flagged's p half (p[b] = 0 where
-  //     flags[b] == 0); pb <- bf16(p).
+  //     flags[b] == 0); pb <- bf16(p). pb must hold bf16(p) on entry (the
+  //     copy R = B^T P was formed from): only the changed elements are
+  //     rewritten.
   //   finish_r: nan_to_num(r); its r half (r[b] = q[b] where flags[b] ==
   //     0); rb <- bf16(r); sumsq[b * cols + j] <- sum_i r[b](i, j)^2 in
   //     double, as col_normalize sums.

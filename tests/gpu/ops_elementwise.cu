@@ -1147,7 +1147,7 @@ TEST_F(OpsTest, MomentumInStateAndGemmField) {
 TEST_F(OpsTest, FinishPAndR) {
   const int64_t T = 3;
   const std::vector<std::vector<int>> dtypes = {{-1, -1, -1, 0}, {-1, -1, -1, 1}, {-1, -1, -1, 2}};
-  for (const auto& [rows, cols] : std::initializer_list<std::pair<int64_t, int64_t>>{{7, 5}, {96, 40}})
+  for (const auto& [rows, cols] : std::initializer_list<std::pair<int64_t, int64_t>>{{7, 5}, {96, 40}, {300, 520}})
     for (int32_t skip : {0, 1}) {
       SCOPED_TRACE(::testing::Message() << rows << " x " << cols << ", skip " << skip);
       const int64_t n = rows * cols;
@@ -1177,6 +1177,7 @@ TEST_F(OpsTest, FinishPAndR) {
       cuda->col_normalize(r1, 0.5f);
       cuda->store(rb1.p(), DION_DTYPE_BF16, dR1.p(), T * n);
       cuda->store_multi(tp.a.dev_table.p(), T, kState1, dR1.p(), n, dskip.p());
+      cuda->store(pb2.p(), DION_DTYPE_BF16, dP2.p(), T * n);  // finish_p's precondition: pb = bf16(p)
       cuda->finish_p(p2, dflags.p(), pb2.p());
       cuda->finish_r(r2, dflags.p(), q, rb2.p(), dss.p());
       EXPECT_TRUE(same_bits(rb_fixed, rb2.get())) << "the fixed-up R's bf16 copy";
@@ -1192,6 +1193,7 @@ TEST_F(OpsTest, FinishPAndR) {
       std::vector<double> ssh(static_cast<size_t>(T * cols));
       std::vector<uint16_t> rbh(R.size()), pbh(R.size());
       const MatBatch rh{Rh.data(), rows, cols, cols, n, T}, ph{Ph.data(), rows, cols, cols, n, T};
+      host->store(pbh.data(), DION_DTYPE_BF16, Ph.data(), T * n);
       host->finish_p(ph, flags.data(), pbh.data());
       host->finish_r(rh, flags.data(), ConstMatBatch(Qh.data(), rows, cols, cols, n, T), nullptr, ssh.data());
       EXPECT_TRUE(close(std::vector<float>(ssh.begin(), ssh.end()),

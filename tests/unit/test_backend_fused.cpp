@@ -442,8 +442,9 @@ TEST_F(HostFused, MomentumL1AndSelectMomentumEqualTheFp32Sequence) {
 // the fix-up (R = Q where the flag is 0), col_normalize, the bf16 copies
 // and store_multi, bit for bit; with NaN, +-inf and a column of 1e30s (its
 // squares overflow fp32, not the double sums), a flagged matrix, every
-// dtype of the stored field and a set skip flag. finish_p (a default that
-// runs its sequence) is checked against the same sequence's P half.
+// dtype of the stored field and a set skip flag. finish_p is checked
+// against the same sequence's P half, its bf16 copy starting as bf16(P)
+// (its contract: only the changed elements are rewritten there).
 TEST_F(HostFused, FinishRAndColScaleStoreEqualFixupAndColNormalize) {
   const int64_t T = 3, rows = 7, cols = 5, n = rows * cols;
   const float kInf = std::numeric_limits<float>::infinity();
@@ -479,6 +480,7 @@ TEST_F(HostFused, FinishRAndColScaleStoreEqualFixupAndColNormalize) {
       std::vector<float> R2 = R, P2 = P;
       std::vector<double> ss(T * cols);
       MatBatch r2{R2.data(), rows, cols, cols, n, T}, p2{P2.data(), rows, cols, cols, n, T};
+      be->store(pb2.data(), DION_DTYPE_BF16, P2.data(), T * n);
       be->finish_p(p2, flags, pb2.data());
       be->finish_r(r2, flags, q, nullptr, ss.data());
       be->col_scale_store(r2, ss.data(), 0.5f, rb2.data(), tw.lb.data(), kState1, &skip);

@@ -445,9 +445,17 @@ class HostBackend final : public Backend {
     col_scale_double(m, s.data(), eps);
   }
   void finish_p(MatBatch p, const int32_t* flags, void* pb) override {
-    nan_to_num(p.p, p.batch * p.rows * p.cols);
-    zero_where_flagged(flags, p);
-    if (pb) store(pb, DION_DTYPE_BF16, p.p, p.batch * p.rows * p.cols);
+    // pb holds bf16(p): only the elements the fix-up changes are rewritten.
+    uint16_t* o = static_cast<uint16_t*>(pb);
+    const int64_t per = p.rows * p.cols;
+    for (int64_t b = 0; b < p.batch; ++b)
+      for (int64_t i = b * per; i < (b + 1) * per; ++i) {  // dense: p.stride == per
+        float v = flags[b] ? p.p[i] : 0.0f;
+        nan_to_num(&v, 1);
+        if (float_bits(v) == float_bits(p.p[i])) continue;
+        p.p[i] = v;
+        if (o) o[i] = float_to_bf16(v);
+      }
   }
   void finish_r(MatBatch r, const int32_t* flags, ConstMatBatch q, void* rb, double* sumsq) override {
     nan_to_num(r.p, r.batch * r.rows * r.cols);
