@@ -158,11 +158,16 @@ struct ColPlan {
   int64_t tiles, nr;  // column tiles of 32, row chunks
 };
 
+// Columns in tiles of 32 W (W consecutive columns per thread); enough row
+// chunks for `waves` blocks per SM (the wide tiles' loads are 16-byte ones:
+// twice the blocks keep enough of them in flight).
+template <int W = 1>
 ColPlan col_plan(const Ctx& c, int64_t rows, int64_t cols, int64_t batch) {
+  constexpr int64_t waves = W == 1 ? 4 : 8;
   ColPlan p;
-  p.tiles = std::max<int64_t>(1, ceil_div(cols, kTileX));
+  p.tiles = std::max<int64_t>(1, ceil_div(cols, static_cast<int64_t>(kTileX) * W));
   const int64_t bz = std::min<int64_t>(std::max<int64_t>(batch, 1), 65535);
-  const int64_t fill = ceil_div(static_cast<int64_t>(c.sms) * 4, p.tiles * bz);
+  const int64_t fill = ceil_div(static_cast<int64_t>(c.sms) * waves, p.tiles * bz);
   p.nr = std::min<int64_t>({std::max<int64_t>(fill, 1), std::max<int64_t>(1, ceil_div(rows, 64)), 65535});
   return p;
 }
@@ -230,27 +235,54 @@ struct MomentumSrc {
   }
 };
 
-// partial[(b * nr + chunk) * cols + j] = sum over the chunk's rows of op(m[i, j]).
-template <int OP, class Src>
+// Elements (i, j0 .. j0 + W - 1) of a source accessor: W = 1 reads the one
+// element (j0 < cols), W = 8 eight (At::get8: 16-byte loads where the source
+// allows them, 0 past the last column). Every element is read exactly once
+// (FixupSrc writes as it reads).
+template <int W, class At>
+__device__ __forceinline__ void get_chunk(const At& p, int64_t i, int64_t j0, int64_t cols, float (&v)[W]) {
+  if constexpr (W == 1)
+    v[0] = p(i, j0);
+  else
+    p.get8(i, j0, cols, v);
+}
+
+// partial[(b * nr + chunk) * cols + j] = sum over the chunk's rows of op(m[i, j]):
+// tiles of 32 W columns (thread x of row stride y reads columns W x .. W x + W -
+// 1 of its rows), the block's kTileY row strides summed in shared memory in
+// order. W = 1 is the column kernel of col_sums; W = 8 (slice_l1_of) reads
+// Dion2's M + G at close to the copy bandwidth (the one-element-per-thread
+// tiles reached about 40 % of it on bf16 buffers).
+template <int OP, int W, class Src>
 __global__ void col_partial_kernel(Src src, int64_t batch, int64_t rows, int64_t cols, int64_t nr, double* partial) {
-  __shared__ double sh[kTileY][kTileX + 1];
+  __shared__ double sh[kTileY][kTileX * W + 1];
   const int tx = threadIdx.x, ty = threadIdx.y;
-  const int64_t j = blockIdx.x * static_cast<int64_t>(kTileX) + tx;
+  const int64_t j0 = (blockIdx.x * static_cast<int64_t>(kTileX) + tx) * W;
   const int64_t chunk = ceil_div(rows, nr), r0 = blockIdx.y * chunk, r1 = min(r0 + chunk, rows);
   for (int64_t b = blockIdx.z; b < batch; b += gridDim.z) {
     const auto p = src.at(b);
-    double s = 0.0;
-    if (j < cols)
+    double s[W] = {};
+    if (j0 < cols) {
+#pragma unroll 4
       for (int64_t i = r0 + ty; i < r1; i += kTileY) {
-        const double v = p(i, j);
-        s += OP == kSquares ? v * v : fabs(v);
+        float v[W];
+        get_chunk<W>(p, i, j0, cols, v);
+#pragma unroll
+        for (int k = 0; k < W; ++k) {
+          const double d = v[k];
+          s[k] += OP == kSquares ? d * d : fabs(d);
+        }
       }
-    sh[ty][tx] = s;
+    }
+#pragma unroll
+    for (int k = 0; k < W; ++k) sh[ty][tx * W + k] = s[k];
     __syncthreads();
-    if (ty == 0 && j < cols) {
-      double t = 0.0;
-      for (int y = 0; y < kTileY; ++y) t += sh[y][tx];
-      partial[(b * nr + blockIdx.y) * cols + j] = t;
+    const int t = ty * kTileX + tx;  // the tile's column t (W = 1: the threads of row stride 0)
+    const int64_t j = blockIdx.x * static_cast<int64_t>(kTileX) * W + t;
+    if (t < kTileX * W && j < cols) {
+      double tot = 0.0;
+      for (int y = 0; y < kTileY; ++y) tot += sh[y][t];
+      partial[(b * nr + blockIdx.y) * cols + j] = tot;
     }
     __syncthreads();
   }
@@ -285,7 +317,7 @@ __global__ void col_finish_kernel(int64_t batch, int64_t cols, int64_t nr, const
 
 // ---- row sums: one warp per row ----
 
-template <int OP, class T, class Src>
+template <int OP, int W, class T, class Src>
 __global__ void row_sum_kernel(Src src, int64_t batch, int64_t rows, int64_t cols, T* out) {
   const int lane = threadIdx.x;
   for (int64_t b = blockIdx.y; b < batch; b += gridDim.y) {
@@ -293,98 +325,12 @@ __global__ void row_sum_kernel(Src src, int64_t batch, int64_t rows, int64_t col
     for (int64_t i = blockIdx.x * static_cast<int64_t>(kTileY) + threadIdx.y; i < rows;
          i += static_cast<int64_t>(gridDim.x) * kTileY) {
       double s = 0.0;
-      for (int64_t j = lane; j < cols; j += 32) {
-        const double v = p(i, j);
-        s += OP == kSquares ? v * v : fabs(v);
-      }
-      s = warp_sum(s);
-      if (lane == 0) out[b * rows + i] = static_cast<T>(s);
-    }
-  }
-}
-
-template <int OP, class T, class Src = MatSrc>
-void row_sums(const Ctx& c, Src src, int64_t batch, int64_t rows, int64_t cols, T* out, const char* name) {
-  const int64_t gy = std::min<int64_t>(batch, 65535);
-  const int64_t gx = std::min<int64_t>(ceil_div(rows, kTileY), std::max<int64_t>(1, ceil_div(c.sms * 32, gy)));
-  row_sum_kernel<OP, T><<<dim3(static_cast<unsigned>(std::max<int64_t>(gx, 1)), static_cast<unsigned>(gy)),
-                          dim3(32, kTileY), 0, c.stream>>>(src, batch, rows, cols, out);
-  cuda::check_launch(name);
-}
-template <int OP, class T>
-void row_sums(const Ctx& c, ConstMatBatch m, T* out, const char* name) {
-  row_sums<OP, T>(c, MatSrc{m}, m.batch, m.rows, m.cols, out, name);
-}
-
-// ---- sums over chunks of eight columns (slice_l1_of): each thread reads
-// eight consecutive elements at once (src.at(b).get8), 16-byte loads where the
-// source allows them. Rows: one warp per row, lane l taking chunks l, l + 32,
-// ...; columns: tiles of 256 (32 threads x 8 columns) x a chunk of rows, the
-// block's 8 row strides summed in shared memory. Dion2's L1 norms read M and
-// G once each at close to the copy bandwidth (the one-element-per-thread
-// kernels above reached about 40 % of it on bf16 buffers).
-
-constexpr int kChunk = 8, kTileC = kTileX * kChunk;
-
-ColPlan col8_plan(const Ctx& c, int64_t rows, int64_t cols, int64_t batch) {
-  ColPlan p;
-  p.tiles = std::max<int64_t>(1, ceil_div(cols, kTileC));
-  const int64_t bz = std::min<int64_t>(std::max<int64_t>(batch, 1), 65535);
-  const int64_t fill = ceil_div(static_cast<int64_t>(c.sms) * 8, p.tiles * bz);
-  p.nr = std::min<int64_t>({std::max<int64_t>(fill, 1), std::max<int64_t>(1, ceil_div(rows, 64)), 65535});
-  return p;
-}
-
-template <int OP, class Src>
-__global__ void col8_partial_kernel(Src src, int64_t batch, int64_t rows, int64_t cols, int64_t nr,
-                                    double* partial) {
-  __shared__ double sh[kTileY][kTileC + 1];
-  const int tx = threadIdx.x, ty = threadIdx.y;
-  const int64_t j0 = (blockIdx.x * static_cast<int64_t>(kTileX) + tx) * kChunk;
-  const int64_t chunk = ceil_div(rows, nr), r0 = blockIdx.y * chunk, r1 = min(r0 + chunk, rows);
-  for (int64_t b = blockIdx.z; b < batch; b += gridDim.z) {
-    const auto p = src.at(b);
-    double s[kChunk] = {};
-    if (j0 < cols) {
 #pragma unroll 4
-      for (int64_t i = r0 + ty; i < r1; i += kTileY) {
-        float v[kChunk];
-        p.get8(i, j0, cols, v);
+      for (int64_t j0 = lane * W; j0 < cols; j0 += kTileX * W) {
+        float v[W];
+        get_chunk<W>(p, i, j0, cols, v);
 #pragma unroll
-        for (int k = 0; k < kChunk; ++k) {
-          const double d = v[k];
-          s[k] += OP == kSquares ? d * d : fabs(d);
-        }
-      }
-    }
-#pragma unroll
-    for (int k = 0; k < kChunk; ++k) sh[ty][tx * kChunk + k] = s[k];
-    __syncthreads();
-    const int t = ty * kTileX + tx;  // one of the tile's 256 columns
-    const int64_t j = blockIdx.x * static_cast<int64_t>(kTileC) + t;
-    if (j < cols) {
-      double tot = 0.0;
-      for (int y = 0; y < kTileY; ++y) tot += sh[y][t];
-      partial[(b * nr + blockIdx.y) * cols + j] = tot;
-    }
-    __syncthreads();
-  }
-}
-
-template <int OP, class T, class Src>
-__global__ void row8_sum_kernel(Src src, int64_t batch, int64_t rows, int64_t cols, T* out) {
-  const int lane = threadIdx.x;
-  for (int64_t b = blockIdx.y; b < batch; b += gridDim.y) {
-    const auto p = src.at(b);
-    for (int64_t i = blockIdx.x * static_cast<int64_t>(kTileY) + threadIdx.y; i < rows;
-         i += static_cast<int64_t>(gridDim.x) * kTileY) {
-      double s = 0.0;
-#pragma unroll 4
-      for (int64_t j0 = lane * kChunk; j0 < cols; j0 += kTileC) {
-        float v[kChunk];
-        p.get8(i, j0, cols, v);
-#pragma unroll
-        for (int k = 0; k < kChunk; ++k) {
+        for (int k = 0; k < W; ++k) {
           const double d = v[k];
           s += OP == kSquares ? d * d : fabs(d);
         }
@@ -395,18 +341,29 @@ __global__ void row8_sum_kernel(Src src, int64_t batch, int64_t rows, int64_t co
   }
 }
 
-size_t col8_partial_bytes(const Ctx& c, int64_t rows, int64_t cols, int64_t batch) {
-  const ColPlan plan = col8_plan(c, rows, cols, batch);
-  return sizeof(double) * static_cast<size_t>(batch * plan.nr * cols);
+// Row totals of op(src) into out (batch x rows): one warp per row, lane l
+// reading chunks l, l + 32, ... of W columns.
+template <int OP, class T, int W = 1, class Src = MatSrc>
+void row_sums(const Ctx& c, Src src, int64_t batch, int64_t rows, int64_t cols, T* out, const char* name) {
+  const int64_t gy = std::min<int64_t>(batch, 65535);
+  const int64_t gx = std::min<int64_t>(ceil_div(rows, kTileY), std::max<int64_t>(1, ceil_div(c.sms * 32, gy)));
+  row_sum_kernel<OP, W, T><<<dim3(static_cast<unsigned>(std::max<int64_t>(gx, 1)), static_cast<unsigned>(gy)),
+                             dim3(kTileX, kTileY), 0, c.stream>>>(src, batch, rows, cols, out);
+  cuda::check_launch(name);
+}
+template <int OP, class T>
+void row_sums(const Ctx& c, ConstMatBatch m, T* out, const char* name) {
+  row_sums<OP, T>(c, MatSrc{m}, m.batch, m.rows, m.cols, out, name);
 }
 
-// Column totals of op(m) into out (batch x cols), through `partial`.
-template <int OP, class T, class Src>
+// Column totals of op(m) into out (batch x cols), through `partial`
+// (col_partial_bytes<W>).
+template <int OP, class T, int W = 1, class Src>
 void col_sums(const Ctx& c, Src src, int64_t batch, int64_t rows, int64_t cols, T* out, double* partial,
               const char* name) {
-  const ColPlan plan = col_plan(c, rows, cols, batch);
-  col_partial_kernel<OP><<<col_grid(plan, batch), dim3(kTileX, kTileY), 0, c.stream>>>(src, batch, rows, cols,
-                                                                                       plan.nr, partial);
+  const ColPlan plan = col_plan<W>(c, rows, cols, batch);
+  col_partial_kernel<OP, W><<<col_grid(plan, batch), dim3(kTileX, kTileY), 0, c.stream>>>(src, batch, rows, cols,
+                                                                                          plan.nr, partial);
   cuda::check_launch(name);
   col_finish_kernel<T><<<blocks_1d(c, batch * cols), kThreads, 0, c.stream>>>(batch, cols, plan.nr, partial, out);
   cuda::check_launch(name);
@@ -416,8 +373,9 @@ void col_sums(const Ctx& c, ConstMatBatch m, T* out, double* partial, const char
   col_sums<OP, T>(c, MatSrc{m}, m.batch, m.rows, m.cols, out, partial, name);
 }
 
+template <int W = 1>
 size_t col_partial_bytes(const Ctx& c, int64_t rows, int64_t cols, int64_t batch) {
-  const ColPlan plan = col_plan(c, rows, cols, batch);
+  const ColPlan plan = col_plan<W>(c, rows, cols, batch);
   return sizeof(double) * static_cast<size_t>(batch * plan.nr * cols);
 }
 
@@ -498,7 +456,7 @@ void col_normalize(const Ctx& c, MatBatch m, float eps, void* scratch) {
   if (m.batch <= 0 || m.rows <= 0 || m.cols <= 0) return;
   const ColPlan plan = col_plan(c, m.rows, m.cols, m.batch);
   double* partial = static_cast<double*>(scratch);
-  col_partial_kernel<kSquares><<<col_grid(plan, m.batch), dim3(kTileX, kTileY), 0, c.stream>>>(
+  col_partial_kernel<kSquares, 1><<<col_grid(plan, m.batch), dim3(kTileX, kTileY), 0, c.stream>>>(
       MatSrc{m}, m.batch, m.rows, m.cols, plan.nr, partial);
   cuda::check_launch("col_normalize partial-sum kernel");
   col_scale_kernel<<<col_grid(plan, m.batch), dim3(kTileX, kTileY), 0, c.stream>>>(m, plan.nr, partial, eps);
@@ -506,7 +464,7 @@ void col_normalize(const Ctx& c, MatBatch m, float eps, void* scratch) {
 }
 
 size_t slice_l1_scratch(const Ctx& c, const ConstMatBatch& m, Axis axis) {
-  return axis == kRows ? 0 : col8_partial_bytes(c, m.rows, m.cols, m.batch);
+  return axis == kRows ? 0 : col_partial_bytes<8>(c, m.rows, m.cols, m.batch);
 }
 
 namespace {
@@ -521,20 +479,11 @@ void slice_l1_of(const Ctx& c, Src src, int64_t batch, int64_t rows, int64_t col
     cuda::check(cudaMemsetAsync(out, 0, sizeof(float) * static_cast<size_t>(batch * N), c.stream), name);
     return;
   }
-  if (axis == kRows) {
-    const int64_t gy = std::min<int64_t>(batch, 65535);
-    const int64_t gx = std::min<int64_t>(ceil_div(rows, kTileY), std::max<int64_t>(1, ceil_div(c.sms * 32, gy)));
-    row8_sum_kernel<kAbs, float><<<dim3(static_cast<unsigned>(std::max<int64_t>(gx, 1)), static_cast<unsigned>(gy)),
-                                   dim3(kTileX, kTileY), 0, c.stream>>>(src, batch, rows, cols, out);
-    cuda::check_launch(name);
-    return;
-  }
-  const ColPlan plan = col8_plan(c, rows, cols, batch);
-  col8_partial_kernel<kAbs><<<col_grid(plan, batch), dim3(kTileX, kTileY), 0, c.stream>>>(src, batch, rows, cols,
-                                                                                          plan.nr, partial);
-  cuda::check_launch(name);
-  col_finish_kernel<float><<<blocks_1d(c, batch * cols), kThreads, 0, c.stream>>>(batch, cols, plan.nr, partial, out);
-  cuda::check_launch(name);
+  // Eight columns per thread (16-byte loads of M and G for momentum_l1_multi).
+  if (axis == kRows)
+    row_sums<kAbs, float, 8>(c, src, batch, rows, cols, out, name);
+  else
+    col_sums<kAbs, float, 8>(c, src, batch, rows, cols, out, partial, name);
 }
 }  // namespace
 
@@ -676,7 +625,7 @@ void col_scale_store(const Ctx& c, MatBatch r, const double* sumsq, float eps, v
 }
 
 size_t momentum_l1_multi_scratch(const Ctx& c, int64_t count, int64_t per, int64_t rows, int64_t cols, Axis axis) {
-  return axis == kRows ? 0 : col8_partial_bytes(c, rows, cols, count * per);
+  return axis == kRows ? 0 : col_partial_bytes<8>(c, rows, cols, count * per);
 }
 
 void momentum_l1_multi(const Ctx& c, const TensorEntry* list, int64_t count, int64_t per, int64_t rows, int64_t cols,
