@@ -259,7 +259,8 @@ typedef struct dion_options_v1 {
                                    P and R) over the replicate mesh itself; 0: gradients arrive synchronized */
   int32_t skip_nonfinite;       /* 1 (default): a step whose gradients hold NaN/Inf changes nothing */
   int32_t reserved0;            /* must be 0 */
-  uint64_t seed;                /* seed of the counter-based generator (initial Q, sketches); default 0 */
+  uint64_t seed;                /* seed of the counter-based generator (initial Q; RCQR's sketches, one
+                                   Gaussian matrix per matrix shape and step); default 0 */
   dion_comm_t replicate_comm;   /* NULL: no replicate mesh */
   dion_comm_t outer_comm;       /* NULL: no outer-shard (FSDP) mesh */
   dion_comm_t inner_comm;       /* NULL: no inner-shard (TP) mesh */
