@@ -277,7 +277,9 @@ __global__ void decay_add_slices_multi_kernel(const TensorEntry* list, int64_t c
     const dion_dtype_t dx = static_cast<dion_dtype_t>(list[t].dtype[kParam]);
     if (cols % 8 == 0 && aligned16(px)) {
       const int64_t cpr = cols / 8, step = grid_threads();
-      // Two chunks per iteration, as momentum_multi_kernel.
+      // Two chunks per iteration, both loaded before either is stored (the
+      // stores may alias the next loads as far as the compiler knows): twice
+      // the bytes in flight per thread.
       for (ChunkWalk w(global_thread(), step, rows, cpr); w.q < op.per; w.next(step, rows, cpr)) {
         ChunkWalk w2 = w;
         w2.next(step, rows, cpr);
@@ -370,7 +372,7 @@ __global__ void select_momentum_multi_kernel(const TensorEntry* list, int64_t co
     const dion_dtype_t dg = static_cast<dion_dtype_t>(list[t].dtype[kGrad]);
     if (cols % 8 == 0 && aligned16(pm) && aligned16(pg)) {
       const int64_t cpr = cols / 8, step = grid_threads();
-      // Two chunks per iteration, as momentum_multi_kernel.
+      // Two chunks per iteration, as decay_add_slices_multi_kernel.
       for (ChunkWalk w(global_thread(), step, rows, cpr); w.q < op.per; w.next(step, rows, cpr)) {
         ChunkWalk w2 = w;
         w2.next(step, rows, cpr);
