@@ -350,6 +350,13 @@ void sketch_product(Optimizer& opt, const Group& g, const Shape& s, int iter, Co
   be.gemm(false, false, 1.0f, ConstMatBatch(S, s.k, s.a, s.a, 0, T), P, 0.0f, SP, prec);
 }
 
+// The group's QR method this step: CQR starts with RCQR for its warm-up steps.
+int qr_method_now(const Group& g) {
+  int method = g.opt.qr_method;
+  if (method == DION_QR_CQR && g.host_step <= g.opt.cqr_warmup_steps) method = DION_QR_RCQR;
+  return method;
+}
+
 // An orthonormal basis of the columns of P (a x r per matrix, a >= r; spec
 // §1.3), returned as the buffer that holds it: P itself for Householder QR
 // (in place), else a workspace buffer: the (R)CQR solves write out of place
@@ -372,8 +379,7 @@ float* orth(Optimizer& opt, const Group& g, const Shape& s, const Dist& d, MatBa
   const dion_group_options_t& o = g.opt;
   const dion_matmul_precision_t prec = o.matmul_precision;
   const int64_t T = P.batch;
-  int method = o.qr_method;
-  if (method == DION_QR_CQR && g.host_step <= o.cqr_warmup_steps) method = DION_QR_RCQR;
+  int method = qr_method_now(g);
   // A square P gains nothing from a Cholesky-based QR and squares its
   // condition number: use Householder QR for it whatever the method.
   if (s.ag <= s.r) method = DION_QR_QR;
@@ -520,6 +526,30 @@ bool m_in_state(const Backend& be, const Batch& bt, bool lowp, dion_dtype_t mome
          Backend::update_lowrank_takes(ab, param_dtype);
 }
 
+// The bf16 copy (store(BF16)) of n floats: Q's, P's or R's for the lowp path's products.
+void to_bf16(Backend& be, float* dst, const float* src, int64_t n) { be.store(dst, DION_DTYPE_BF16, src, n); }
+
+// A batch's M + G, one pass over the typed momentum and gradient
+// (momentum_multi): into the state where the error feedback goes there
+// (ef_in_state), into M unless the state is the products' input
+// (in_state: M is null then; else fp32, or bf16 elements on the lowp path),
+// and nz[i] = whether matrix i holds a nonzero element (the zero handling).
+struct MomentumPass {
+  float* M;
+  int32_t* nz;
+};
+MomentumPass momentum_pass(Optimizer& opt, const Batch& bt, bool lowp, bool in_state) {
+  Backend& be = *opt.backend;
+  const int64_t T = bt.count, n_el = bt.t.numel_local;
+  const dion_dtype_t mdt = state_of(opt, bt.t, 0).dtype;
+  float* M = in_state ? nullptr : opt.ws.take(lowp ? (T * n_el + 1) / 2 : T * n_el);
+  int32_t* nz = reinterpret_cast<int32_t*>(opt.ws.take(T));
+  be.zero(nz, sizeof(int32_t) * static_cast<size_t>(T));
+  be.momentum_multi(bt.list, T, n_el, 1.0f, 1.0f, false, ef_in_state(be, bt, lowp, mdt), M,
+                    lowp ? DION_DTYPE_BF16 : DION_DTYPE_FP32, opt.skip_flag(), nz);
+  return {M, nz};
+}
+
 // C = op(M) B (op: transposed when `trans`) for the batch's momentum M + G:
 // from the state (in_state), else from its workspace copy Mm (bf16
 // elements on the lowp path, and B bf16 too). Mm's shape is used either way.
@@ -532,6 +562,15 @@ void m_product(Backend& be, const Batch& bt, bool in_state, bool lowp, bool tran
     be.gemm_bf16_f32(trans, false, 1.0f, Mm, B, 0.0f, C);
   else
     be.gemm(trans, false, 1.0f, Mm, B, 0.0f, C, prec);
+}
+
+// R = B^T P (partial over the inner mesh) from the orthonormal P (dense);
+// on the lowp path from P's bf16 copy, made into Pb (which the error
+// feedback and the update read too).
+void r_product(Backend& be, const Batch& bt, bool in_state, bool lowp, bool bT, ConstMatBatch Mm, ConstMatBatch P,
+               MatBatch Pb, MatBatch R, dion_matmul_precision_t prec) {
+  if (lowp) to_bf16(be, Pb.p, P.p, P.batch * P.rows * P.cols);
+  m_product(be, bt, in_state, lowp, !bT, Mm, lowp ? ConstMatBatch(Pb) : P, R, prec);
 }
 
 // The end of a batch's step once P (orthonormal) and R = B^T P are known:
@@ -547,7 +586,6 @@ void finish(Optimizer& opt, Group& g, const Batch& bt, const Shape& s, const Dis
   const int64_t T = bt.count, n_el = t.numel_local, br = s.b * s.r;
   const dion_matmul_precision_t prec = o.matmul_precision;
   MatBatch Mm{M, t.geom.srows, t.geom.scols, t.geom.scols, n_el, T};  // bf16 elements on the lowp path
-  auto to_bf16 = [&](float* dst, const float* src, int64_t n) { be.store(dst, DION_DTYPE_BF16, src, n); };
   // Zero / NaN handling (§2.8): an all-zero momentum leaves the update at zero
   // and carries Q over (normalised); NaN/Inf never reach the state. Over
   // meshes, "all zero" is decided for the whole matrix (every shard, and
@@ -597,7 +635,7 @@ void finish(Optimizer& opt, Group& g, const Batch& bt, const Shape& s, const Dis
     d.outer->all_reduce(ssf, T * s.r, ReduceOp::kSum);
     be.col_scale(R, ssf, static_cast<float>(o.epsilon));
     store_ws(opt, bt, kState1, R.p, br);
-    if (lowp) to_bf16(Rb.p, R.p, T * br);
+    if (lowp) to_bf16(be, Rb.p, R.p, T * br);
   } else {
     be.col_scale_store(R, ss, static_cast<float>(o.epsilon), lowp ? Rb.p : nullptr, bt.list, kState1,
                        opt.skip_flag());
@@ -628,20 +666,9 @@ void step(Optimizer& opt, Group& g, const Batch& bt) {
   const dion_matmul_precision_t prec = o.matmul_precision;
   const bool lowp = lowp_path(be, o, state_of(opt, t, 0).dtype);
   auto half = [&](int64_t n) { return opt.ws.take((n + 1) / 2); };  // bf16 elements in the fp32 workspace
-  auto to_bf16 = [&](float* dst, const float* src, int64_t n) { be.store(dst, DION_DTYPE_BF16, src, n); };
 
-  // M + G in fp32 (bf16 on the lowp path; one pass over the typed momentum
-  // and gradient; the momentum state receives it too where the error
-  // feedback goes straight into it, else it is stored after the error
-  // feedback), and which of the T matrices of M + G hold a nonzero element
-  // (the zero handling).
-  const dion_dtype_t mdt = state_of(opt, t, 0).dtype;
-  const bool in_state = m_in_state(be, bt, lowp, mdt, t.param_dtype);
-  float* M = in_state ? nullptr : lowp ? half(T * n_el) : opt.ws.take(T * n_el);
-  int32_t* nz = reinterpret_cast<int32_t*>(opt.ws.take(T));
-  be.zero(nz, sizeof(int32_t) * static_cast<size_t>(T));
-  be.momentum_multi(bt.list, T, n_el, 1.0f, 1.0f, false, ef_in_state(be, bt, lowp, mdt), M,
-                    lowp ? DION_DTYPE_BF16 : DION_DTYPE_FP32, opt.skip_flag(), nz);
+  const bool in_state = m_in_state(be, bt, lowp, state_of(opt, t, 0).dtype, t.param_dtype);
+  const auto [M, nz] = momentum_pass(opt, bt, lowp, in_state);
   float* Q = load_ws(opt, bt, kState1, s.b * s.r);
 
   MatBatch Mm{M, t.geom.srows, t.geom.scols, t.geom.scols, n_el, T};  // bf16 elements on the lowp path
@@ -657,7 +684,7 @@ void step(Optimizer& opt, Group& g, const Batch& bt) {
   MatBatch Pb{lowp ? half(T * ar) : nullptr, s.a, s.r, s.r, ar, T};
   MatBatch Rb{lowp ? half(T * br) : nullptr, s.b, s.r, s.r, br, T};
   ConstMatBatch Qtb{lowp ? half(T * br) : nullptr, s.b, s.r, s.r, br, T};
-  if (lowp) to_bf16(const_cast<float*>(Qtb.p), Q, T * br);
+  if (lowp) to_bf16(be, const_cast<float*>(Qtb.p), Q, T * br);
   for (int it = 0; it < o.power_iters; ++it) {
     P.p = p_buf;
     m_product(be, bt, in_state, lowp, s.bT, Mm, lowp ? Qtb : Qt, P, prec);  // P = B Q (partial over outer)
@@ -670,16 +697,14 @@ void step(Optimizer& opt, Group& g, const Batch& bt) {
     } else {
       orth_split(opt, g, s, d, sp, P, own, it);
     }
-    if (lowp) to_bf16(Pb.p, P.p, T * ar);
-    m_product(be, bt, in_state, lowp, !s.bT, Mm, lowp ? ConstMatBatch(Pb) : ConstMatBatch(P), R,
-              prec);  // R = B^T P (partial over inner)
+    r_product(be, bt, in_state, lowp, s.bT, Mm, P, Pb, R, prec);
     if (d.inner) d.inner->all_reduce(R.p, T * br, ReduceOp::kSum);
     if (d.rep) d.rep->all_reduce(R.p, T * br, ReduceOp::kAvg);
     if (it + 1 < o.power_iters) {
       // The next iteration starts from the un-normalised R: on the lowp path
       // its bf16 copy replaces Q~'s (this iteration's product has read it).
       if (lowp) {
-        to_bf16(const_cast<float*>(Qtb.p), R.p, T * br);
+        to_bf16(be, const_cast<float*>(Qtb.p), R.p, T * br);
       } else {
         float* Rn = opt.ws.take(T * br);
         be.copy(Rn, R.p, sizeof(float) * static_cast<size_t>(T * br));
@@ -730,13 +755,6 @@ bool phased_enabled() {
   return !(e && std::strcmp(e, "0") == 0);
 }
 
-// The method the step uses this time, as orth chooses it.
-int phased_method(const Group& g) {
-  int method = g.opt.qr_method;
-  if (method == DION_QR_CQR && g.host_step <= g.opt.cqr_warmup_steps) method = DION_QR_RCQR;
-  return method;
-}
-
 // Whether the buckets (tensor t with `count` matrices each) can be phased
 // together, and the workspace floats that takes (0 if not).
 size_t phased_floats(const Optimizer& opt, const Group& g, const std::vector<Batch>& bs) {
@@ -784,15 +802,13 @@ bool step_group(Optimizer& opt, Group& g) {
   thread_local std::vector<Batch> batches;
   batches.clear();
   for (Bucket& b : g.buckets)
-    if (b.active)
-      batches.push_back(
-          Batch{opt.tensors[static_cast<size_t>(b.first_active)], b.active, b.table, b.max_n, b.aligned16});
+    if (b.active) batches.push_back(opt.batch_of(b));
   const size_t need = phased_floats(opt, g, batches);
   if (need == 0 || need > opt.ws.capacity_floats()) return false;
   Backend& be = *opt.backend;
   const dion_group_options_t& o = g.opt;
   const dion_matmul_precision_t prec = o.matmul_precision;
-  const int method = phased_method(g);
+  const int method = qr_method_now(g);  // orth's choice (P is never square here)
   opt.ws.reset();
   const Shape s0 = shape_of(o, batches[0].t);
   const int64_t r = s0.r, k = s0.k, rr = r * r;
@@ -805,7 +821,6 @@ bool step_group(Optimizer& opt, Group& g) {
   thread_local std::vector<PhasedRun> runs;
   runs.assign(batches.size(), PhasedRun{});
   auto half = [&](int64_t n) { return opt.ws.take((n + 1) / 2); };
-  auto to_bf16 = [&](float* dst, const float* src, int64_t n) { be.store(dst, DION_DTYPE_BF16, src, n); };
   auto slice = [](const MatBatch& m, int64_t first, int64_t count) {
     return MatBatch{m.p + first * m.stride, m.rows, m.cols, m.ld, m.stride, count};
   };
@@ -824,18 +839,16 @@ bool step_group(Optimizer& opt, Group& g) {
     u.lowp = lowp_path(be, o, mdt);
     u.in_state = m_in_state(be, bt, u.lowp, mdt, t.param_dtype);
     const int64_t ar = u.s.a * u.s.r, br = u.s.b * u.s.r;
-    u.M = u.in_state ? nullptr : u.lowp ? half(T * n_el) : opt.ws.take(T * n_el);
-    u.nz = reinterpret_cast<int32_t*>(opt.ws.take(T));
-    be.zero(u.nz, sizeof(int32_t) * static_cast<size_t>(T));
-    be.momentum_multi(bt.list, T, n_el, 1.0f, 1.0f, false, ef_in_state(be, bt, u.lowp, mdt), u.M,
-                      u.lowp ? DION_DTYPE_BF16 : DION_DTYPE_FP32, opt.skip_flag(), u.nz);
+    const MomentumPass mp = momentum_pass(opt, bt, u.lowp, u.in_state);
+    u.M = mp.M;
+    u.nz = mp.nz;
     u.Qm = MatBatch{load_ws(opt, bt, kState1, br), u.s.b, u.s.r, u.s.r, br, T};
     u.P = MatBatch{opt.ws.take(T * ar), u.s.a, u.s.r, u.s.r, ar, T};
     u.P1 = MatBatch{opt.ws.take(T * ar), u.s.a, u.s.r, u.s.r, ar, T};
     const MatBatch Mm{u.M, t.geom.srows, t.geom.scols, t.geom.scols, n_el, T};
     if (u.lowp) {
       u.Qtb = ConstMatBatch(half(T * br), u.s.b, u.s.r, u.s.r, br, T);
-      to_bf16(const_cast<float*>(u.Qtb.p), u.Qm.p, T * br);
+      to_bf16(be, const_cast<float*>(u.Qtb.p), u.Qm.p, T * br);
     }
     m_product(be, bt, u.in_state, u.lowp, u.s.bT, Mm, u.lowp ? u.Qtb : ConstMatBatch(u.Qm), u.P, prec);
     if (method == DION_QR_RCQR) {
@@ -875,8 +888,7 @@ bool step_group(Optimizer& opt, Group& g) {
     be.trsm_right_upper(slice(G, u.first, T), u.P1, Y, prec);
     be.orth_fallback(Y, u.P, info + u.first);
     const MatBatch Mm{u.M, t.geom.srows, t.geom.scols, t.geom.scols, n_el, T};
-    if (u.lowp) to_bf16(Pb.p, Y.p, T * ar);
-    m_product(be, bt, u.in_state, u.lowp, !u.s.bT, Mm, u.lowp ? ConstMatBatch(Pb) : ConstMatBatch(Y), R, prec);
+    r_product(be, bt, u.in_state, u.lowp, u.s.bT, Mm, Y, Pb, R, prec);
     finish(opt, g, bt, u.s, none, u.lowp, u.M, u.nz, u.Qm, Y, R, Pb, Rb);
     opt.ws.rewind(m);
   }

@@ -871,11 +871,14 @@ bool Optimizer::average_bucket_on_comm(const Bucket& b, int slot) {
   return any;
 }
 
+Batch Optimizer::batch_of(const Bucket& b) const {
+  return Batch{tensors[static_cast<size_t>(b.first_active)], b.active, b.table, b.max_n, b.aligned16};
+}
+
 void Optimizer::step_bucket(Group& g, Bucket& b) {
   if (!b.active) return;
   ws.reset();
-  Batch batch{tensors[static_cast<size_t>(b.first_active)], b.active, b.table, b.max_n, b.aligned16};
-  algorithm_for(g.opt.algorithm).step(*this, g, batch);
+  algorithm_for(g.opt.algorithm).step(*this, g, batch_of(b));
 }
 
 namespace {

@@ -234,6 +234,7 @@ struct Optimizer {
   // Runs one bucket's algorithm step on the compute stream (nothing if no
   // tensor of it has a gradient this step).
   void step_bucket(Group& g, Bucket& b);
+  Batch batch_of(const Bucket& b) const;  // a bucket's active set, as its step sees it
   // A Dion tensor with a multi-rank replicate mesh and replicate_grad_sync:
   // true when its P and R are averaged instead of its gradient ((m+n) r < m n).
   bool dion_compressed(const Tensor& t) const;

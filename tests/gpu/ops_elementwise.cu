@@ -605,15 +605,18 @@ TEST_F(OpsTest, ApplyUpdateAndDecay) {
 // rounding can move a bf16/fp16 result by one of its own ulps).
 double dtype_rtol(int dt) { return dt == DION_DTYPE_BF16 ? 1.0 / 128 : dt == DION_DTYPE_FP16 ? 1.0 / 1024 : kUlps; }
 
+// Field f of tensor i, host against device, within its dtype's tolerance
+// (atol: fp16 results below its normal range are spaced 2^-24 apart).
+void compare_field(const Tensors& ts, size_t i, int f) {
+  const int dt = ts.host_list[i].dtype[f];
+  EXPECT_TRUE(close(ts.host_vals(i, f), ts.dev_vals(i, f), dtype_rtol(dt), dt == DION_DTYPE_FP16 ? 6e-8 : 0.0))
+      << "tensor " << i << " field " << f;
+}
+
 void compare_tensors(const Tensors& ts, int fields) {
   for (size_t i = 0; i < ts.t.size(); ++i)
-    for (int f = 0; f < fields; ++f) {
-      if (f == kGrad) continue;
-      const int dt = ts.host_list[i].dtype[f];
-      // atol: fp16 results below its normal range are spaced 2^-24 apart.
-      EXPECT_TRUE(close(ts.host_vals(i, f), ts.dev_vals(i, f), dtype_rtol(dt), dt == DION_DTYPE_FP16 ? 6e-8 : 0.0))
-          << "tensor " << i << " field " << f;
-    }
+    for (int f = 0; f < fields; ++f)
+      if (f != kGrad) compare_field(ts, i, f);
 }
 
 // Aligned tensors take the kernels' 16-byte vector path (plus an element
@@ -811,12 +814,7 @@ TEST_P(FusedMultiTest, MomentumMulti) {
       host->momentum_multi(tp.b.host_list.data(), T, n, mu, 1.0f, nesterov, store_state, uh.data(), DION_DTYPE_FP32, &skip,
                            nullptr);
       EXPECT_TRUE(close(uh, u2, kUlps));
-      for (size_t i = 0; i < tp.b.t.size(); ++i) {
-        const int dt = tp.b.host_list[i].dtype[kState0];
-        EXPECT_TRUE(close(tp.b.host_vals(i, kState0), tp.b.dev_vals(i, kState0), dtype_rtol(dt),
-                          dt == DION_DTYPE_FP16 ? 6e-8 : 0.0))
-            << "tensor " << i;
-      }
+      for (size_t i = 0; i < tp.b.t.size(); ++i) compare_field(tp.b, i, kState0);
     }
 }
 
@@ -1214,12 +1212,7 @@ TEST_F(OpsTest, FinishPAndR) {
         gb[i] = bf16_to_float(rbd[i]);
       }
       EXPECT_TRUE(close(wb, gb, dtype_rtol(DION_DTYPE_BF16)));
-      for (size_t i = 0; i < tp.b.t.size(); ++i) {
-        const int dt = tp.b.host_list[i].dtype[kState1];
-        EXPECT_TRUE(close(tp.b.host_vals(i, kState1), tp.b.dev_vals(i, kState1), dtype_rtol(dt),
-                          dt == DION_DTYPE_FP16 ? 6e-8 : 0.0))
-            << "tensor " << i;
-      }
+      for (size_t i = 0; i < tp.b.t.size(); ++i) compare_field(tp.b, i, kState1);
     }
 }
 

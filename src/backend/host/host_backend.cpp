@@ -763,8 +763,7 @@ class HostBackend final : public Backend {
     if (skip && *skip) return;
     DION_REQUIRE(u_dtype == DION_DTYPE_FP32 || u_dtype == DION_DTYPE_BF16, DION_ERROR_INTERNAL,
                  "host decay_add_slices_multi: u must be fp32 or bf16");
-    std::vector<float> wide;
-    if (u_dtype == DION_DTYPE_BF16 && k > 0) u = widen_bf16(u, wide);
+    if (u_dtype == DION_DTYPE_BF16 && k > 0) u = widen_bf16(u, bf16_wide_);
     const int64_t msize = rows * cols;
     float* x = grow(g_scratch.a, static_cast<size_t>(msize));
     for (int64_t t = 0; t < count; ++t) {
