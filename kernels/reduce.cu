@@ -294,15 +294,28 @@ __device__ __forceinline__ double col_total(const double* partial, int64_t b, in
   return s;
 }
 
-__global__ void col_scale_kernel(MatBatch m, int64_t nr, const double* partial, float eps) {
+// m(i, j) *= 1 / (sqrt(sumsq[b * cols + j]) + eps), each thread's column
+// scale computed once, in double; then the copies (rb, list: nullable):
+// col_normalize's scale and Backend::col_scale_store.
+__global__ void col_scale_store_kernel(MatBatch m, int64_t nr, const double* sumsq, float eps, uint16_t* rb,
+                                       const TensorEntry* list, int f, const int32_t* skip) {
   const int tx = threadIdx.x, ty = threadIdx.y;
   const int64_t j = blockIdx.x * static_cast<int64_t>(kTileX) + tx;
   const int64_t chunk = ceil_div(m.rows, nr), r0 = blockIdx.y * chunk, r1 = min(r0 + chunk, m.rows);
   if (j >= m.cols) return;
+  const bool store = list && !(skip && *skip);
   for (int64_t b = blockIdx.z; b < m.batch; b += gridDim.z) {
-    const double inv = 1.0 / (sqrt(col_total(partial, b, nr, m.cols, j)) + eps);
+    const double inv = 1.0 / (sqrt(sumsq[b * m.cols + j]) + eps);
     float* p = mat_at(m, b);
-    for (int64_t i = r0 + ty; i < r1; i += kTileY) p[i * m.ld + j] = static_cast<float>(p[i * m.ld + j] * inv);
+    uint16_t* o = rb ? rb + b * m.rows * m.cols : nullptr;
+    void* dst = store ? list[b].ptr[f] : nullptr;
+    const dion_dtype_t dt = store ? static_cast<dion_dtype_t>(list[b].dtype[f]) : DION_DTYPE_FP32;
+    for (int64_t i = r0 + ty; i < r1; i += kTileY) {
+      const float v = static_cast<float>(p[i * m.ld + j] * inv);
+      p[i * m.ld + j] = v;
+      if (o) o[i * m.cols + j] = float_to_bf16(v);
+      if (dst) store_elem(dst, dt, i * m.cols + j, v);
+    }
   }
 }
 
@@ -448,18 +461,19 @@ void frob_normalize_bf16(const Ctx& c, ConstMatBatch m, float factor, float eps,
   cuda::check_launch("frob_normalize_bf16 scale kernel");
 }
 
+// The column totals (batch * cols doubles), then col_sums' partial sums.
 size_t col_normalize_scratch(const Ctx& c, const MatBatch& m) {
-  return col_partial_bytes(c, m.rows, m.cols, m.batch);
+  return sizeof(double) * static_cast<size_t>(m.batch * m.cols) + col_partial_bytes(c, m.rows, m.cols, m.batch);
 }
 
+// col_sums' totals of squares, then col_scale_store_kernel's scale (no copies).
 void col_normalize(const Ctx& c, MatBatch m, float eps, void* scratch) {
   if (m.batch <= 0 || m.rows <= 0 || m.cols <= 0) return;
+  double* totals = static_cast<double*>(scratch);
+  col_sums<kSquares, double>(c, ConstMatBatch(m), totals, totals + m.batch * m.cols, "col_normalize sum kernel");
   const ColPlan plan = col_plan(c, m.rows, m.cols, m.batch);
-  double* partial = static_cast<double*>(scratch);
-  col_partial_kernel<kSquares, 1><<<col_grid(plan, m.batch), dim3(kTileX, kTileY), 0, c.stream>>>(
-      MatSrc{m}, m.batch, m.rows, m.cols, plan.nr, partial);
-  cuda::check_launch("col_normalize partial-sum kernel");
-  col_scale_kernel<<<col_grid(plan, m.batch), dim3(kTileX, kTileY), 0, c.stream>>>(m, plan.nr, partial, eps);
+  col_scale_store_kernel<<<col_grid(plan, m.batch), dim3(kTileX, kTileY), 0, c.stream>>>(
+      m, plan.nr, totals, eps, nullptr, nullptr, 0, nullptr);
   cuda::check_launch("col_normalize scale kernel");
 }
 
@@ -502,8 +516,10 @@ __device__ __forceinline__ float finite_or_clamped(float v) {
 // Writes v over old only where the bits differ (the sequence's kernels
 // write only there too: nan_to_num where not finite, the fix-up where
 // flagged), so a clean P or R is read, not rewritten.
-__device__ __forceinline__ void put_if_changed(float* x, float old, float v) {
-  if (__float_as_uint(v) != __float_as_uint(old)) *x = v;
+__device__ __forceinline__ bool put_if_changed(float* x, float old, float v) {
+  if (__float_as_uint(v) == __float_as_uint(old)) return false;
+  *x = v;
+  return true;
 }
 
 // Backend::finish_p: grid.y walks the matrices (dense, `per` elements each),
@@ -512,10 +528,7 @@ __device__ __forceinline__ void put_if_changed(float* x, float old, float v) {
 // read.
 __device__ __forceinline__ void finish_p_at(float* x, uint16_t* o, int64_t i, float v0, bool keep) {
   const float v = keep ? finite_or_clamped(v0) : 0.0f;
-  if (__float_as_uint(v) != __float_as_uint(v0)) {
-    x[i] = v;
-    if (o) o[i] = float_to_bf16(v);
-  }
+  if (put_if_changed(x + i, v0, v) && o) o[i] = float_to_bf16(v);
 }
 
 __global__ void finish_p_kernel(float* p, int64_t batch, int64_t per, const int32_t* flags, uint16_t* pb) {
@@ -566,30 +579,6 @@ struct FixupSrc {
     return At{mat_at(r, b), mat_at(q, b), rb ? rb + b * r.rows * r.cols : nullptr, r.ld, q.ld, r.cols, flags[b] != 0};
   }
 };
-
-// Backend::col_scale_store: col_scale_kernel's loop (each thread's column
-// scale computed once, in double, as there), then the copies.
-__global__ void col_scale_store_kernel(MatBatch m, int64_t nr, const double* sumsq, float eps, uint16_t* rb,
-                                       const TensorEntry* list, int f, const int32_t* skip) {
-  const int tx = threadIdx.x, ty = threadIdx.y;
-  const int64_t j = blockIdx.x * static_cast<int64_t>(kTileX) + tx;
-  const int64_t chunk = ceil_div(m.rows, nr), r0 = blockIdx.y * chunk, r1 = min(r0 + chunk, m.rows);
-  if (j >= m.cols) return;
-  const bool store = list && !(skip && *skip);
-  for (int64_t b = blockIdx.z; b < m.batch; b += gridDim.z) {
-    const double inv = 1.0 / (sqrt(sumsq[b * m.cols + j]) + eps);
-    float* p = mat_at(m, b);
-    uint16_t* o = rb ? rb + b * m.rows * m.cols : nullptr;
-    void* dst = store ? list[b].ptr[f] : nullptr;
-    const dion_dtype_t dt = store ? static_cast<dion_dtype_t>(list[b].dtype[f]) : DION_DTYPE_FP32;
-    for (int64_t i = r0 + ty; i < r1; i += kTileY) {
-      const float v = static_cast<float>(p[i * m.ld + j] * inv);
-      p[i * m.ld + j] = v;
-      if (o) o[i * m.cols + j] = float_to_bf16(v);
-      if (dst) store_elem(dst, dt, i * m.cols + j, v);
-    }
-  }
-}
 
 }  // namespace
 
