@@ -448,6 +448,14 @@ void frob_normalize_bf16(const Ctx& c, ConstMatBatch m, float factor, float eps,
   cuda::check_launch("frob_normalize_bf16 scale kernel");
 }
 
+void frob_normalize_bf16_parts(const Ctx& c, ConstMatBatch m, const double* parts, int64_t nparts, float factor,
+                               float eps, void* out) {
+  if (m.batch <= 0 || m.rows <= 0 || m.cols <= 0) return;
+  frob_bf16_kernel<<<grid_multi(c, m.batch, ceil_div(m.rows * m.cols, 8)), kThreads, 0, c.stream>>>(
+      m, nparts, parts, factor, eps, static_cast<uint16_t*>(out));
+  cuda::check_launch("frob_normalize_bf16_parts kernel");
+}
+
 size_t col_normalize_scratch(const Ctx& c, const MatBatch& m) {
   return col_partial_bytes(c, m.rows, m.cols, m.batch);
 }

@@ -167,6 +167,7 @@ size_t dion2_family_workspace(const Group& g, const Tensor& t, int64_t count) {
   const Sel s = selection(g.opt, p, t, mp.rows(), mp.cols());
   const MbSizes u = megabatch_sizes(p.mb, selected_piece(p, t, flatten, s), B);
   size_t w = ws_floats(B * s.N) + ws_floats(B * s.k) + ws_floats(B * s.k * s.len) + u.ws_floats;
+  if (p.mb.levels == 0) w += ws_floats(2 * B * Backend::select_parts_max(mp.rows(), mp.cols()));  // S's sums
   w += orthogonalize_ws_floats(u.whole.rows(), u.whole.cols(), u.owned);
   if (nor)
     w += ws_floats(B * rows) + ws_floats(B * s.k) + megabatch_sizes(p.mb, selected_neuron_piece(p, t, s), B).ws_floats;
@@ -239,9 +240,19 @@ void dion2_family_step(Optimizer& opt, Group& g, const Batch& bt, bool nor) {
   // A matrix sharded over the other mesh too: every piece of a slice must
   // see the slice's whole norm (the ranks of that mesh then select alike).
   if (p.sel >= 0 && p.mb.levels == 2) p.mb.lv[1 - p.sel].comm->all_reduce(scores, B * s.N, ReduceOp::kSum);
+  // Without meshes S is orthogonalized where it is selected: the selection
+  // pass also sums its squares (so the bf16 iteration's normalisation reads S
+  // once, not twice).
+  FrobParts sums;
+  if (p.mb.levels == 0 && B > 0 && s.k > 0) {
+    sums.nparts = be.select_momentum_parts(T, per, srows, scols);
+    if (sums.nparts > Backend::select_parts_max(srows, scols)) sums.nparts = 0;
+    if (sums.nparts > 0) sums.parts = reinterpret_cast<const double*>(opt.ws.take(2 * B * sums.nparts));
+  }
   if (B > 0 && s.k > 0) {
     be.topk(scores, B, s.N, s.k, idx);
-    be.select_momentum_multi(bt.list, T, per, srows, scols, s.axis, idx, s.k, decay, S, opt.skip_flag());
+    be.select_momentum_multi(bt.list, T, per, srows, scols, s.axis, idx, s.k, decay, S, opt.skip_flag(),
+                             const_cast<double*>(sums.parts));
   }
   Unshard us(opt, p.mb, selected_piece(p, t, flatten, s), B);
   float* So = us.forward(S.p);
@@ -250,7 +261,7 @@ void dion2_family_step(Optimizer& opt, Group& g, const Batch& bt, bool nor) {
   // a bf16 orthogonalization's stays bf16 and the update reads it there (no
   // widening pass; the same values, bf16 widening is exact).
   const void* Sb = nullptr;
-  orthogonalize(opt, o, Sw, !nor && p.mb.levels == 0 ? &Sb : nullptr);
+  orthogonalize(opt, o, Sw, !nor && p.mb.levels == 0 ? &Sb : nullptr, sums);
   if (nor) {
     // The selected rows' variances travel with them (compact), and are
     // written back in place: V[I] = 0, then V[I] += the new values (exact).

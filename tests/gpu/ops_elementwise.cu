@@ -1258,7 +1258,7 @@ TEST_F(OpsTest, MomentumL1AndSelectMomentum) {
             EXPECT_TRUE(tp.unchanged(kState0));
             EXPECT_TRUE(same_bits(L1.get(), L2.get()));
             cuda->select_momentum_multi(tp.b.dev_table.p(), T, per, rows, cols, ax, didx.p(), k, 0.9f, S2.D(),
-                                        dskip.p());
+                                        dskip.p(), nullptr);
             EXPECT_TRUE(same_bits(S1.dev(), S2.dev())) << "the slices, and the padding untouched";
             EXPECT_TRUE(tp.same_field(kState0));
             if (skip) EXPECT_TRUE(tp.unchanged(kState0));
@@ -1267,11 +1267,72 @@ TEST_F(OpsTest, MomentumL1AndSelectMomentum) {
             host->momentum_l1_multi(tp.b.host_list.data(), T, per, rows, cols, ax, Lh.data());
             EXPECT_TRUE(close(Lh, L2.get(), 1e-5));
             host->select_momentum_multi(tp.b.host_list.data(), T, per, rows, cols, ax, idx.data(), k, 0.9f, S3.H(),
-                                        &skip);
+                                        &skip, nullptr);
             EXPECT_TRUE(same_bits(S3.h, S2.dev()));
             for (size_t i = 0; i < tp.b.t.size(); ++i)
               EXPECT_TRUE(same_bits(tp.b.t[i].h[kState0], tp.b.dev_raw(i, kState0))) << "tensor " << i;
           }
+}
+
+// The selection's sums of squares (one matrix per tensor, as Dion2's batches
+// without meshes): with them select_momentum_multi writes the same state and
+// slices as without; the parts total each slice matrix's squared Frobenius
+// norm (double sums of floats: 1e-12 relative), are the same bits on a
+// second run, and frob_normalize_bf16_parts from them matches
+// frob_normalize_bf16 (the norms summed in another order may differ in the
+// last float bit: one bf16 unit, at most 2^-7 relative). Shapes: the
+// element path (7 x 9, and a shift of one), the chunked one, many blocks.
+TEST_F(OpsTest, SelectMomentumSumsOfSquares) {
+  const int64_t T = 3;
+  const std::vector<std::vector<int>> dtypes = {{-1, 1, 1, -1}, {-1, 0, 0, -1}, {-1, 1, 0, -1}};
+  for (const auto& [rows, cols] : std::initializer_list<std::pair<int64_t, int64_t>>{{7, 9}, {96, 40}, {300, 520}})
+    for (int64_t shift : {0, 1})
+      for (Axis ax : {kRows, kCols}) {
+        SCOPED_TRACE(::testing::Message() << rows << " x " << cols << ", shift " << shift << ", axis " << ax);
+        const int64_t n = rows * cols, N = ax == kRows ? rows : cols, k = std::max<int64_t>(1, N / 4);
+        EXPECT_EQ(cuda->select_momentum_parts(T, 2, rows, cols), 0) << "several matrices per tensor: no sums";
+        const int64_t parts = cuda->select_momentum_parts(T, 1, rows, cols);
+        ASSERT_GE(parts, 1);
+        ASSERT_LE(parts, Backend::select_parts_max(rows, cols));
+        TensorPair tp(rng, dtypes, n, shift);
+        Dev<int32_t> dskip(std::vector<int32_t>{0});
+        const std::vector<int32_t> idx = pick_slices(rng, T, N, k);
+        Dev<int32_t> didx(idx);
+        const int64_t sr = ax == kRows ? k : rows, sc = ax == kRows ? cols : k;
+        Dev<float> S1(T * sr * sc), S2(T * sr * sc);
+        Dev<double> sums(T * parts), sums2(T * parts);
+        const MatBatch s1{S1.p(), sr, sc, sc, sr * sc, T}, s2{S2.p(), sr, sc, sc, sr * sc, T};
+        cuda->select_momentum_multi(tp.a.dev_table.p(), T, 1, rows, cols, ax, didx.p(), k, 0.9f, s1, dskip.p(),
+                                    nullptr);
+        cuda->select_momentum_multi(tp.b.dev_table.p(), T, 1, rows, cols, ax, didx.p(), k, 0.9f, s2, dskip.p(),
+                                    sums.p());
+        EXPECT_TRUE(same_bits(S1.get(), S2.get()));
+        EXPECT_TRUE(tp.same_field(kState0));
+        const std::vector<float> sv = S2.get();
+        const std::vector<double> sd = sums.get();
+        for (int64_t b = 0; b < T; ++b) {
+          double want = 0, got = 0;
+          for (int64_t i = 0; i < sr * sc; ++i) want += static_cast<double>(sv[b * sr * sc + i]) * sv[b * sr * sc + i];
+          for (int64_t c = 0; c < parts; ++c) got += sd[b * parts + c];
+          EXPECT_NEAR(got, want, 1e-12 * want) << "matrix " << b;
+        }
+        // A second run on the new state (b's): its sums again, twice.
+        cuda->select_momentum_multi(tp.b.dev_table.p(), T, 1, rows, cols, ax, didx.p(), k, 0.9f, s2, dskip.p(),
+                                    sums.p());
+        cuda->select_momentum_multi(tp.a.dev_table.p(), T, 1, rows, cols, ax, didx.p(), k, 0.9f, s1, dskip.p(),
+                                    sums2.p());
+        EXPECT_TRUE(same_bits(sums.get(), sums2.get())) << "the same partial sums on every run";
+        Dev<uint16_t> o1(T * sr * sc), o2(T * sr * sc);
+        cuda->frob_normalize_bf16(ConstMatBatch(s2), 1.02f, 1e-7f, o1.p());
+        cuda->frob_normalize_bf16_parts(ConstMatBatch(s2), sums.p(), parts, 1.02f, 1e-7f, o2.p());
+        const std::vector<uint16_t> b1 = o1.get(), b2 = o2.get();
+        std::vector<float> f1(b1.size()), f2(b2.size());
+        for (size_t i = 0; i < b1.size(); ++i) {
+          f1[i] = bf16_to_float(b1[i]);
+          f2[i] = bf16_to_float(b2[i]);
+        }
+        EXPECT_TRUE(close(f1, f2, 1.0 / 128));
+      }
 }
 
 // The local scope's parameter update: decay all, add the selected slices.
