@@ -97,7 +97,7 @@ void store_slices_multi(const Ctx& c, const TensorEntry* list, int64_t count, Fi
 // decay_add_slices_multi_scratch's (the same position map).
 size_t momentum_l1_multi_scratch(const Ctx& c, int64_t count, int64_t per, int64_t rows, int64_t cols, Axis axis);
 void momentum_l1_multi(const Ctx& c, const TensorEntry* list, int64_t count, int64_t per, int64_t rows, int64_t cols,
-                       Axis axis, float* out, void* scratch);
+                       Axis axis, float* out, void* scratch, int32_t* nonfinite);
 // sumsq (nullable; per == 1): select_momentum_parts(...) partial sums of the
 // squares of each out matrix's elements, for frob_normalize_bf16_parts.
 int64_t select_momentum_parts(const Ctx& c, int64_t count, int64_t per, int64_t rows, int64_t cols);

@@ -61,6 +61,8 @@ size_t muon_family_workspace(const Group& g, const Tensor& t, int64_t count);
 // Dion2 and NorDion2 share theirs (dion2.cpp).
 void dion2_family_step(Optimizer& opt, Group& g, const Batch& b, bool normalize);
 size_t dion2_family_workspace(const Group& g, const Tensor& t, int64_t count);
+size_t dion2_family_prepass_floats(const Optimizer& opt, const Group& g, const Tensor& t, int64_t count);
+void dion2_family_prepass(Optimizer& opt, Group& g, const Batch& b, float* out, int32_t* nonfinite);
 // Refuses (NOT_SUPPORTED) a tensor whose sharding the selection cannot follow.
 void dion2_family_check(const Group& g, const Tensor& t);
 // The "variance_neuron" state of NorMuon / NorDion2: one value per logical row.

@@ -450,8 +450,11 @@ class Backend {
   //     out <- the selected slices of m (always). k >= 1; idx as
   //     scale_slices takes it (distinct per matrix).
   // Each reads M and G once, where the sequence wrote and re-read m.
+  // nonfinite (nullable): set to 1 where a gradient element is NaN or Inf
+  // (never cleared; check_nonfinite's flag for these tensors, taken in the
+  // same pass).
   virtual void momentum_l1_multi(const TensorEntry* list, int64_t count, int64_t per, int64_t rows, int64_t cols,
-                                 Axis axis, float* out) = 0;
+                                 Axis axis, float* out, int32_t* nonfinite) = 0;
   // sumsq (nullable; only where select_momentum_parts(...) > 0): that many
   // partial sums of the squares of each out matrix's elements (in double,
   // their total ||out[b]||_F^2; the same on every run), taken in the same

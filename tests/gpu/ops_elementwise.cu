@@ -1254,7 +1254,7 @@ TEST_F(OpsTest, MomentumL1AndSelectMomentum) {
             cuda->scale_slices(m, ax, didx.p(), k, 0.9f);
             cuda->store_slices_multi(tp.a.dev_table.p(), T, kState0, m, ax, didx.p(), k, dskip.p());
             // The fused ops on b: the norms write nothing typed.
-            cuda->momentum_l1_multi(tp.b.dev_table.p(), T, per, rows, cols, ax, L2.p());
+            cuda->momentum_l1_multi(tp.b.dev_table.p(), T, per, rows, cols, ax, L2.p(), nullptr);
             EXPECT_TRUE(tp.unchanged(kState0));
             EXPECT_TRUE(same_bits(L1.get(), L2.get()));
             cuda->select_momentum_multi(tp.b.dev_table.p(), T, per, rows, cols, ax, didx.p(), k, 0.9f, S2.D(),
@@ -1264,7 +1264,7 @@ TEST_F(OpsTest, MomentumL1AndSelectMomentum) {
             if (skip) EXPECT_TRUE(tp.unchanged(kState0));
             // The host's fused ops on b's host copy (the same inputs).
             std::vector<float> Lh(static_cast<size_t>(B * N));
-            host->momentum_l1_multi(tp.b.host_list.data(), T, per, rows, cols, ax, Lh.data());
+            host->momentum_l1_multi(tp.b.host_list.data(), T, per, rows, cols, ax, Lh.data(), nullptr);
             EXPECT_TRUE(close(Lh, L2.get(), 1e-5));
             host->select_momentum_multi(tp.b.host_list.data(), T, per, rows, cols, ax, idx.data(), k, 0.9f, S3.H(),
                                         &skip, nullptr);
@@ -1272,6 +1272,44 @@ TEST_F(OpsTest, MomentumL1AndSelectMomentum) {
             for (size_t i = 0; i < tp.b.t.size(); ++i)
               EXPECT_TRUE(same_bits(tp.b.t[i].h[kState0], tp.b.dev_raw(i, kState0))) << "tensor " << i;
           }
+}
+
+// momentum_l1_multi's non-finite flag (Dion2's pre-pass, in place of
+// check_nonfinite): left at 0 on finite gradients, with the norms those of
+// the call without a flag; set by a NaN, +Inf or -Inf anywhere in one
+// gradient (the vector path and, shifted or with columns not a multiple of
+// 8, the element path), and never cleared.
+TEST_F(OpsTest, MomentumL1FlagsNonfiniteGradients) {
+  const int64_t per = 2, T = 3, B = T * per;
+  const std::vector<std::vector<int>> dtypes = {{-1, 1, 1, -1}, {-1, 0, 0, -1}, {-1, 2, 1, -1}};
+  for (const auto& [rows, cols] : std::initializer_list<std::pair<int64_t, int64_t>>{{7, 9}, {96, 40}, {300, 520}})
+    for (int64_t shift : {0, 1})
+      for (Axis ax : {kRows, kCols}) {
+        SCOPED_TRACE(::testing::Message() << rows << " x " << cols << ", shift " << shift << ", axis " << ax);
+        const int64_t n = per * rows * cols, N = ax == kRows ? rows : cols;
+        TensorPair tp(rng, dtypes, n, shift);
+        Dev<float> L1(B * N), L2(B * N);
+        Dev<int32_t> flag(std::vector<int32_t>{0});
+        cuda->momentum_l1_multi(tp.b.dev_table.p(), T, per, rows, cols, ax, L1.p(), nullptr);
+        cuda->momentum_l1_multi(tp.b.dev_table.p(), T, per, rows, cols, ax, L2.p(), flag.p());
+        EXPECT_TRUE(same_bits(L1.get(), L2.get()));
+        EXPECT_EQ(flag.get()[0], 0);
+        int round = 0;
+        for (float bad : {std::nanf(""), INFINITY, -INFINITY}) {
+          // tensor 1 (its grad fp32 or bf16 ...: the dtypes above), a random element
+          const int64_t at = std::uniform_int_distribution<int64_t>(0, n - 1)(rng);
+          const auto dt = static_cast<dion_dtype_t>(tp.b.host_list[1].dtype[kGrad]);
+          std::vector<uint8_t> one(dtype_size(dt));
+          store_elem(one.data(), dt, 0, bad);
+          uint8_t* g = static_cast<uint8_t*>(tp.b.dev_list[1].ptr[kGrad]) + at * dtype_size(dt);
+          cuda_ok(cudaMemcpy(g, one.data(), one.size(), cudaMemcpyHostToDevice), "poison");
+          Dev<int32_t> f(std::vector<int32_t>{0});
+          cuda->momentum_l1_multi(tp.b.dev_table.p(), T, per, rows, cols, ax, L2.p(), f.p());
+          EXPECT_EQ(f.get()[0], 1) << "value " << bad << " at " << at;
+          cuda->momentum_l1_multi(tp.b.dev_table.p(), T, per, rows, cols, ax, L2.p(), flag.p());
+          EXPECT_EQ(flag.get()[0], 1) << "round " << round++;
+        }
+      }
 }
 
 // The selection's sums of squares (one matrix per tensor, as Dion2's batches

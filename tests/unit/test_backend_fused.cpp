@@ -424,7 +424,7 @@ TEST_F(HostFused, MomentumL1AndSelectMomentumEqualTheFp32Sequence) {
             be->store_slices_multi(tw.la.data(), count, kState0, m, axis, idx.data(), k, &skip);
             // The fused ops on copy b: the norms write nothing typed.
             std::vector<float> L2(B * N, -1.0f);
-            be->momentum_l1_multi(tw.lb.data(), count, per, rows, cols, axis, L2.data());
+            be->momentum_l1_multi(tw.lb.data(), count, per, rows, cols, axis, L2.data(), nullptr);
             EXPECT_TRUE(tw.b[kState0] == before);
             EXPECT_TRUE(same_floats(L1, L2));
             be->select_momentum_multi(tw.lb.data(), count, per, rows, cols, axis, idx.data(), k, 0.9f,

@@ -1019,12 +1019,12 @@ class CudaBackend final : public Backend {
     kernels::store_slices_multi(ctx(), list, count, f, m, axis, idx, k, skip);
   }
   void momentum_l1_multi(const TensorEntry* list, int64_t count, int64_t per, int64_t rows, int64_t cols, Axis axis,
-                         float* out) override {
+                         float* out, int32_t* nonfinite) override {
     DeviceScope ds(device_);
     ProfScope ps(prof_, "momentum_l1_multi", stream_);
     const size_t bytes = kernels::momentum_l1_multi_scratch(ctx(), count, per, rows, cols, axis);
     void* s = bytes ? scratch(kReduce, bytes) : nullptr;
-    kernels::momentum_l1_multi(ctx(), list, count, per, rows, cols, axis, out, s);
+    kernels::momentum_l1_multi(ctx(), list, count, per, rows, cols, axis, out, s, nonfinite);
   }
   int64_t select_momentum_parts(int64_t count, int64_t per, int64_t rows, int64_t cols) override {
     return kernels::select_momentum_parts(ctx(), count, per, rows, cols);

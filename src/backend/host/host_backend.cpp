@@ -746,7 +746,7 @@ class HostBackend final : public Backend {
   }
   // One matrix at a time: m = M + G into scratch, then the calls' loops.
   void momentum_l1_multi(const TensorEntry* list, int64_t count, int64_t per, int64_t rows, int64_t cols, Axis axis,
-                         float* out) override {
+                         float* out, int32_t* nonfinite) override {
     const int64_t msize = rows * cols, N = axis == kRows ? rows : cols;
     float* m = grow(g_scratch.a, static_cast<size_t>(msize));
     for (int64_t t = 0; t < count; ++t)
@@ -754,6 +754,7 @@ class HostBackend final : public Backend {
         momentum_of(list[t], q * msize, msize, m);
         slice_l1(ConstMatBatch(m, rows, cols, cols, msize, 1), axis, out + (t * per + q) * N);
       }
+    if (nonfinite) check_nonfinite(list, count, per * msize, kGrad, nonfinite);
   }
   int64_t select_momentum_parts(int64_t, int64_t per, int64_t, int64_t) override { return per == 1 ? 1 : 0; }
   void select_momentum_multi(const TensorEntry* list, int64_t count, int64_t per, int64_t rows, int64_t cols,
