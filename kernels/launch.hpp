@@ -58,6 +58,9 @@ size_t frob_normalize_scratch(const Ctx& c, const MatBatch& m);
 void frob_normalize(const Ctx& c, MatBatch m, float factor, float eps, void* scratch);
 // Takes frob_normalize_scratch(c, m) too.
 void frob_normalize_bf16(const Ctx& c, ConstMatBatch m, float factor, float eps, void* out, void* scratch);
+// The same from given partial sums of squares (nparts per matrix, summed in order).
+void frob_normalize_bf16_parts(const Ctx& c, ConstMatBatch m, const double* parts, int64_t nparts, float factor,
+                               float eps, void* out);
 size_t col_normalize_scratch(const Ctx& c, const MatBatch& m);
 void col_normalize(const Ctx& c, MatBatch m, float eps, void* scratch);
 // Backend::finish_p, finish_r (scratch: finish_r_scratch bytes) and
@@ -94,10 +97,13 @@ void store_slices_multi(const Ctx& c, const TensorEntry* list, int64_t count, Fi
 // decay_add_slices_multi_scratch's (the same position map).
 size_t momentum_l1_multi_scratch(const Ctx& c, int64_t count, int64_t per, int64_t rows, int64_t cols, Axis axis);
 void momentum_l1_multi(const Ctx& c, const TensorEntry* list, int64_t count, int64_t per, int64_t rows, int64_t cols,
-                       Axis axis, float* out, void* scratch);
+                       Axis axis, float* out, void* scratch, int32_t* nonfinite);
+// sumsq (nullable; per == 1): select_momentum_parts(...) partial sums of the
+// squares of each out matrix's elements, for frob_normalize_bf16_parts.
+int64_t select_momentum_parts(const Ctx& c, int64_t count, int64_t per, int64_t rows, int64_t cols);
 void select_momentum_multi(const Ctx& c, const TensorEntry* list, int64_t count, int64_t per, int64_t rows,
                            int64_t cols, Axis axis, const int32_t* idx, int64_t k, float decay, MatBatch out,
-                           const int32_t* skip, void* scratch);
+                           const int32_t* skip, void* scratch, double* sumsq);
 size_t decay_add_slices_multi_scratch(int64_t count, int64_t per, int64_t rows, int64_t cols, Axis axis, int64_t k);
 void decay_add_slices_multi(const Ctx& c, const TensorEntry* list, int64_t count, int64_t per, int64_t rows,
                             int64_t cols, Axis axis, const int32_t* idx, int64_t k, ConstMatBatch u, bool u_bf16,

@@ -200,15 +200,19 @@ struct MatSrc {
 struct MomentumSrc {
   const TensorEntry* list;
   int64_t per, rows, cols;
+  int32_t* nonfinite;  // nullable: set to 1 where a gradient element is NaN or Inf (check_nonfinite's flag)
   struct At {
     const void *pm, *pg;
     dion_dtype_t dm, dg;
     int64_t base, cols;
     bool vec;  // both buffers 16-byte aligned and cols % 8 == 0: chunks are 16-byte loads
+    int32_t* nonfinite;
     __device__ __forceinline__ float operator()(int64_t i, int64_t j) const {
       const float mu = 1.0f, g_scale = 1.0f;
       const int64_t o = base + i * cols + j;
-      return mu * load_elem(pm, dm, o) + g_scale * load_elem(pg, dg, o);
+      const float g = load_elem(pg, dg, o);
+      if (nonfinite && !isfinite(g)) *nonfinite = 1;
+      return mu * load_elem(pm, dm, o) + g_scale * g;
     }
     // Elements (i, j0 .. j0 + 7) (j0 % 8 == 0), 0 past the last column: two
     // 16-byte loads (32 for fp32) where vec, the same values as operator().
@@ -219,8 +223,13 @@ struct MomentumSrc {
         float m[8], g[8];
         load8(pm, dm, c, m);
         load8(pg, dg, c, g);
+        bool bad = false;
 #pragma unroll
-        for (int k = 0; k < 8; ++k) v[k] = mu * m[k] + g_scale * g[k];
+        for (int k = 0; k < 8; ++k) {
+          bad = bad || !isfinite(g[k]);
+          v[k] = mu * m[k] + g_scale * g[k];
+        }
+        if (nonfinite && bad) *nonfinite = 1;
         return;
       }
 #pragma unroll
@@ -230,8 +239,14 @@ struct MomentumSrc {
   __device__ __forceinline__ At at(int64_t b) const {
     const TensorEntry& e = list[b / per];
     const void *pm = e.ptr[kState0], *pg = e.ptr[kGrad];
-    return At{pm, pg, static_cast<dion_dtype_t>(e.dtype[kState0]), static_cast<dion_dtype_t>(e.dtype[kGrad]),
-              (b % per) * rows * cols, cols, cols % 8 == 0 && aligned16(pm) && aligned16(pg)};
+    return At{pm,
+              pg,
+              static_cast<dion_dtype_t>(e.dtype[kState0]),
+              static_cast<dion_dtype_t>(e.dtype[kGrad]),
+              (b % per) * rows * cols,
+              cols,
+              cols % 8 == 0 && aligned16(pm) && aligned16(pg),
+              nonfinite};
   }
 };
 
@@ -461,6 +476,14 @@ void frob_normalize_bf16(const Ctx& c, ConstMatBatch m, float factor, float eps,
   cuda::check_launch("frob_normalize_bf16 scale kernel");
 }
 
+void frob_normalize_bf16_parts(const Ctx& c, ConstMatBatch m, const double* parts, int64_t nparts, float factor,
+                               float eps, void* out) {
+  if (m.batch <= 0 || m.rows <= 0 || m.cols <= 0) return;
+  frob_bf16_kernel<<<grid_multi(c, m.batch, ceil_div(m.rows * m.cols, 8)), kThreads, 0, c.stream>>>(
+      m, nparts, parts, factor, eps, static_cast<uint16_t*>(out));
+  cuda::check_launch("frob_normalize_bf16_parts kernel");
+}
+
 // The column totals (batch * cols doubles), then col_sums' partial sums.
 size_t col_normalize_scratch(const Ctx& c, const MatBatch& m) {
   return sizeof(double) * static_cast<size_t>(m.batch * m.cols) + col_partial_bytes(c, m.rows, m.cols, m.batch);
@@ -618,9 +641,9 @@ size_t momentum_l1_multi_scratch(const Ctx& c, int64_t count, int64_t per, int64
 }
 
 void momentum_l1_multi(const Ctx& c, const TensorEntry* list, int64_t count, int64_t per, int64_t rows, int64_t cols,
-                       Axis axis, float* out, void* scratch) {
-  slice_l1_of(c, MomentumSrc{list, per, rows, cols}, count * per, rows, cols, axis, out, static_cast<double*>(scratch),
-              "momentum_l1_multi kernel");
+                       Axis axis, float* out, void* scratch, int32_t* nonfinite) {
+  slice_l1_of(c, MomentumSrc{list, per, rows, cols, nonfinite}, count * per, rows, cols, axis, out,
+              static_cast<double*>(scratch), "momentum_l1_multi kernel");
 }
 
 size_t zero_fixup_scratch(const Ctx& c, const ConstMatBatch& m) {

@@ -11,6 +11,7 @@
 // is the host's (partial_sort with ties to the lower index, then sorted).
 #include <cub/block/block_scan.cuh>
 
+#include "core/error.hpp"
 #include "kernels/common.cuh"
 
 namespace dion::kernels {
@@ -311,20 +312,23 @@ struct SelectMomentum {
   const int32_t* pos;
   MatBatch out;
   float decay;
-  __device__ __forceinline__ float operator()(float m, float g, int64_t t, const MatPos& p) const {
+  // ss += the square of the element put in out (in double: the sums of
+  // squares select_momentum_multi hands to frob_normalize_bf16_parts).
+  __device__ __forceinline__ float operator()(float m, float g, int64_t t, const MatPos& p, double& ss) const {
     const float mu = 1.0f, g_scale = 1.0f;
     float v = mu * m + g_scale * g;
     const int64_t b = t * per + p.q;
     const int32_t s = pos[b * N + (rows ? p.r : p.c)];
     if (s >= 0) {
       mat_at(out, b)[rows ? s * out.ld + p.c : p.r * out.ld + s] = v;
+      ss += static_cast<double>(v) * v;
       v *= decay;
     }
     return v;
   }
   // The same for the chunk (q, r, columns c0 .. c0 + 7) of tensor t: m <- the results.
   __device__ __forceinline__ void chunk(float (&m)[8], const float (&g)[8], int64_t t, int64_t q, int64_t r,
-                                        int64_t c0) const {
+                                        int64_t c0, double& ss) const {
     const float mu = 1.0f, g_scale = 1.0f;
     const int64_t b = t * per + q;
     float* o = mat_at(out, b);
@@ -344,7 +348,10 @@ struct SelectMomentum {
           for (int k = 0; k < 8; ++k) dst[k] = v[k];
         }
 #pragma unroll
-        for (int k = 0; k < 8; ++k) v[k] *= decay;
+        for (int k = 0; k < 8; ++k) {
+          ss += static_cast<double>(v[k]) * v[k];
+          v[k] *= decay;
+        }
       }
     } else {
       int32_t s[8];
@@ -353,6 +360,7 @@ struct SelectMomentum {
       for (int k = 0; k < 8; ++k)
         if (s[k] >= 0) {
           o[r * out.ld + s[k]] = v[k];
+          ss += static_cast<double>(v[k]) * v[k];
           v[k] *= decay;
         }
     }
@@ -361,11 +369,17 @@ struct SelectMomentum {
   }
 };
 
+// sumsq (per == 1, or null): sumsq[t * gridDim.x + blockIdx.x] = the sum of
+// the squares of the elements block x put in tensor t's out matrix: each
+// thread's in its chunk order, then block_sum's fixed tree, so the partial
+// sums (and frob_normalize_bf16_parts' norm) are the same on every run.
 __global__ void select_momentum_multi_kernel(const TensorEntry* list, int64_t count, int64_t rows, int64_t cols,
-                                             SelectMomentum op, const int32_t* skip) {
+                                             SelectMomentum op, const int32_t* skip, double* sumsq) {
+  __shared__ double sh[33];
   const bool write = !(skip && *skip);  // uniform over the grid
   const int64_t n = op.per * rows * cols;
   for (int64_t t = blockIdx.y; t < count; t += gridDim.y) {
+    double ss = 0.0;
     void* pm = list[t].ptr[kState0];
     const void* pg = list[t].ptr[kGrad];
     const dion_dtype_t dm = static_cast<dion_dtype_t>(list[t].dtype[kState0]);
@@ -384,18 +398,22 @@ __global__ void select_momentum_multi_kernel(const TensorEntry* list, int64_t co
           load8(pm, dm, w2.j, m[1]);
           load8(pg, dg, w2.j, g[1]);
         }
-        op.chunk(m[0], g[0], t, w.q, w.r, 8 * w.c);
+        op.chunk(m[0], g[0], t, w.q, w.r, 8 * w.c, ss);
         if (write) store8(pm, dm, w.j, m[0]);
         if (!two) break;
-        op.chunk(m[1], g[1], t, w2.q, w2.r, 8 * w2.c);
+        op.chunk(m[1], g[1], t, w2.q, w2.r, 8 * w2.c, ss);
         if (write) store8(pm, dm, w2.j, m[1]);
         w = w2;
       }
-      continue;
+    } else {
+      for (int64_t i = global_thread(); i < n; i += grid_threads()) {
+        const float v = op(load_elem(pm, dm, i), load_elem(pg, dg, i), t, MatPos(i, rows, cols), ss);
+        if (write) store_elem(pm, dm, i, v);
+      }
     }
-    for (int64_t i = global_thread(); i < n; i += grid_threads()) {
-      const float v = op(load_elem(pm, dm, i), load_elem(pg, dg, i), t, MatPos(i, rows, cols));
-      if (write) store_elem(pm, dm, i, v);
+    if (sumsq) {  // uniform over the block: every thread reaches the block sum
+      const double tot = block_sum(ss, sh);
+      if (threadIdx.x == 0) sumsq[t * gridDim.x + blockIdx.x] = tot;
     }
   }
 }
@@ -466,17 +484,25 @@ void decay_add_slices_multi(const Ctx& c, const TensorEntry* list, int64_t count
   cuda::check_launch("decay_add_slices_multi kernel");
 }
 
+// The grid's x blocks each give one partial sum (0 past Backend::select_parts_max).
+int64_t select_momentum_parts(const Ctx& c, int64_t count, int64_t per, int64_t rows, int64_t cols) {
+  if (per != 1 || count <= 0 || rows * cols <= 0) return 0;
+  const int64_t parts = grid_multi(c, count, (rows * cols + 7) / 8).x;
+  return parts <= Backend::select_parts_max(rows, cols) ? parts : 0;
+}
+
 void select_momentum_multi(const Ctx& c, const TensorEntry* list, int64_t count, int64_t per, int64_t rows,
                            int64_t cols, Axis axis, const int32_t* idx, int64_t k, float decay, MatBatch out,
-                           const int32_t* skip, void* scratch) {
+                           const int32_t* skip, void* scratch, double* sumsq) {
   const int64_t n = per * rows * cols;
   if (count <= 0 || n <= 0 || k <= 0) return;
   const bool by_rows = axis == kRows;
   const int64_t N = by_rows ? rows : cols;
   const int32_t* pos = fill_positions(c, count * per, N, idx, k, scratch, "select_momentum_multi positions");
   const SelectMomentum op{per, N, by_rows, pos, out, decay};
-  select_momentum_multi_kernel<<<grid_multi(c, count, (n + 7) / 8), kThreads, 0, c.stream>>>(list, count, rows, cols,
-                                                                                           op, skip);
+  const dim3 grid = grid_multi(c, count, (n + 7) / 8);
+  DION_REQUIRE(!sumsq || per == 1, DION_ERROR_INTERNAL, "select_momentum_multi: sums of squares need per == 1");
+  select_momentum_multi_kernel<<<grid, kThreads, 0, c.stream>>>(list, count, rows, cols, op, skip, sumsq);
   cuda::check_launch("select_momentum_multi kernel");
 }
 

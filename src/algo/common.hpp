@@ -21,13 +21,23 @@ inline void store_ws(Optimizer& opt, const Batch& b, Field f, const float* src, 
 
 inline StateBuf& state_of(Optimizer& opt, const Tensor& t, size_t k) { return opt.states[t.states.at(k)]; }
 
+// x's squared Frobenius norms as partial sums (nparts per matrix, as
+// select_momentum_multi takes them); parts null: none given.
+struct FrobParts {
+  const double* parts = nullptr;
+  int64_t nparts = 0;
+};
+
 // Orthogonalizes each (rows x cols) matrix of `x` in place with the group's
 // orthogonalizer (spec §1.2). Workspace: orthogonalize_ws_floats().
 // With `bf16_result` not null, a result computed in bf16 (matmul precision
 // BF16 on the CUDA backend) is not widened into x: *bf16_result points to it
 // (workspace, dense: the matrices one after the other) and x is left
 // unspecified; otherwise *bf16_result = nullptr and x holds the result.
-void orthogonalize(Optimizer& opt, const dion_group_options_t& o, MatBatch x, const void** bf16_result = nullptr);
+// `given` norms spare the bf16 iteration its pass to sum x (the fp32
+// iteration sums x itself).
+void orthogonalize(Optimizer& opt, const dion_group_options_t& o, MatBatch x, const void** bf16_result = nullptr,
+                   FrobParts given = {});
 size_t orthogonalize_ws_floats(int64_t rows, int64_t cols, int64_t batch);
 
 
@@ -51,6 +61,8 @@ size_t muon_family_workspace(const Group& g, const Tensor& t, int64_t count);
 // Dion2 and NorDion2 share theirs (dion2.cpp).
 void dion2_family_step(Optimizer& opt, Group& g, const Batch& b, bool normalize);
 size_t dion2_family_workspace(const Group& g, const Tensor& t, int64_t count);
+size_t dion2_family_prepass_floats(const Optimizer& opt, const Group& g, const Tensor& t, int64_t count);
+void dion2_family_prepass(Optimizer& opt, Group& g, const Batch& b, float* out, int32_t* nonfinite);
 // Refuses (NOT_SUPPORTED) a tensor whose sharding the selection cannot follow.
 void dion2_family_check(const Group& g, const Tensor& t);
 // The "variance_neuron" state of NorMuon / NorDion2: one value per logical row.

@@ -33,6 +33,8 @@
 //  with a per-shard Frobenius rescale), like NorMuon's.
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
+#include <cstring>
 
 #include "megabatch.hpp"
 
@@ -167,6 +169,7 @@ size_t dion2_family_workspace(const Group& g, const Tensor& t, int64_t count) {
   const Sel s = selection(g.opt, p, t, mp.rows(), mp.cols());
   const MbSizes u = megabatch_sizes(p.mb, selected_piece(p, t, flatten, s), B);
   size_t w = ws_floats(B * s.N) + ws_floats(B * s.k) + ws_floats(B * s.k * s.len) + u.ws_floats;
+  if (p.mb.levels == 0) w += ws_floats(2 * B * Backend::select_parts_max(mp.rows(), mp.cols()));  // S's sums
   w += orthogonalize_ws_floats(u.whole.rows(), u.whole.cols(), u.owned);
   if (nor)
     w += ws_floats(B * rows) + ws_floats(B * s.k) + megabatch_sizes(p.mb, selected_neuron_piece(p, t, s), B).ws_floats;
@@ -231,17 +234,28 @@ void dion2_family_step(Optimizer& opt, Group& g, const Batch& bt, bool nor) {
   // them only), and S <- those slices before the decay.
   const int64_t per = t.geom.batch, srows = t.geom.srows, scols = t.geom.scols;
   const Sel s = selection(o, p, t, srows, scols);
-  float* scores = opt.ws.take(B * s.N);
+  // The norms from the pre-pass (dion2_family_prepass) where it ran.
+  float* scores = bt.pre ? const_cast<float*>(bt.pre) : opt.ws.take(B * s.N);
   int32_t* idx = reinterpret_cast<int32_t*>(opt.ws.take(B * s.k));
   MatBatch S = s.axis == kRows ? mat(opt.ws.take(B * s.k * s.len), s.k, s.len, B)
                                : mat(opt.ws.take(B * s.k * s.len), s.len, s.k, B);
-  be.momentum_l1_multi(bt.list, T, per, srows, scols, s.axis, scores);
+  if (!bt.pre) be.momentum_l1_multi(bt.list, T, per, srows, scols, s.axis, scores, nullptr);
   // A matrix sharded over the other mesh too: every piece of a slice must
   // see the slice's whole norm (the ranks of that mesh then select alike).
   if (p.sel >= 0 && p.mb.levels == 2) p.mb.lv[1 - p.sel].comm->all_reduce(scores, B * s.N, ReduceOp::kSum);
+  // Without meshes S is orthogonalized where it is selected: the selection
+  // pass also sums its squares (so the bf16 iteration's normalisation reads S
+  // once, not twice).
+  FrobParts sums;
+  if (p.mb.levels == 0 && B > 0 && s.k > 0) {
+    sums.nparts = be.select_momentum_parts(T, per, srows, scols);
+    if (sums.nparts > Backend::select_parts_max(srows, scols)) sums.nparts = 0;
+    if (sums.nparts > 0) sums.parts = reinterpret_cast<const double*>(opt.ws.take(2 * B * sums.nparts));
+  }
   if (B > 0 && s.k > 0) {
     be.topk(scores, B, s.N, s.k, idx);
-    be.select_momentum_multi(bt.list, T, per, srows, scols, s.axis, idx, s.k, decay, S, opt.skip_flag());
+    be.select_momentum_multi(bt.list, T, per, srows, scols, s.axis, idx, s.k, decay, S, opt.skip_flag(),
+                             const_cast<double*>(sums.parts));
   }
   Unshard us(opt, p.mb, selected_piece(p, t, flatten, s), B);
   float* So = us.forward(S.p);
@@ -250,7 +264,7 @@ void dion2_family_step(Optimizer& opt, Group& g, const Batch& bt, bool nor) {
   // a bf16 orthogonalization's stays bf16 and the update reads it there (no
   // widening pass; the same values, bf16 widening is exact).
   const void* Sb = nullptr;
-  orthogonalize(opt, o, Sw, !nor && p.mb.levels == 0 ? &Sb : nullptr);
+  orthogonalize(opt, o, Sw, !nor && p.mb.levels == 0 ? &Sb : nullptr, sums);
   if (nor) {
     // The selected rows' variances travel with them (compact), and are
     // written back in place: V[I] = 0, then V[I] += the new values (exact).
@@ -279,6 +293,28 @@ void dion2_family_step(Optimizer& opt, Group& g, const Batch& bt, bool nor) {
 
 void dion2_family_check(const Group& g, const Tensor& t) { dion2_plan(nullptr, g, t, 1); }
 
+// Without meshes the selection's L1 norms of M + G are taken in the pass
+// that checks the gradients for NaN/Inf (Algorithm::prepass), so a step
+// reads G once less: the norms read no state that the step has written yet
+// (nothing is written before every bucket is checked) and, without meshes,
+// no gradient is averaged in between. DION_DION2_PREPASS=0 turns it off (read
+// at dion_add_group).
+size_t dion2_family_prepass_floats(const Optimizer& opt, const Group& g, const Tensor& t, int64_t count) {
+  const char* e = std::getenv("DION_DION2_PREPASS");
+  if ((e && std::strcmp(e, "0") == 0) || opt.has_meshes()) return 0;
+  const int64_t B = t.geom.batch * count;
+  const Dion2Plan p = dion2_plan(nullptr, g, t, B);
+  if (p.whole || p.mb.levels != 0) return 0;
+  return static_cast<size_t>(B * selection(g.opt, p, t, t.geom.srows, t.geom.scols).N);
+}
+
+void dion2_family_prepass(Optimizer& opt, Group& g, const Batch& bt, float* out, int32_t* nonfinite) {
+  const Tensor& t = bt.t;
+  const Dion2Plan p = dion2_plan(&opt, g, t, t.geom.batch * bt.count);
+  const Sel s = selection(g.opt, p, t, t.geom.srows, t.geom.scols);
+  opt.backend->momentum_l1_multi(bt.list, bt.count, t.geom.batch, t.geom.srows, t.geom.scols, s.axis, out, nonfinite);
+}
+
 namespace {
 void init_state(Optimizer& opt, Group& g, Tensor& t) {
   dion2_family_check(g, t);
@@ -287,6 +323,7 @@ void init_state(Optimizer& opt, Group& g, Tensor& t) {
 void step(Optimizer& opt, Group& g, const Batch& b) { dion2_family_step(opt, g, b, false); }
 }  // namespace
 
-extern const Algorithm kDion2 = {"dion2", false, init_state, dion2_family_workspace, step};
+extern const Algorithm kDion2 = {"dion2", false, init_state, dion2_family_workspace, step, nullptr, nullptr,
+                                 dion2_family_prepass_floats, dion2_family_prepass};
 
 }  // namespace dion

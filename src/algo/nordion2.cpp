@@ -15,6 +15,7 @@ void init_state(Optimizer& opt, Group& g, Tensor& t) {
 void step(Optimizer& opt, Group& g, const Batch& b) { dion2_family_step(opt, g, b, true); }
 }  // namespace
 
-extern const Algorithm kNorDion2 = {"nordion2", false, init_state, dion2_family_workspace, step};
+extern const Algorithm kNorDion2 = {"nordion2", false, init_state, dion2_family_workspace, step, nullptr, nullptr,
+                                    dion2_family_prepass_floats, dion2_family_prepass};
 
 }  // namespace dion

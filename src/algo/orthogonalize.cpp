@@ -45,7 +45,7 @@ constexpr Coeffs kNewtonSchulz[] = {
 // caller that reads it there); every product is rounded to bf16. The CUDA
 // backend only: the host's reference arithmetic stays fp32.
 void orthogonalize_bf16(Optimizer& opt, const dion_group_options_t& o, MatBatch x, const Coeffs* table, bool tall,
-                        int64_t s, float factor, const void** bf16_result) {
+                        int64_t s, float factor, const void** bf16_result, FrobParts given) {
   Backend& be = *opt.backend;
   const int64_t nx = x.rows * x.cols * x.batch, ns = s * s * x.batch;
   // bf16 buffers carved from the fp32 workspace (two elements per float).
@@ -57,7 +57,10 @@ void orthogonalize_bf16(Optimizer& opt, const dion_group_options_t& o, MatBatch 
   // x may have ld > cols: convert row by row only when it is dense.
   DION_REQUIRE(x.ld == x.cols && x.stride == x.rows * x.cols, DION_ERROR_INTERNAL,
                "orthogonalize_bf16: the input must be dense");
-  be.frob_normalize_bf16(x, factor, static_cast<float>(o.epsilon), X.p);
+  if (given.parts)
+    be.frob_normalize_bf16_parts(x, given.parts, given.nparts, factor, static_cast<float>(o.epsilon), X.p);
+  else
+    be.frob_normalize_bf16(x, factor, static_cast<float>(o.epsilon), X.p);
   MatBatch cur = X, nxt = Y;
   for (int it = 0; it < o.ortho_steps; ++it) {
     const Coeffs& k = table[std::min(it, 4)];
@@ -87,7 +90,8 @@ size_t orthogonalize_ws_floats(int64_t rows, int64_t cols, int64_t batch) {
   return ws_floats(s * s * batch) * 2 + ws_floats(rows * cols * batch);
 }
 
-void orthogonalize(Optimizer& opt, const dion_group_options_t& o, MatBatch x, const void** bf16_result) {
+void orthogonalize(Optimizer& opt, const dion_group_options_t& o, MatBatch x, const void** bf16_result,
+                   FrobParts given) {
   Backend& be = *opt.backend;
   if (bf16_result) *bf16_result = nullptr;
   if (x.batch == 0 || x.rows == 0 || x.cols == 0) return;
@@ -98,7 +102,7 @@ void orthogonalize(Optimizer& opt, const dion_group_options_t& o, MatBatch x, co
   const bool tall = x.rows > x.cols;
   const int64_t s = tall ? x.cols : x.rows;
   if (o.matmul_precision == DION_MATMUL_BF16 && !be.host_memory()) {
-    orthogonalize_bf16(opt, o, x, table, tall, s, factor, bf16_result);
+    orthogonalize_bf16(opt, o, x, table, tall, s, factor, bf16_result, given);
     return;
   }
   be.frob_normalize(x, factor, static_cast<float>(o.epsilon));

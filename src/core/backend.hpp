@@ -23,6 +23,7 @@
 //    states, so a skipped step changes neither.
 #pragma once
 #include <cstddef>
+#include <algorithm>
 #include <cstdint>
 
 #include "dion.h"
@@ -327,6 +328,10 @@ class Backend {
   // inv the float frob_normalize computes, so the bits are those of the two
   // calls. The Muon family's bf16 iteration starts from it.
   virtual void frob_normalize_bf16(ConstMatBatch x, float factor, float eps, void* out) = 0;
+  // The same with ||x[b]||_F^2 the total of parts[b * nparts .. + nparts)
+  // (select_momentum_multi's sums), summed in order: no pass to sum x.
+  virtual void frob_normalize_bf16_parts(ConstMatBatch x, const double* parts, int64_t nparts, float factor,
+                                         float eps, void* out) = 0;
 
   // ---- optimizer updates ----
   // Decay and orthonormal update (fp32 buffers): with lr = gs->lr, wd =
@@ -445,11 +450,25 @@ class Backend {
   //     out <- the selected slices of m (always). k >= 1; idx as
   //     scale_slices takes it (distinct per matrix).
   // Each reads M and G once, where the sequence wrote and re-read m.
+  // nonfinite (nullable): set to 1 where a gradient element is NaN or Inf
+  // (never cleared; check_nonfinite's flag for these tensors, taken in the
+  // same pass).
   virtual void momentum_l1_multi(const TensorEntry* list, int64_t count, int64_t per, int64_t rows, int64_t cols,
-                                 Axis axis, float* out) = 0;
+                                 Axis axis, float* out, int32_t* nonfinite) = 0;
+  // sumsq (nullable; only where select_momentum_parts(...) > 0): that many
+  // partial sums of the squares of each out matrix's elements (in double,
+  // their total ||out[b]||_F^2; the same on every run), taken in the same
+  // pass, for frob_normalize_bf16_parts.
   virtual void select_momentum_multi(const TensorEntry* list, int64_t count, int64_t per, int64_t rows, int64_t cols,
                                      Axis axis, const int32_t* idx, int64_t k, float decay, MatBatch out,
-                                     const int32_t* skip) = 0;
+                                     const int32_t* skip, double* sumsq) = 0;
+  // The partial sums select_momentum_multi gives per matrix (0: it cannot);
+  // never more than select_parts_max(rows, cols), so a caller can size their
+  // room without the backend.
+  virtual int64_t select_momentum_parts(int64_t count, int64_t per, int64_t rows, int64_t cols) = 0;
+  static int64_t select_parts_max(int64_t rows, int64_t cols) {
+    return std::min<int64_t>(4096, std::max<int64_t>(1, (rows * cols + 2047) / 2048));
+  }
   // Dion2's parameter update: the params of the `count` tensors, each `per`
   // dense rows x cols matrices, as one fp32 batch x of count * per matrices
   // (u holds as many, shaped as gather_slices' out):

@@ -66,8 +66,10 @@ Optimizer::~Optimizer() {
       for (auto& s : states)
         if (s.data) backend->release(s.data);
       for (auto& g : groups) {
-        for (auto& b : g.buckets)
+        for (auto& b : g.buckets) {
           if (b.table) backend->release(b.table);
+          if (b.pre) backend->release(b.pre);
+        }
         if (g.scalars) backend->release(g.scalars);
       }
       if (status) backend->release(status);
@@ -456,6 +458,7 @@ void Optimizer::add_group(const dion_group_options_t& go, const dion_tensor_t* d
   const size_t tensors_before = tensors.size(), states_before = states.size();
   Group g;
   g.opt = go;
+  size_t pre_bytes = 0;  // the buckets' pre-pass outputs (Bucket::pre)
   try {
     for (auto& t : built) {
       tensors.push_back(std::move(t));
@@ -474,6 +477,14 @@ void Optimizer::add_group(const dion_group_options_t& go, const dion_tensor_t* d
       b.mirror.reserve(b.tensors.size());
       b.scratch.reserve(b.tensors.size());
       ws_need = std::max(ws_need, b.workspace_floats);
+      const size_t pf = options.skip_nonfinite && algo.prepass_floats
+                            ? algo.prepass_floats(*this, g, tensors[static_cast<size_t>(b.tensors[0])],
+                                                  static_cast<int64_t>(b.tensors.size()))
+                            : 0;
+      if (pf > 0) {
+        b.pre = static_cast<float*>(backend->alloc(pf * sizeof(float)));
+        pre_bytes += pf * sizeof(float);
+      }
     }
     if (algo.group_workspace_floats) ws_need = std::max(ws_need, algo.group_workspace_floats(*this, g));
     g.scalars = static_cast<GroupScalars*>(backend->alloc(sizeof(GroupScalars)));
@@ -507,15 +518,17 @@ void Optimizer::add_group(const dion_group_options_t& go, const dion_tensor_t* d
   } catch (...) {
     for (size_t s = states_before; s < states.size(); ++s)
       if (states[s].data) backend->release(states[s].data);
-    for (Bucket& b : g.buckets)
+    for (Bucket& b : g.buckets) {
       if (b.table) backend->release(b.table);
+      if (b.pre) backend->release(b.pre);
+    }
     if (g.scalars) backend->release(g.scalars);
     states.resize(states_before);
     tensors.resize(tensors_before);
     throw;
   }
   for (const Bucket& b : g.buckets) table_bytes += sizeof(TensorEntry) * b.tensors.size();
-  table_bytes += sizeof(GroupScalars);
+  table_bytes += sizeof(GroupScalars) + pre_bytes;
   const size_t nb = g.buckets.size();
   groups.push_back(std::move(g));
   if (group_index) *group_index = gi;
@@ -872,7 +885,10 @@ bool Optimizer::average_bucket_on_comm(const Bucket& b, int slot) {
 }
 
 Batch Optimizer::batch_of(const Bucket& b) const {
-  return Batch{tensors[static_cast<size_t>(b.first_active)], b.active, b.table, b.max_n, b.aligned16};
+  // The pre-pass ran this step wherever the bucket has one (step checks the
+  // gradients of every active bucket first when skip_nonfinite is on, the
+  // only case in which dion_add_group gives a bucket a pre-pass).
+  return Batch{tensors[static_cast<size_t>(b.first_active)], b.active, b.table, b.max_n, b.aligned16, b.pre};
 }
 
 void Optimizer::step_bucket(Group& g, Bucket& b) {
@@ -975,9 +991,16 @@ void Optimizer::step() {
   try {
     backend->zero(&status->skip, sizeof(int32_t));
     if (options.skip_nonfinite)
-      for (Group& g : groups)
-        for (Bucket& b : g.buckets)
-          if (b.active) backend->check_nonfinite(b.table, b.active, b.max_n, kGrad, &status->skip);
+      for (Group& g : groups) {
+        const Algorithm& algo = algorithm_for(g.opt.algorithm);
+        for (Bucket& b : g.buckets) {
+          if (!b.active) continue;
+          if (b.pre)  // the algorithm's pre-pass reads the gradients and flags them in one pass
+            algo.prepass(*this, g, batch_of(b), b.pre, &status->skip);
+          else
+            backend->check_nonfinite(b.table, b.active, b.max_n, kGrad, &status->skip);
+        }
+      }
     // Every rank skips together (a NaN on one rank would otherwise reach the
     // others through the collectives): rep, then outer, then inner reach the
     // whole grid.

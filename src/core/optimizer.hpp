@@ -83,6 +83,9 @@ struct Bucket {
   int64_t active = 0;               // entries of `table` in use this step
   int64_t max_n = 0;                // largest n among them
   size_t workspace_floats = 0;
+  // The algorithm's pre-pass output (Algorithm::prepass): backend memory,
+  // prepass_floats(...) floats for the whole bucket; null: no pre-pass.
+  float* pre = nullptr;
   // Every parameter and state pointer of the active set is 16-byte aligned
   // (refresh_table): the pointer-array GEMMs that write parameters or read
   // and write states in place (cuBLAS assumes such alignment there) may run.
@@ -107,6 +110,7 @@ struct Batch {
   const TensorEntry* list;
   int64_t max_n;
   bool aligned16 = false;  // Bucket::aligned16
+  const float* pre = nullptr;  // what Algorithm::prepass wrote this step (null: it did not run)
 };
 
 // Per-algorithm hooks (src/algo). `workspace_floats` bounds the fp32
@@ -125,6 +129,14 @@ struct Algorithm {
   void (*step)(Optimizer& opt, Group& g, const Batch& b);
   bool (*step_group)(Optimizer& opt, Group& g) = nullptr;
   size_t (*group_workspace_floats)(const Optimizer& opt, const Group& g) = nullptr;
+  // Optional pre-pass, run where the step checks the gradients for NaN/Inf
+  // (before any state or parameter is written): `prepass` replaces
+  // check_nonfinite for a bucket whose `prepass_floats` (the whole bucket,
+  // decided at dion_add_group) is > 0, reading the gradients once for both:
+  // it sets *nonfinite like check_nonfinite and writes `out`, which the
+  // bucket's step then finds in Batch::pre.
+  size_t (*prepass_floats)(const Optimizer& opt, const Group& g, const Tensor& t, int64_t count) = nullptr;
+  void (*prepass)(Optimizer& opt, Group& g, const Batch& b, float* out, int32_t* nonfinite) = nullptr;
 };
 const Algorithm& algorithm_for(dion_algorithm_t algo);
 

@@ -1254,24 +1254,123 @@ TEST_F(OpsTest, MomentumL1AndSelectMomentum) {
             cuda->scale_slices(m, ax, didx.p(), k, 0.9f);
             cuda->store_slices_multi(tp.a.dev_table.p(), T, kState0, m, ax, didx.p(), k, dskip.p());
             // The fused ops on b: the norms write nothing typed.
-            cuda->momentum_l1_multi(tp.b.dev_table.p(), T, per, rows, cols, ax, L2.p());
+            cuda->momentum_l1_multi(tp.b.dev_table.p(), T, per, rows, cols, ax, L2.p(), nullptr);
             EXPECT_TRUE(tp.unchanged(kState0));
             EXPECT_TRUE(same_bits(L1.get(), L2.get()));
             cuda->select_momentum_multi(tp.b.dev_table.p(), T, per, rows, cols, ax, didx.p(), k, 0.9f, S2.D(),
-                                        dskip.p());
+                                        dskip.p(), nullptr);
             EXPECT_TRUE(same_bits(S1.dev(), S2.dev())) << "the slices, and the padding untouched";
             EXPECT_TRUE(tp.same_field(kState0));
             if (skip) EXPECT_TRUE(tp.unchanged(kState0));
             // The host's fused ops on b's host copy (the same inputs).
             std::vector<float> Lh(static_cast<size_t>(B * N));
-            host->momentum_l1_multi(tp.b.host_list.data(), T, per, rows, cols, ax, Lh.data());
+            host->momentum_l1_multi(tp.b.host_list.data(), T, per, rows, cols, ax, Lh.data(), nullptr);
             EXPECT_TRUE(close(Lh, L2.get(), 1e-5));
             host->select_momentum_multi(tp.b.host_list.data(), T, per, rows, cols, ax, idx.data(), k, 0.9f, S3.H(),
-                                        &skip);
+                                        &skip, nullptr);
             EXPECT_TRUE(same_bits(S3.h, S2.dev()));
             for (size_t i = 0; i < tp.b.t.size(); ++i)
               EXPECT_TRUE(same_bits(tp.b.t[i].h[kState0], tp.b.dev_raw(i, kState0))) << "tensor " << i;
           }
+}
+
+// momentum_l1_multi's non-finite flag (Dion2's pre-pass, in place of
+// check_nonfinite): left at 0 on finite gradients, with the norms those of
+// the call without a flag; set by a NaN, +Inf or -Inf anywhere in one
+// gradient (the vector path and, shifted or with columns not a multiple of
+// 8, the element path), and never cleared.
+TEST_F(OpsTest, MomentumL1FlagsNonfiniteGradients) {
+  const int64_t per = 2, T = 3, B = T * per;
+  const std::vector<std::vector<int>> dtypes = {{-1, 1, 1, -1}, {-1, 0, 0, -1}, {-1, 2, 1, -1}};
+  for (const auto& [rows, cols] : std::initializer_list<std::pair<int64_t, int64_t>>{{7, 9}, {96, 40}, {300, 520}})
+    for (int64_t shift : {0, 1})
+      for (Axis ax : {kRows, kCols}) {
+        SCOPED_TRACE(::testing::Message() << rows << " x " << cols << ", shift " << shift << ", axis " << ax);
+        const int64_t n = per * rows * cols, N = ax == kRows ? rows : cols;
+        TensorPair tp(rng, dtypes, n, shift);
+        Dev<float> L1(B * N), L2(B * N);
+        Dev<int32_t> flag(std::vector<int32_t>{0});
+        cuda->momentum_l1_multi(tp.b.dev_table.p(), T, per, rows, cols, ax, L1.p(), nullptr);
+        cuda->momentum_l1_multi(tp.b.dev_table.p(), T, per, rows, cols, ax, L2.p(), flag.p());
+        EXPECT_TRUE(same_bits(L1.get(), L2.get()));
+        EXPECT_EQ(flag.get()[0], 0);
+        int round = 0;
+        for (float bad : {std::nanf(""), INFINITY, -INFINITY}) {
+          // tensor 1 (its grad fp32 or bf16 ...: the dtypes above), a random element
+          const int64_t at = std::uniform_int_distribution<int64_t>(0, n - 1)(rng);
+          const auto dt = static_cast<dion_dtype_t>(tp.b.host_list[1].dtype[kGrad]);
+          std::vector<uint8_t> one(dtype_size(dt));
+          store_elem(one.data(), dt, 0, bad);
+          uint8_t* g = static_cast<uint8_t*>(tp.b.dev_list[1].ptr[kGrad]) + at * dtype_size(dt);
+          cuda_ok(cudaMemcpy(g, one.data(), one.size(), cudaMemcpyHostToDevice), "poison");
+          Dev<int32_t> f(std::vector<int32_t>{0});
+          cuda->momentum_l1_multi(tp.b.dev_table.p(), T, per, rows, cols, ax, L2.p(), f.p());
+          EXPECT_EQ(f.get()[0], 1) << "value " << bad << " at " << at;
+          cuda->momentum_l1_multi(tp.b.dev_table.p(), T, per, rows, cols, ax, L2.p(), flag.p());
+          EXPECT_EQ(flag.get()[0], 1) << "round " << round++;
+        }
+      }
+}
+
+// The selection's sums of squares (one matrix per tensor, as Dion2's batches
+// without meshes): with them select_momentum_multi writes the same state and
+// slices as without; the parts total each slice matrix's squared Frobenius
+// norm (double sums of floats: 1e-12 relative), are the same bits on a
+// second run, and frob_normalize_bf16_parts from them matches
+// frob_normalize_bf16 (the norms summed in another order may differ in the
+// last float bit: one bf16 unit, at most 2^-7 relative). Shapes: the
+// element path (7 x 9, and a shift of one), the chunked one, many blocks.
+TEST_F(OpsTest, SelectMomentumSumsOfSquares) {
+  const int64_t T = 3;
+  const std::vector<std::vector<int>> dtypes = {{-1, 1, 1, -1}, {-1, 0, 0, -1}, {-1, 1, 0, -1}};
+  for (const auto& [rows, cols] : std::initializer_list<std::pair<int64_t, int64_t>>{{7, 9}, {96, 40}, {300, 520}})
+    for (int64_t shift : {0, 1})
+      for (Axis ax : {kRows, kCols}) {
+        SCOPED_TRACE(::testing::Message() << rows << " x " << cols << ", shift " << shift << ", axis " << ax);
+        const int64_t n = rows * cols, N = ax == kRows ? rows : cols, k = std::max<int64_t>(1, N / 4);
+        EXPECT_EQ(cuda->select_momentum_parts(T, 2, rows, cols), 0) << "several matrices per tensor: no sums";
+        const int64_t parts = cuda->select_momentum_parts(T, 1, rows, cols);
+        ASSERT_GE(parts, 1);
+        ASSERT_LE(parts, Backend::select_parts_max(rows, cols));
+        TensorPair tp(rng, dtypes, n, shift);
+        Dev<int32_t> dskip(std::vector<int32_t>{0});
+        const std::vector<int32_t> idx = pick_slices(rng, T, N, k);
+        Dev<int32_t> didx(idx);
+        const int64_t sr = ax == kRows ? k : rows, sc = ax == kRows ? cols : k;
+        Dev<float> S1(T * sr * sc), S2(T * sr * sc);
+        Dev<double> sums(T * parts), sums2(T * parts);
+        const MatBatch s1{S1.p(), sr, sc, sc, sr * sc, T}, s2{S2.p(), sr, sc, sc, sr * sc, T};
+        cuda->select_momentum_multi(tp.a.dev_table.p(), T, 1, rows, cols, ax, didx.p(), k, 0.9f, s1, dskip.p(),
+                                    nullptr);
+        cuda->select_momentum_multi(tp.b.dev_table.p(), T, 1, rows, cols, ax, didx.p(), k, 0.9f, s2, dskip.p(),
+                                    sums.p());
+        EXPECT_TRUE(same_bits(S1.get(), S2.get()));
+        EXPECT_TRUE(tp.same_field(kState0));
+        const std::vector<float> sv = S2.get();
+        const std::vector<double> sd = sums.get();
+        for (int64_t b = 0; b < T; ++b) {
+          double want = 0, got = 0;
+          for (int64_t i = 0; i < sr * sc; ++i) want += static_cast<double>(sv[b * sr * sc + i]) * sv[b * sr * sc + i];
+          for (int64_t c = 0; c < parts; ++c) got += sd[b * parts + c];
+          EXPECT_NEAR(got, want, 1e-12 * want) << "matrix " << b;
+        }
+        // A second run on the new state (b's): its sums again, twice.
+        cuda->select_momentum_multi(tp.b.dev_table.p(), T, 1, rows, cols, ax, didx.p(), k, 0.9f, s2, dskip.p(),
+                                    sums.p());
+        cuda->select_momentum_multi(tp.a.dev_table.p(), T, 1, rows, cols, ax, didx.p(), k, 0.9f, s1, dskip.p(),
+                                    sums2.p());
+        EXPECT_TRUE(same_bits(sums.get(), sums2.get())) << "the same partial sums on every run";
+        Dev<uint16_t> o1(T * sr * sc), o2(T * sr * sc);
+        cuda->frob_normalize_bf16(ConstMatBatch(s2), 1.02f, 1e-7f, o1.p());
+        cuda->frob_normalize_bf16_parts(ConstMatBatch(s2), sums.p(), parts, 1.02f, 1e-7f, o2.p());
+        const std::vector<uint16_t> b1 = o1.get(), b2 = o2.get();
+        std::vector<float> f1(b1.size()), f2(b2.size());
+        for (size_t i = 0; i < b1.size(); ++i) {
+          f1[i] = bf16_to_float(b1[i]);
+          f2[i] = bf16_to_float(b2[i]);
+        }
+        EXPECT_TRUE(close(f1, f2, 1.0 / 128));
+      }
 }
 
 // The local scope's parameter update: decay all, add the selected slices.

@@ -232,6 +232,55 @@ INSTANTIATE_TEST_SUITE_P(
                     Case{"Lion_fp32", DION_ALGO_LION, DION_DTYPE_FP32, 0}),
     case_name);
 
+// Dion2's pre-pass (src/algo/dion2.cpp, dion2_family_prepass): without
+// meshes the selection's norms are taken where the gradients are checked for
+// NaN/Inf. The step must equal the one without it (DION_DION2_PREPASS=0) bit
+// for bit, with a tensor left out of a step, and a NaN gradient must still
+// skip the whole step (parameters and state unchanged). The pre-pass's
+// buffers count in the workspace, which shows it is on.
+TEST(Dion2Prepass, EqualsTheStepWithoutIt) {
+  for (const Case& c : {Case{"", DION_ALGO_DION2, DION_DTYPE_FP32, 0}, Case{"", DION_ALGO_DION2, DION_DTYPE_BF16, 0},
+                        Case{"", DION_ALGO_NORDION2, DION_DTYPE_FP16, 0}}) {
+    SCOPED_TRACE(c.algo == DION_ALGO_DION2 ? "dion2" : "nordion2");
+    OptRun a, b;
+    build(a, c, false);
+    ASSERT_EQ(setenv("DION_DION2_PREPASS", "0", 1), 0);
+    build(b, c, false);
+    unsetenv("DION_DION2_PREPASS");
+    if (HasFatalFailure()) return;
+    uint64_t wa = 0, wb = 0;
+    ASSERT_EQ(dion_get_memory_usage(a.opt, nullptr, &wa), DION_SUCCESS);
+    ASSERT_EQ(dion_get_memory_usage(b.opt, nullptr, &wb), DION_SUCCESS);
+    EXPECT_GT(wa, wb) << "the pre-pass's norms live in their own buffers";
+    for (int step = 0; step < 5; ++step) {
+      SCOPED_TRACE(::testing::Message() << "step " << step);
+      for (OptRun* r : {&a, &b}) {
+        fill_grads(*r, c.dtype, step);
+        if (step == 1) ASSERT_EQ(dion_tensor_rebind(r->opt, 1, r->params[1].data(), nullptr), DION_SUCCESS);
+        if (step == 2) {
+          ASSERT_EQ(dion_tensor_rebind(r->opt, 1, r->params[1].data(), r->grads[1].data()), DION_SUCCESS);
+          store(r->grads[3], c.dtype, 7, std::nanf(""));
+        }
+      }
+      const auto params_before = a.params;
+      const auto states_before = all_states(a.opt);
+      ASSERT_EQ(dion_step(a.opt, nullptr), DION_SUCCESS) << dion_last_error(a.opt);
+      ASSERT_EQ(dion_step(b.opt, nullptr), DION_SUCCESS) << dion_last_error(b.opt);
+      for (size_t i = 0; i < a.params.size(); ++i) EXPECT_EQ(a.params[i], b.params[i]) << "param " << i;
+      EXPECT_EQ(all_states(a.opt), all_states(b.opt));
+      int64_t skipped = -1;
+      ASSERT_EQ(dion_get_skipped_steps(a.opt, &skipped, nullptr, nullptr), DION_SUCCESS);
+      EXPECT_EQ(skipped, step >= 2 ? 1 : 0);
+      if (step == 2) {
+        EXPECT_EQ(a.params, params_before) << "a NaN gradient skips the step";
+        EXPECT_EQ(all_states(a.opt), states_before);
+      } else {
+        EXPECT_NE(a.params[0], params_before[0]);
+      }
+    }
+  }
+}
+
 // A tensor without a gradient in the step keeps its parameter and state:
 // the batched path must not touch entries that are not in the active table.
 TEST(BatchingSkip, TensorWithoutGradIsUntouched) {

@@ -424,11 +424,11 @@ TEST_F(HostFused, MomentumL1AndSelectMomentumEqualTheFp32Sequence) {
             be->store_slices_multi(tw.la.data(), count, kState0, m, axis, idx.data(), k, &skip);
             // The fused ops on copy b: the norms write nothing typed.
             std::vector<float> L2(B * N, -1.0f);
-            be->momentum_l1_multi(tw.lb.data(), count, per, rows, cols, axis, L2.data());
+            be->momentum_l1_multi(tw.lb.data(), count, per, rows, cols, axis, L2.data(), nullptr);
             EXPECT_TRUE(tw.b[kState0] == before);
             EXPECT_TRUE(same_floats(L1, L2));
             be->select_momentum_multi(tw.lb.data(), count, per, rows, cols, axis, idx.data(), k, 0.9f,
-                                      MatBatch{S2.data(), srows, scols, ld, srows * ld, B}, &skip);
+                                      MatBatch{S2.data(), srows, scols, ld, srows * ld, B}, &skip, nullptr);
             EXPECT_TRUE(same_floats(S1, S2)) << "the selected slices (and the padding) as gather_slices writes them";
             for (int f = 0; f < 4; ++f) EXPECT_TRUE(tw.same(f)) << "field " << f;
             if (skip)
@@ -436,6 +436,42 @@ TEST_F(HostFused, MomentumL1AndSelectMomentumEqualTheFp32Sequence) {
             else
               EXPECT_FALSE(tw.b[kState0] == before);
           }
+}
+
+// The selection's sums of squares (one matrix per tensor): select_momentum_parts
+// of them per matrix, totalling the squared Frobenius norm of each selected
+// matrix; frob_normalize_bf16_parts from them gives frob_normalize_bf16's bits
+// (the host sums in the same order); with several matrices per tensor the
+// host gives none.
+TEST_F(HostFused, SelectMomentumSumsOfSquaresNormalizeAsFrobNormalizeBf16) {
+  const int64_t count = 3, rows = 6, cols = 9, n = rows * cols;
+  EXPECT_EQ(be->select_momentum_parts(count, 2, rows, cols), 0);
+  const int64_t parts = be->select_momentum_parts(count, 1, rows, cols);
+  ASSERT_GE(parts, 1);
+  ASSERT_LE(parts, Backend::select_parts_max(rows, cols));
+  for (Axis axis : {kRows, kCols}) {
+    SCOPED_TRACE(::testing::Message() << "axis " << axis);
+    Twin tw(rng, count, n, {DION_DTYPE_FP32, DION_DTYPE_BF16, DION_DTYPE_FP32, DION_DTYPE_FP32});
+    const int64_t N = axis == kRows ? rows : cols, k = 3;
+    const std::vector<int32_t> idx = pick(rng, count, N, k);
+    const int64_t srows = axis == kRows ? k : rows, scols = axis == kRows ? cols : k;
+    std::vector<float> S(static_cast<size_t>(count * srows * scols));
+    std::vector<double> sums(static_cast<size_t>(count * parts), -1.0);
+    const int32_t skip = 0;
+    const MatBatch Sm{S.data(), srows, scols, scols, srows * scols, count};
+    be->select_momentum_multi(tw.lb.data(), count, 1, rows, cols, axis, idx.data(), k, 0.9f, Sm, &skip, sums.data());
+    for (int64_t b = 0; b < count; ++b) {
+      double want = 0, got = 0;
+      const float* sb = S.data() + b * srows * scols;
+      for (int64_t i = 0; i < srows * scols; ++i) want += static_cast<double>(sb[i]) * sb[i];
+      for (int64_t c = 0; c < parts; ++c) got += sums[b * parts + c];
+      EXPECT_NEAR(got, want, 1e-12 * want) << "matrix " << b;
+    }
+    std::vector<uint16_t> o1(S.size()), o2(S.size());
+    be->frob_normalize_bf16(ConstMatBatch(Sm), 1.02f, 1e-7f, o1.data());
+    be->frob_normalize_bf16_parts(ConstMatBatch(Sm), sums.data(), parts, 1.02f, 1e-7f, o2.data());
+    EXPECT_TRUE(o1 == o2);
+  }
 }
 
 // Dion's finish of R: finish_r then col_scale_store against nan_to_num,

@@ -884,6 +884,13 @@ class CudaBackend final : public Backend {
     void* s = scratch(kReduce, kernels::frob_normalize_scratch(ctx(), shape));
     kernels::frob_normalize_bf16(ctx(), m, factor, eps, out, s);
   }
+  void frob_normalize_bf16_parts(ConstMatBatch m, const double* parts, int64_t nparts, float factor, float eps,
+                                 void* out) override {
+    if (m.batch <= 0 || m.rows <= 0 || m.cols <= 0) return;
+    DeviceScope ds(device_);
+    ProfScope ps(prof_, "frob_normalize_bf16_parts", stream_);
+    kernels::frob_normalize_bf16_parts(ctx(), m, parts, nparts, factor, eps, out);
+  }
   void col_normalize(MatBatch m, float eps) override {
     if (m.batch <= 0 || m.rows <= 0 || m.cols <= 0) return;
     DeviceScope ds(device_);
@@ -1012,21 +1019,24 @@ class CudaBackend final : public Backend {
     kernels::store_slices_multi(ctx(), list, count, f, m, axis, idx, k, skip);
   }
   void momentum_l1_multi(const TensorEntry* list, int64_t count, int64_t per, int64_t rows, int64_t cols, Axis axis,
-                         float* out) override {
+                         float* out, int32_t* nonfinite) override {
     DeviceScope ds(device_);
     ProfScope ps(prof_, "momentum_l1_multi", stream_);
     const size_t bytes = kernels::momentum_l1_multi_scratch(ctx(), count, per, rows, cols, axis);
     void* s = bytes ? scratch(kReduce, bytes) : nullptr;
-    kernels::momentum_l1_multi(ctx(), list, count, per, rows, cols, axis, out, s);
+    kernels::momentum_l1_multi(ctx(), list, count, per, rows, cols, axis, out, s, nonfinite);
+  }
+  int64_t select_momentum_parts(int64_t count, int64_t per, int64_t rows, int64_t cols) override {
+    return kernels::select_momentum_parts(ctx(), count, per, rows, cols);
   }
   void select_momentum_multi(const TensorEntry* list, int64_t count, int64_t per, int64_t rows, int64_t cols,
-                             Axis axis, const int32_t* idx, int64_t k, float decay, MatBatch out,
-                             const int32_t* skip) override {
+                             Axis axis, const int32_t* idx, int64_t k, float decay, MatBatch out, const int32_t* skip,
+                             double* sumsq) override {
     DeviceScope ds(device_);
     ProfScope ps(prof_, "select_momentum_multi", stream_);
     const size_t bytes = kernels::decay_add_slices_multi_scratch(count, per, rows, cols, axis, k);
     void* s = bytes ? scratch(kPos, bytes) : nullptr;
-    kernels::select_momentum_multi(ctx(), list, count, per, rows, cols, axis, idx, k, decay, out, skip, s);
+    kernels::select_momentum_multi(ctx(), list, count, per, rows, cols, axis, idx, k, decay, out, skip, s, sumsq);
   }
   void decay_add_slices_multi(const TensorEntry* list, int64_t count, int64_t per, int64_t rows, int64_t cols,
                               Axis axis, const int32_t* idx, int64_t k, ConstMatBatch u, dion_dtype_t u_dtype,

@@ -414,12 +414,18 @@ class HostBackend final : public Backend {
     col_scale_double(m, s.data(), eps);
   }
   // 1 / (factor ||m[b]||_F + eps), the scale both normalisations apply.
-  static float frob_inv(ConstMatBatch m, int64_t b, float factor, float eps) {
+  static double sum_squares(ConstMatBatch m, int64_t b) {
     const float* p = at(m, b);
     double s = 0;
     for (int64_t i = 0; i < m.rows; ++i)
       for (int64_t j = 0; j < m.cols; ++j) s += static_cast<double>(p[i * m.ld + j]) * p[i * m.ld + j];
-    return static_cast<float>(1.0 / (factor * std::sqrt(s) + eps));
+    return s;
+  }
+  static float inv_of(double sumsq, float factor, float eps) {
+    return static_cast<float>(1.0 / (factor * std::sqrt(sumsq) + eps));
+  }
+  static float frob_inv(ConstMatBatch m, int64_t b, float factor, float eps) {
+    return inv_of(sum_squares(m, b), factor, eps);
   }
   void frob_normalize(MatBatch m, float factor, float eps) override {
     for (int64_t b = 0; b < m.batch; ++b) {
@@ -430,9 +436,20 @@ class HostBackend final : public Backend {
     }
   }
   void frob_normalize_bf16(ConstMatBatch m, float factor, float eps, void* out) override {
+    frob_bf16(m, nullptr, 0, factor, eps, out);
+  }
+  void frob_normalize_bf16_parts(ConstMatBatch m, const double* parts, int64_t nparts, float factor, float eps,
+                                 void* out) override {
+    frob_bf16(m, parts, nparts, factor, eps, out);
+  }
+  // parts null: the norms from m itself.
+  static void frob_bf16(ConstMatBatch m, const double* parts, int64_t nparts, float factor, float eps, void* out) {
     uint16_t* o = static_cast<uint16_t*>(out);
     for (int64_t b = 0; b < m.batch; ++b) {
-      const float inv = frob_inv(m, b, factor, eps);
+      double ss = 0;
+      if (parts)
+        for (int64_t c = 0; c < nparts; ++c) ss += parts[b * nparts + c];
+      const float inv = parts ? inv_of(ss, factor, eps) : frob_inv(m, b, factor, eps);
       const float* p = at(m, b);
       for (int64_t i = 0; i < m.rows; ++i)
         for (int64_t j = 0; j < m.cols; ++j) *o++ = float_to_bf16(p[i * m.ld + j] * inv);
@@ -729,7 +746,7 @@ class HostBackend final : public Backend {
   }
   // One matrix at a time: m = M + G into scratch, then the calls' loops.
   void momentum_l1_multi(const TensorEntry* list, int64_t count, int64_t per, int64_t rows, int64_t cols, Axis axis,
-                         float* out) override {
+                         float* out, int32_t* nonfinite) override {
     const int64_t msize = rows * cols, N = axis == kRows ? rows : cols;
     float* m = grow(g_scratch.a, static_cast<size_t>(msize));
     for (int64_t t = 0; t < count; ++t)
@@ -737,10 +754,13 @@ class HostBackend final : public Backend {
         momentum_of(list[t], q * msize, msize, m);
         slice_l1(ConstMatBatch(m, rows, cols, cols, msize, 1), axis, out + (t * per + q) * N);
       }
+    if (nonfinite) check_nonfinite(list, count, per * msize, kGrad, nonfinite);
   }
+  int64_t select_momentum_parts(int64_t, int64_t per, int64_t, int64_t) override { return per == 1 ? 1 : 0; }
   void select_momentum_multi(const TensorEntry* list, int64_t count, int64_t per, int64_t rows, int64_t cols,
-                             Axis axis, const int32_t* idx, int64_t k, float decay, MatBatch out,
-                             const int32_t* skip) override {
+                             Axis axis, const int32_t* idx, int64_t k, float decay, MatBatch out, const int32_t* skip,
+                             double* sumsq) override {
+    DION_REQUIRE(!sumsq || per == 1, DION_ERROR_INTERNAL, "host select_momentum_multi: sums of squares need per == 1");
     const int64_t msize = rows * cols;
     const bool write = !(skip && *skip);
     float* m = grow(g_scratch.a, static_cast<size_t>(msize));
@@ -750,6 +770,8 @@ class HostBackend final : public Backend {
         momentum_of(list[t], q * msize, msize, m);
         const MatBatch mb{m, rows, cols, cols, msize, 1};
         gather_slices(mb, axis, idx + b * k, k, MatBatch{at(out, b), out.rows, out.cols, out.ld, out.stride, 1});
+        // frob_inv's sum over the gathered matrix, in its order.
+        if (sumsq) sumsq[b] = sum_squares(ConstMatBatch(at(out, b), out.rows, out.cols, out.ld, 0, 1), 0);
         scale_slices(mb, axis, idx + b * k, k, decay);
         if (write) {
           const auto dm = static_cast<dion_dtype_t>(list[t].dtype[kState0]);
