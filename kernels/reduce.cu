@@ -159,11 +159,14 @@ struct ColPlan {
 };
 
 // Columns in tiles of 32 W (W consecutive columns per thread); enough row
-// chunks for `waves` blocks per SM (the wide tiles' loads are 16-byte ones:
-// twice the blocks keep enough of them in flight).
+// chunks for `waves` blocks per SM. The wide tiles' kernels hold 4 blocks per
+// SM (64 registers a thread): 16 makes about four full rounds of them, so
+// the last, partly filled round is a small share (8 was ~2.2 rounds, the
+// third 18 % full: a quarter of the kernel's time at a fraction of the
+// bandwidth, measured on an H100).
 template <int W = 1>
 ColPlan col_plan(const Ctx& c, int64_t rows, int64_t cols, int64_t batch) {
-  constexpr int64_t waves = W == 1 ? 4 : 8;
+  constexpr int64_t waves = W == 1 ? 4 : 16;
   ColPlan p;
   p.tiles = std::max<int64_t>(1, ceil_div(cols, static_cast<int64_t>(kTileX) * W));
   const int64_t bz = std::min<int64_t>(std::max<int64_t>(batch, 1), 65535);

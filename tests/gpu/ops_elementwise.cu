@@ -1013,12 +1013,12 @@ INSTANTIATE_TEST_SUITE_P(Sizes, FusedMultiTest,
                                             ::testing::Values(int64_t{0}, int64_t{1})));
 
 // Dion2: the selected slices of each matrix, distinct and ascending (as topk's).
-std::vector<int32_t> pick_slices(std::mt19937& rng, int64_t batch, int64_t n, int64_t k) {
+std::vector<int32_t> pick_slices(std::mt19937& rng, int64_t batch, int64_t n, int64_t k, bool ascending = true) {
   std::vector<int32_t> idx, all(static_cast<size_t>(n));
   for (int64_t b = 0; b < batch; ++b) {
     std::iota(all.begin(), all.end(), 0);
     std::shuffle(all.begin(), all.end(), rng);
-    std::sort(all.begin(), all.begin() + k);
+    if (ascending) std::sort(all.begin(), all.begin() + k);
     idx.insert(idx.end(), all.begin(), all.begin() + k);
   }
   return idx;
@@ -1221,57 +1221,64 @@ TEST_F(OpsTest, FinishPAndR) {
 // select_momentum_multi are the bits of the sequence they replace
 // (momentum_multi into fp32, slice_l1, gather_slices, scale_slices,
 // store_slices_multi); against the host's fused ops, the norms within
-// slice_l1's tolerance (the host sums in fp32, slices of <= 100 elements
-// here) and the rest bit for bit (one addition and one product per element).
+// slice_l1's tolerance (the host sums in fp32, slices of at most 520
+// elements here: rounding ~sqrt(520) 2^-24 = 1.4e-6 relative, 1e-5 leaves
+// a margin of 7) and the rest bit for bit (one addition and one product per
+// element).
 // 96 rows make two row chunks of the column sums; n = 2 * 7 * 9 leaves a
-// tail after the vector path, a shift of one the element path everywhere.
+// tail after the vector path, a shift of one the element path everywhere;
+// 40 x 512: whole tiles of the wide column-sum kernel (256 columns); indices
+// ascending (topk's) and shuffled (the ops take any distinct indices), and
+// k = N / 3 (several selected columns in most chunks of 8).
 TEST_F(OpsTest, MomentumL1AndSelectMomentum) {
   const int64_t per = 2, T = 3, B = T * per;
   // grad and momentum dtypes (fp32, bf16, fp16 = 0, 1, 2)
   const std::vector<std::vector<int>> dtypes = {{-1, 0, 1, -1}, {-1, 1, 0, -1}, {-1, 1, 2, -1}};
-  for (const auto& [rows, cols] : std::initializer_list<std::pair<int64_t, int64_t>>{{7, 9}, {96, 40}, {300, 520}})
+  for (const auto& [rows, cols] :
+       std::initializer_list<std::pair<int64_t, int64_t>>{{7, 9}, {96, 40}, {300, 520}, {40, 512}})
     for (int64_t shift : {0, 1})
       for (Axis ax : {kRows, kCols})
-        for (int64_t k : {1, 3})
-          for (int32_t skip : {0, 1}) {
-            SCOPED_TRACE(::testing::Message() << rows << " x " << cols << ", shift " << shift << ", axis " << ax
-                                              << ", k " << k << ", skip " << skip);
-            const int64_t n = per * rows * cols, N = ax == kRows ? rows : cols;
-            TensorPair tp(rng, dtypes, n, shift);
-            Dev<int32_t> dskip(std::vector<int32_t>{skip});
-            const std::vector<int32_t> idx = pick_slices(rng, B, N, k);
-            Dev<int32_t> didx(idx);
-            // The sequence on a.
-            Dev<float> M(B * rows * cols), L1(B * N), L2(B * N);
-            cuda->momentum_multi(tp.a.dev_table.p(), T, n, 1.0f, 1.0f, false, true, M.p(), DION_DTYPE_FP32, dskip.p(),
-                                 nullptr);
-            const MatBatch m{M.p(), rows, cols, cols, rows * cols, B};
-            cuda->slice_l1(m, ax, L1.p());
-            Mat S1 = ax == kRows ? Mat::padded(k, cols, B) : Mat::padded(rows, k, B);
-            Mat S2 = ax == kRows ? Mat::padded(k, cols, B) : Mat::padded(rows, k, B);
-            Mat S3 = ax == kRows ? Mat::padded(k, cols, B) : Mat::padded(rows, k, B);
-            cuda->gather_slices(m, ax, didx.p(), k, S1.D());
-            cuda->scale_slices(m, ax, didx.p(), k, 0.9f);
-            cuda->store_slices_multi(tp.a.dev_table.p(), T, kState0, m, ax, didx.p(), k, dskip.p());
-            // The fused ops on b: the norms write nothing typed.
-            cuda->momentum_l1_multi(tp.b.dev_table.p(), T, per, rows, cols, ax, L2.p(), nullptr);
-            EXPECT_TRUE(tp.unchanged(kState0));
-            EXPECT_TRUE(same_bits(L1.get(), L2.get()));
-            cuda->select_momentum_multi(tp.b.dev_table.p(), T, per, rows, cols, ax, didx.p(), k, 0.9f, S2.D(),
-                                        dskip.p(), nullptr);
-            EXPECT_TRUE(same_bits(S1.dev(), S2.dev())) << "the slices, and the padding untouched";
-            EXPECT_TRUE(tp.same_field(kState0));
-            if (skip) EXPECT_TRUE(tp.unchanged(kState0));
-            // The host's fused ops on b's host copy (the same inputs).
-            std::vector<float> Lh(static_cast<size_t>(B * N));
-            host->momentum_l1_multi(tp.b.host_list.data(), T, per, rows, cols, ax, Lh.data(), nullptr);
-            EXPECT_TRUE(close(Lh, L2.get(), 1e-5));
-            host->select_momentum_multi(tp.b.host_list.data(), T, per, rows, cols, ax, idx.data(), k, 0.9f, S3.H(),
-                                        &skip, nullptr);
-            EXPECT_TRUE(same_bits(S3.h, S2.dev()));
-            for (size_t i = 0; i < tp.b.t.size(); ++i)
-              EXPECT_TRUE(same_bits(tp.b.t[i].h[kState0], tp.b.dev_raw(i, kState0))) << "tensor " << i;
-          }
+        for (int64_t kk : {1, 3, -3})
+          for (int32_t skip : {0, 1})
+            for (bool ascending : {true, false}) {
+              const int64_t n = per * rows * cols, N = ax == kRows ? rows : cols, k = kk > 0 ? kk : N / -kk;
+              SCOPED_TRACE(::testing::Message() << rows << " x " << cols << ", shift " << shift << ", axis " << ax
+                                                << ", k " << k << ", skip " << skip << ", ascending " << ascending);
+              TensorPair tp(rng, dtypes, n, shift);
+              Dev<int32_t> dskip(std::vector<int32_t>{skip});
+              const std::vector<int32_t> idx = pick_slices(rng, B, N, k, ascending);
+              Dev<int32_t> didx(idx);
+              // The sequence on a.
+              Dev<float> M(B * rows * cols), L1(B * N), L2(B * N);
+              cuda->momentum_multi(tp.a.dev_table.p(), T, n, 1.0f, 1.0f, false, true, M.p(), DION_DTYPE_FP32, dskip.p(),
+                                   nullptr);
+              const MatBatch m{M.p(), rows, cols, cols, rows * cols, B};
+              cuda->slice_l1(m, ax, L1.p());
+              Mat S1 = ax == kRows ? Mat::padded(k, cols, B) : Mat::padded(rows, k, B);
+              Mat S2 = ax == kRows ? Mat::padded(k, cols, B) : Mat::padded(rows, k, B);
+              Mat S3 = ax == kRows ? Mat::padded(k, cols, B) : Mat::padded(rows, k, B);
+              cuda->gather_slices(m, ax, didx.p(), k, S1.D());
+              cuda->scale_slices(m, ax, didx.p(), k, 0.9f);
+              cuda->store_slices_multi(tp.a.dev_table.p(), T, kState0, m, ax, didx.p(), k, dskip.p());
+              // The fused ops on b: the norms write nothing typed.
+              cuda->momentum_l1_multi(tp.b.dev_table.p(), T, per, rows, cols, ax, L2.p(), nullptr);
+              EXPECT_TRUE(tp.unchanged(kState0));
+              EXPECT_TRUE(same_bits(L1.get(), L2.get()));
+              cuda->select_momentum_multi(tp.b.dev_table.p(), T, per, rows, cols, ax, didx.p(), k, 0.9f, S2.D(),
+                                          dskip.p(), nullptr);
+              EXPECT_TRUE(same_bits(S1.dev(), S2.dev())) << "the slices, and the padding untouched";
+              EXPECT_TRUE(tp.same_field(kState0));
+              if (skip) EXPECT_TRUE(tp.unchanged(kState0));
+              // The host's fused ops on b's host copy (the same inputs).
+              std::vector<float> Lh(static_cast<size_t>(B * N));
+              host->momentum_l1_multi(tp.b.host_list.data(), T, per, rows, cols, ax, Lh.data(), nullptr);
+              EXPECT_TRUE(close(Lh, L2.get(), 1e-5));
+              host->select_momentum_multi(tp.b.host_list.data(), T, per, rows, cols, ax, idx.data(), k, 0.9f, S3.H(),
+                                          &skip, nullptr);
+              EXPECT_TRUE(same_bits(S3.h, S2.dev()));
+              for (size_t i = 0; i < tp.b.t.size(); ++i)
+                EXPECT_TRUE(same_bits(tp.b.t[i].h[kState0], tp.b.dev_raw(i, kState0))) << "tensor " << i;
+            }
 }
 
 // momentum_l1_multi's non-finite flag (Dion2's pre-pass, in place of
@@ -1323,7 +1330,8 @@ TEST_F(OpsTest, MomentumL1FlagsNonfiniteGradients) {
 TEST_F(OpsTest, SelectMomentumSumsOfSquares) {
   const int64_t T = 3;
   const std::vector<std::vector<int>> dtypes = {{-1, 1, 1, -1}, {-1, 0, 0, -1}, {-1, 1, 0, -1}};
-  for (const auto& [rows, cols] : std::initializer_list<std::pair<int64_t, int64_t>>{{7, 9}, {96, 40}, {300, 520}})
+  for (const auto& [rows, cols] :
+       std::initializer_list<std::pair<int64_t, int64_t>>{{7, 9}, {96, 40}, {300, 520}, {40, 512}})
     for (int64_t shift : {0, 1})
       for (Axis ax : {kRows, kCols}) {
         SCOPED_TRACE(::testing::Message() << rows << " x " << cols << ", shift " << shift << ", axis " << ax);
@@ -1375,54 +1383,59 @@ TEST_F(OpsTest, SelectMomentumSumsOfSquares) {
 
 // The local scope's parameter update: decay all, add the selected slices.
 // Shapes: columns not a multiple of 8 (the element path), and multiples of 8
-// (the chunked path when aligned: shift 0), with many chunks per thread.
+// (the chunked path when aligned: shift 0), with many chunks per thread;
+// indices ascending (topk's) and shuffled (the op takes any distinct ones),
+// k = N / 3 (several selected columns in most chunks of 8).
 TEST_F(OpsTest, DecayAddSlicesMulti) {
   const int64_t per = 2, T = 3, B = T * per;
   const std::vector<std::vector<int>> dtypes = {{0, -1, -1, -1}, {1, -1, -1, -1}, {2, -1, -1, -1}};
   const GroupScalars gs{0.03, 0.1, 0.9, 0.99, 1, 0};
   Dev<GroupScalars> dgs(std::vector<GroupScalars>{gs});
-  for (const auto& [rows, cols] : std::initializer_list<std::pair<int64_t, int64_t>>{{7, 9}, {96, 40}, {300, 520}})
+  for (const auto& [rows, cols] :
+       std::initializer_list<std::pair<int64_t, int64_t>>{{7, 9}, {96, 40}, {300, 520}, {40, 512}})
     for (int64_t shift : {0, 1})
       for (Axis ax : {kRows, kCols})
-        for (int64_t k : {0, 1, 4})
+        for (int64_t kk : {0, 1, 4, -3})
           for (int32_t skip : {0, 1})
-            for (bool ubf16 : {false, true}) {
-              SCOPED_TRACE(::testing::Message() << rows << " x " << cols << ", shift " << shift << ", axis " << ax
-                                                << ", k " << k << ", skip " << skip << ", u bf16 " << ubf16);
-              const int64_t n = per * rows * cols;
-              TensorPair tp(rng, dtypes, n, shift);
-              Dev<int32_t> dskip(std::vector<int32_t>{skip});
-              const std::vector<int32_t> idx = pick_slices(rng, B, ax == kRows ? rows : cols, k);
-              Dev<int32_t> didx(idx.empty() ? std::vector<int32_t>{0} : idx);
-              // S shaped as gather_slices' out, padded; for a bf16 u, S holds
-              // bf16 values and Sb their bf16 bits in the same layout (widening
-              // is exact, so the fused op must give the fp32 sequence's bits).
-              Mat S = ax == kRows ? Mat::padded(k, cols, B) : Mat::padded(rows, k, B);
-              S.fill([&] { return ubf16 ? bf16_to_float(float_to_bf16(gauss())) : gauss(); });
-              std::vector<uint16_t> sb(S.h.size());
-              for (size_t i = 0; i < sb.size(); ++i) sb[i] = float_to_bf16(S.h[i]);
-              Dev<uint16_t> Sb(sb);
-              const dion_dtype_t udt = ubf16 ? DION_DTYPE_BF16 : DION_DTYPE_FP32;
-              const ConstMatBatch ud = ubf16 ? ConstMatBatch(reinterpret_cast<const float*>(Sb.p()), S.rows, S.cols,
-                                                             S.ld, S.stride, B)
-                                             : ConstMatBatch(S.D());
-              const ConstMatBatch uh = ubf16 ? ConstMatBatch(reinterpret_cast<const float*>(sb.data()), S.rows, S.cols,
-                                                             S.ld, S.stride, B)
-                                             : ConstMatBatch(S.H());
-              Dev<float> X(B * rows * cols);
-              cuda->load_multi(X.p(), tp.a.dev_table.p(), T, kParam, n);
-              cuda->decay(X.p(), B * rows * cols, dgs.p());
-              if (k > 0)
-                cuda->add_slices(MatBatch{X.p(), rows, cols, cols, rows * cols, B}, ax, didx.p(), k, S.D(), dgs.p(),
-                                 -1.3f);
-              cuda->store_multi(tp.a.dev_table.p(), T, kParam, X.p(), n, dskip.p());
-              cuda->decay_add_slices_multi(tp.b.dev_table.p(), T, per, rows, cols, ax, didx.p(), k, ud, udt, dgs.p(),
-                                           -1.3f, dskip.p());
-              EXPECT_TRUE(tp.same_field(kParam));
-              if (skip) EXPECT_TRUE(tp.unchanged(kParam));
-              host->decay_add_slices_multi(tp.b.host_list.data(), T, per, rows, cols, ax, idx.data(), k, uh, udt, &gs,
-                                           -1.3f, &skip);
-              compare_tensors(tp.b, 1);
+            for (bool ubf16 : {false, true})
+              for (bool ascending : {true, false}) {
+                const int64_t n = per * rows * cols, N = ax == kRows ? rows : cols, k = kk >= 0 ? kk : N / -kk;
+                SCOPED_TRACE(::testing::Message()
+                             << rows << " x " << cols << ", shift " << shift << ", axis " << ax << ", k " << k
+                             << ", skip " << skip << ", u bf16 " << ubf16 << ", ascending " << ascending);
+                TensorPair tp(rng, dtypes, n, shift);
+                Dev<int32_t> dskip(std::vector<int32_t>{skip});
+                const std::vector<int32_t> idx = pick_slices(rng, B, N, k, ascending);
+                Dev<int32_t> didx(idx.empty() ? std::vector<int32_t>{0} : idx);
+                // S shaped as gather_slices' out, padded; for a bf16 u, S holds
+                // bf16 values and Sb their bf16 bits in the same layout (widening
+                // is exact, so the fused op must give the fp32 sequence's bits).
+                Mat S = ax == kRows ? Mat::padded(k, cols, B) : Mat::padded(rows, k, B);
+                S.fill([&] { return ubf16 ? bf16_to_float(float_to_bf16(gauss())) : gauss(); });
+                std::vector<uint16_t> sb(S.h.size());
+                for (size_t i = 0; i < sb.size(); ++i) sb[i] = float_to_bf16(S.h[i]);
+                Dev<uint16_t> Sb(sb);
+                const dion_dtype_t udt = ubf16 ? DION_DTYPE_BF16 : DION_DTYPE_FP32;
+                const ConstMatBatch ud =
+                    ubf16 ? ConstMatBatch(reinterpret_cast<const float*>(Sb.p()), S.rows, S.cols, S.ld, S.stride, B)
+                          : ConstMatBatch(S.D());
+                const ConstMatBatch uh =
+                    ubf16 ? ConstMatBatch(reinterpret_cast<const float*>(sb.data()), S.rows, S.cols, S.ld, S.stride, B)
+                          : ConstMatBatch(S.H());
+                Dev<float> X(B * rows * cols);
+                cuda->load_multi(X.p(), tp.a.dev_table.p(), T, kParam, n);
+                cuda->decay(X.p(), B * rows * cols, dgs.p());
+                if (k > 0)
+                  cuda->add_slices(MatBatch{X.p(), rows, cols, cols, rows * cols, B}, ax, didx.p(), k, S.D(), dgs.p(),
+                                   -1.3f);
+                cuda->store_multi(tp.a.dev_table.p(), T, kParam, X.p(), n, dskip.p());
+                cuda->decay_add_slices_multi(tp.b.dev_table.p(), T, per, rows, cols, ax, didx.p(), k, ud, udt, dgs.p(),
+                                             -1.3f, dskip.p());
+                EXPECT_TRUE(tp.same_field(kParam));
+                if (skip) EXPECT_TRUE(tp.unchanged(kParam));
+                host->decay_add_slices_multi(tp.b.host_list.data(), T, per, rows, cols, ax, idx.data(), k, uh, udt, &gs,
+                                             -1.3f, &skip);
+                compare_tensors(tp.b, 1);
               }
 }
 
