@@ -61,6 +61,9 @@ void frob_normalize_bf16(const Ctx& c, ConstMatBatch m, float factor, float eps,
 // The same from given partial sums of squares (nparts per matrix, summed in order).
 void frob_normalize_bf16_parts(const Ctx& c, ConstMatBatch m, const double* parts, int64_t nparts, float factor,
                                float eps, void* out);
+// Backend::frob_scale_bf16.
+void frob_scale_bf16(const Ctx& c, MatBatch m, const double* parts, int64_t nparts, float factor, float eps, int power,
+                     float diag);
 size_t col_normalize_scratch(const Ctx& c, const MatBatch& m);
 void col_normalize(const Ctx& c, MatBatch m, float eps, void* scratch);
 // Backend::finish_p, finish_r (scratch: finish_r_scratch bytes) and
@@ -99,11 +102,12 @@ size_t momentum_l1_multi_scratch(const Ctx& c, int64_t count, int64_t per, int64
 void momentum_l1_multi(const Ctx& c, const TensorEntry* list, int64_t count, int64_t per, int64_t rows, int64_t cols,
                        Axis axis, float* out, void* scratch, int32_t* nonfinite);
 // sumsq (nullable; per == 1): select_momentum_parts(...) partial sums of the
-// squares of each out matrix's elements, for frob_normalize_bf16_parts.
+// squares of each out matrix's elements, for frob_normalize_bf16_parts and
+// frob_scale_bf16; out_bf16: out's elements are bf16.
 int64_t select_momentum_parts(const Ctx& c, int64_t count, int64_t per, int64_t rows, int64_t cols);
 void select_momentum_multi(const Ctx& c, const TensorEntry* list, int64_t count, int64_t per, int64_t rows,
                            int64_t cols, Axis axis, const int32_t* idx, int64_t k, float decay, MatBatch out,
-                           const int32_t* skip, void* scratch, double* sumsq);
+                           bool out_bf16, const int32_t* skip, void* scratch, double* sumsq);
 size_t decay_add_slices_multi_scratch(int64_t count, int64_t per, int64_t rows, int64_t cols, Axis axis, int64_t k);
 void decay_add_slices_multi(const Ctx& c, const TensorEntry* list, int64_t count, int64_t per, int64_t rows,
                             int64_t cols, Axis axis, const int32_t* idx, int64_t k, ConstMatBatch u, bool u_bf16,

@@ -86,6 +86,43 @@ __global__ void frob_scale_kernel(MatBatch m, int64_t nchunks, const double* par
   }
 }
 
+// Backend::frob_scale_bf16: m[b] (bf16) <- bf16(sc (m[b] + diag I)), sc =
+// inv or inv^2 (power), inv = frob_inv of the given partial sums. For the
+// s x s matrices of the bf16 iteration's first step: dense rows of a
+// multiple of 8 in 16-byte chunks (one division per chunk; a chunk holds
+// the diagonal element of its row when the row's index falls in it),
+// anything else element by element.
+__global__ void frob_scale_bf16_kernel(MatBatch m, int64_t nparts, const double* parts, float factor, float eps,
+                                       int power, float diag) {
+  __shared__ double sh[33];
+  uint16_t* base = reinterpret_cast<uint16_t*>(m.p);
+  const int64_t elems = m.rows * m.cols;
+  for (int64_t b = blockIdx.y; b < m.batch; b += gridDim.y) {
+    const float inv = frob_inv(parts, b, nparts, factor, eps, sh);
+    const float sc = power == 2 ? inv * inv : inv;
+    uint16_t* p = base + b * m.stride;
+    if (m.ld == m.cols && m.cols % 8 == 0 && aligned16(p)) {
+      for (int64_t j = global_thread(); j < elems / 8; j += grid_threads()) {
+        float v[8];
+        load8(p, DION_DTYPE_BF16, j, v);
+        const int64_t r = 8 * j / m.cols, c0 = 8 * j - r * m.cols;
+        if (r >= c0 && r < c0 + 8) v[r - c0] += diag;
+#pragma unroll
+        for (int k = 0; k < 8; ++k) v[k] *= sc;
+        store8(p, DION_DTYPE_BF16, j, v);
+      }
+      continue;
+    }
+    for (int64_t i = global_thread(); i < elems; i += grid_threads()) {
+      const int64_t r = i / m.cols, c = i - r * m.cols;
+      uint16_t* e = p + r * m.ld + c;
+      float v = bf16_to_float(*e);
+      if (r == c) v += diag;
+      *e = float_to_bf16(v * sc);
+    }
+  }
+}
+
 // The scaling pass of frob_normalize writing bf16(x * inv) to a dense bf16
 // batch instead of x * inv in place: one read of x and a 2-byte write, where
 // frob_normalize and a store took two reads, a 4-byte write and a 2-byte one.
@@ -485,6 +522,14 @@ void frob_normalize_bf16_parts(const Ctx& c, ConstMatBatch m, const double* part
   frob_bf16_kernel<<<grid_multi(c, m.batch, ceil_div(m.rows * m.cols, 8)), kThreads, 0, c.stream>>>(
       m, nparts, parts, factor, eps, static_cast<uint16_t*>(out));
   cuda::check_launch("frob_normalize_bf16_parts kernel");
+}
+
+void frob_scale_bf16(const Ctx& c, MatBatch m, const double* parts, int64_t nparts, float factor, float eps, int power,
+                     float diag) {
+  if (m.batch <= 0 || m.rows <= 0 || m.cols <= 0) return;
+  frob_scale_bf16_kernel<<<grid_multi(c, m.batch, ceil_div(m.rows * m.cols, 8)), kThreads, 0, c.stream>>>(
+      m, nparts, parts, factor, eps, power, diag);
+  cuda::check_launch("frob_scale_bf16 kernel");
 }
 
 // The column totals (batch * cols doubles), then col_sums' partial sums.

@@ -305,23 +305,36 @@ __global__ void decay_add_slices_multi_kernel(const TensorEntry* list, int64_t c
 // Dion2's selection pass (Backend::select_momentum_multi): m = M + G (the
 // fp32 operations of momentum_multi with mu = g_scale = 1); an element of a
 // selected slice s goes to out and is scaled by decay (scale_slices' x *= s);
-// M <- the result unless skipped.
+// M <- the result unless skipped. OB16: out's elements are bf16 (the value
+// rounded once; ld and stride count bf16 elements), a kernel of its own so
+// the fp32 one keeps its registers.
+template <bool OB16>
 struct SelectMomentum {
   int64_t per, N;
   bool rows;
   const int32_t* pos;
   MatBatch out;
   float decay;
-  // ss += the square of the element put in out (in double: the sums of
-  // squares select_momentum_multi hands to frob_normalize_bf16_parts).
+  // out[b](off) = v; ss += the square of what was stored (in double: the
+  // sums of squares select_momentum_multi hands to the bf16 iteration).
+  __device__ __forceinline__ void put(int64_t b, int64_t off, float v, double& ss) const {
+    if constexpr (OB16) {
+      const uint16_t h = float_to_bf16(v);
+      reinterpret_cast<uint16_t*>(out.p)[b * out.stride + off] = h;
+      const double r = bf16_to_float(h);
+      ss += r * r;
+    } else {
+      out.p[b * out.stride + off] = v;
+      ss += static_cast<double>(v) * v;
+    }
+  }
   __device__ __forceinline__ float operator()(float m, float g, int64_t t, const MatPos& p, double& ss) const {
     const float mu = 1.0f, g_scale = 1.0f;
     float v = mu * m + g_scale * g;
     const int64_t b = t * per + p.q;
     const int32_t s = pos[b * N + (rows ? p.r : p.c)];
     if (s >= 0) {
-      mat_at(out, b)[rows ? s * out.ld + p.c : p.r * out.ld + s] = v;
-      ss += static_cast<double>(v) * v;
+      put(b, rows ? s * out.ld + p.c : p.r * out.ld + s, v, ss);
       v *= decay;
     }
     return v;
@@ -331,7 +344,6 @@ struct SelectMomentum {
                                         int64_t c0, double& ss) const {
     const float mu = 1.0f, g_scale = 1.0f;
     const int64_t b = t * per + q;
-    float* o = mat_at(out, b);
     const int32_t* pb = pos + b * N;
     float v[8];
 #pragma unroll
@@ -339,19 +351,34 @@ struct SelectMomentum {
     if (rows) {
       const int32_t sr = pb[r];
       if (sr >= 0) {
-        float* dst = o + sr * out.ld + c0;
-        if (aligned16(dst)) {
-          reinterpret_cast<float4*>(dst)[0] = make_float4(v[0], v[1], v[2], v[3]);
-          reinterpret_cast<float4*>(dst)[1] = make_float4(v[4], v[5], v[6], v[7]);
+        const int64_t off = b * out.stride + sr * out.ld + c0;
+        if constexpr (OB16) {
+          uint16_t* dst = reinterpret_cast<uint16_t*>(out.p) + off;
+          if (aligned16(dst)) {
+            store8(dst, DION_DTYPE_BF16, 0, v);
+#pragma unroll
+            for (int k = 0; k < 8; ++k) {
+              const double x = bf16_to_float(float_to_bf16(v[k]));
+              ss += x * x;
+            }
+          } else {
+#pragma unroll
+            for (int k = 0; k < 8; ++k) put(b, sr * out.ld + c0 + k, v[k], ss);
+          }
         } else {
+          float* dst = out.p + off;
+          if (aligned16(dst)) {
+            reinterpret_cast<float4*>(dst)[0] = make_float4(v[0], v[1], v[2], v[3]);
+            reinterpret_cast<float4*>(dst)[1] = make_float4(v[4], v[5], v[6], v[7]);
+          } else {
 #pragma unroll
-          for (int k = 0; k < 8; ++k) dst[k] = v[k];
+            for (int k = 0; k < 8; ++k) dst[k] = v[k];
+          }
+#pragma unroll
+          for (int k = 0; k < 8; ++k) ss += static_cast<double>(v[k]) * v[k];
         }
 #pragma unroll
-        for (int k = 0; k < 8; ++k) {
-          ss += static_cast<double>(v[k]) * v[k];
-          v[k] *= decay;
-        }
+        for (int k = 0; k < 8; ++k) v[k] *= decay;
       }
     } else {
       int32_t s[8];
@@ -359,8 +386,7 @@ struct SelectMomentum {
 #pragma unroll
       for (int k = 0; k < 8; ++k)
         if (s[k] >= 0) {
-          o[r * out.ld + s[k]] = v[k];
-          ss += static_cast<double>(v[k]) * v[k];
+          put(b, r * out.ld + s[k], v[k], ss);
           v[k] *= decay;
         }
     }
@@ -373,8 +399,9 @@ struct SelectMomentum {
 // the squares of the elements block x put in tensor t's out matrix: each
 // thread's in its chunk order, then block_sum's fixed tree, so the partial
 // sums (and frob_normalize_bf16_parts' norm) are the same on every run.
+template <bool OB16>
 __global__ void select_momentum_multi_kernel(const TensorEntry* list, int64_t count, int64_t rows, int64_t cols,
-                                             SelectMomentum op, const int32_t* skip, double* sumsq) {
+                                             SelectMomentum<OB16> op, const int32_t* skip, double* sumsq) {
   __shared__ double sh[33];
   const bool write = !(skip && *skip);  // uniform over the grid
   const int64_t n = op.per * rows * cols;
@@ -493,16 +520,20 @@ int64_t select_momentum_parts(const Ctx& c, int64_t count, int64_t per, int64_t 
 
 void select_momentum_multi(const Ctx& c, const TensorEntry* list, int64_t count, int64_t per, int64_t rows,
                            int64_t cols, Axis axis, const int32_t* idx, int64_t k, float decay, MatBatch out,
-                           const int32_t* skip, void* scratch, double* sumsq) {
+                           bool out_bf16, const int32_t* skip, void* scratch, double* sumsq) {
   const int64_t n = per * rows * cols;
   if (count <= 0 || n <= 0 || k <= 0) return;
   const bool by_rows = axis == kRows;
   const int64_t N = by_rows ? rows : cols;
   const int32_t* pos = fill_positions(c, count * per, N, idx, k, scratch, "select_momentum_multi positions");
-  const SelectMomentum op{per, N, by_rows, pos, out, decay};
   const dim3 grid = grid_multi(c, count, (n + 7) / 8);
   DION_REQUIRE(!sumsq || per == 1, DION_ERROR_INTERNAL, "select_momentum_multi: sums of squares need per == 1");
-  select_momentum_multi_kernel<<<grid, kThreads, 0, c.stream>>>(list, count, rows, cols, op, skip, sumsq);
+  if (out_bf16)
+    select_momentum_multi_kernel<true><<<grid, kThreads, 0, c.stream>>>(
+        list, count, rows, cols, SelectMomentum<true>{per, N, by_rows, pos, out, decay}, skip, sumsq);
+  else
+    select_momentum_multi_kernel<false><<<grid, kThreads, 0, c.stream>>>(
+        list, count, rows, cols, SelectMomentum<false>{per, N, by_rows, pos, out, decay}, skip, sumsq);
   cuda::check_launch("select_momentum_multi kernel");
 }
 

@@ -2,10 +2,20 @@
 // Pieces shared by the algorithms: typed <-> fp32 workspace helpers and the
 // Muon-family orthogonalizers (Polar Express, quintic Newton-Schulz).
 #pragma once
+#include <cstdlib>
+#include <cstring>
+
 #include "../core/error.hpp"
 #include "../core/optimizer.hpp"
 
 namespace dion {
+
+// A switch for comparisons and benchmarks (docs/ENV.md): on unless the
+// environment variable is "0".
+inline bool env_on(const char* name) {
+  const char* e = std::getenv(name);
+  return !(e && std::strcmp(e, "0") == 0);
+}
 
 // Loads field f (n elements per tensor) of the batch's tensors into a fresh
 // workspace buffer: tensor i at offset i * n.
@@ -39,6 +49,17 @@ struct FrobParts {
 void orthogonalize(Optimizer& opt, const dion_group_options_t& o, MatBatch x, const void** bf16_result = nullptr,
                    FrobParts given = {});
 size_t orthogonalize_ws_floats(int64_t rows, int64_t cols, int64_t batch);
+// The bf16 iteration (CUDA backend, matmul precision BF16) from an
+// unnormalised bf16 start: xb (dense bf16 matrices, as select_momentum_multi
+// writes them with out_dtype BF16) with its squared Frobenius norms as
+// partial sums. The first step scales its small Gram products instead of
+// xb (Backend::frob_scale_bf16), so no pass normalises xb; xb may be
+// overwritten. *bf16_result points to the result (xb's buffer or workspace
+// within orthogonalize_ws_floats). The same iteration as orthogonalize's up
+// to bf16 rounding: that one rounds the normalised start, this one the start
+// and the scaled Gram matrices.
+void orthogonalize_bf16_unnormalised(Optimizer& opt, const dion_group_options_t& o, MatBatch xb, FrobParts sums,
+                                     const void** bf16_result);
 
 
 // The "momentum" state every algorithm has: the parameter's shape, sharding

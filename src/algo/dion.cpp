@@ -517,10 +517,7 @@ bool ef_in_state(const Backend& be, const Batch& bt, bool lowp, dion_dtype_t mom
 // path, fp32 otherwise) and the update takes the parameters' dtype (finish
 // then never needs M's buffer). DION_MOMENTUM_IN_STATE=0 keeps the copy.
 bool m_in_state(const Backend& be, const Batch& bt, bool lowp, dion_dtype_t momentum_dtype, dion_dtype_t param_dtype) {
-  static const bool off = [] {
-    const char* e = std::getenv("DION_MOMENTUM_IN_STATE");
-    return e && std::strcmp(e, "0") == 0;
-  }();
+  static const bool off = !env_on("DION_MOMENTUM_IN_STATE");
   const dion_dtype_t ab = lowp ? DION_DTYPE_BF16 : DION_DTYPE_FP32;
   return !off && ef_in_state(be, bt, lowp, momentum_dtype) && momentum_dtype == ab &&
          Backend::update_lowrank_takes(ab, param_dtype);
@@ -750,10 +747,7 @@ struct PhasedRun {
   int64_t first = 0;  // the bucket's first slot in the group's factorization arrays
 };
 
-bool phased_enabled() {
-  const char* e = std::getenv("DION_PHASED");
-  return !(e && std::strcmp(e, "0") == 0);
-}
+bool phased_enabled() { return env_on("DION_PHASED"); }
 
 // Whether the buckets (tensor t with `count` matrices each) can be phased
 // together, and the workspace floats that takes (0 if not).

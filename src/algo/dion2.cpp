@@ -252,9 +252,17 @@ void dion2_family_step(Optimizer& opt, Group& g, const Batch& bt, bool nor) {
     if (sums.nparts > Backend::select_parts_max(srows, scols)) sums.nparts = 0;
     if (sums.nparts > 0) sums.parts = reinterpret_cast<const double*>(opt.ws.take(2 * B * sums.nparts));
   }
+  // Dion2 without meshes, bf16 iteration: S is selected straight into bf16
+  // (half the bytes) and the iteration starts from it unnormalised (its
+  // first step scales the small Gram matrices by the selection's sums), so
+  // no pass reads S to normalise and round it. DION_DION2_BF16_SLICES=0
+  // keeps S in fp32 (read at each step).
+  const bool bf16_slices = !nor && sums.nparts > 0 && o.matmul_precision == DION_MATMUL_BF16 &&
+                           !be.host_memory() && env_on("DION_DION2_BF16_SLICES");
   if (B > 0 && s.k > 0) {
     be.topk(scores, B, s.N, s.k, idx);
-    be.select_momentum_multi(bt.list, T, per, srows, scols, s.axis, idx, s.k, decay, S, opt.skip_flag(),
+    be.select_momentum_multi(bt.list, T, per, srows, scols, s.axis, idx, s.k, decay, S,
+                             bf16_slices ? DION_DTYPE_BF16 : DION_DTYPE_FP32, opt.skip_flag(),
                              const_cast<double*>(sums.parts));
   }
   Unshard us(opt, p.mb, selected_piece(p, t, flatten, s), B);
@@ -264,7 +272,10 @@ void dion2_family_step(Optimizer& opt, Group& g, const Batch& bt, bool nor) {
   // a bf16 orthogonalization's stays bf16 and the update reads it there (no
   // widening pass; the same values, bf16 widening is exact).
   const void* Sb = nullptr;
-  orthogonalize(opt, o, Sw, !nor && p.mb.levels == 0 ? &Sb : nullptr, sums);
+  if (bf16_slices)
+    orthogonalize_bf16_unnormalised(opt, o, Sw, sums, &Sb);
+  else
+    orthogonalize(opt, o, Sw, !nor && p.mb.levels == 0 ? &Sb : nullptr, sums);
   if (nor) {
     // The selected rows' variances travel with them (compact), and are
     // written back in place: V[I] = 0, then V[I] += the new values (exact).
@@ -300,8 +311,7 @@ void dion2_family_check(const Group& g, const Tensor& t) { dion2_plan(nullptr, g
 // no gradient is averaged in between. DION_DION2_PREPASS=0 turns it off (read
 // at dion_add_group).
 size_t dion2_family_prepass_floats(const Optimizer& opt, const Group& g, const Tensor& t, int64_t count) {
-  const char* e = std::getenv("DION_DION2_PREPASS");
-  if ((e && std::strcmp(e, "0") == 0) || opt.has_meshes()) return 0;
+  if (!env_on("DION_DION2_PREPASS") || opt.has_meshes()) return 0;
   const int64_t B = t.geom.batch * count;
   const Dion2Plan p = dion2_plan(nullptr, g, t, B);
   if (p.whole || p.mb.levels != 0) return 0;

@@ -38,12 +38,52 @@ constexpr Coeffs kNewtonSchulz[] = {
 
 // The iteration on bf16 matrices with fp32 accumulation, as microsoft/dion
 // runs it: half the memory traffic of fp32 operands and bf16 tensor cores
-// without conversion passes. The input is normalised in fp32 and rounded to
-// bf16 in one pass (frob_normalize_bf16: the bits of frob_normalize and a
-// store, without writing the normalised fp32 x, which nothing reads), and
-// the result widened back into x (or, with bf16_result, left in bf16 for a
-// caller that reads it there); every product is rounded to bf16. The CUDA
+// without conversion passes; every product is rounded to bf16. The CUDA
 // backend only: the host's reference arithmetic stays fp32.
+// The start X is bf16. raw null: X is normalised (its norm at most 1).
+// raw given: X is unnormalised, s X with s = factor ||X||_F + eps taken from
+// raw's partial sums, and the first step scales its small s x s matrices
+// instead of X (A = inv^2 X X^T, then (a I + B) inv): X is never rewritten.
+// Returns the bf16 result (X's buffer or Y's).
+MatBatch newton_schulz_bf16(Backend& be, const dion_group_options_t& o, MatBatch X, MatBatch Y, MatBatch A, MatBatch B,
+                            const Coeffs* table, bool tall, const FrobParts* raw, float factor) {
+  const int64_t ns = A.rows * A.cols * A.batch;
+  MatBatch cur = X, nxt = Y;
+  for (int it = 0; it < o.ortho_steps; ++it) {
+    const Coeffs& k = table[std::min(it, 4)];
+    const bool scale = raw && it == 0;
+    const float eps = static_cast<float>(o.epsilon);
+    be.gemm_bf16(tall, !tall, 1.0f, cur, cur, 0.0f, A);
+    if (scale) be.frob_scale_bf16(A, raw->parts, raw->nparts, factor, eps, 2, 0.0f);
+    be.copy(B.p, A.p, sizeof(uint16_t) * static_cast<size_t>(ns));
+    be.gemm_bf16(false, false, static_cast<float>(k.c), A, A, static_cast<float>(k.b), B);
+    // X' = a X + B X = (a I + B) X: the a X term goes into B's diagonal (a
+    // rounding of the small s x s matrix) instead of into a copy of X as C
+    // of the last product, which would move the whole s x l matrix once more.
+    if (scale)
+      be.frob_scale_bf16(B, raw->parts, raw->nparts, factor, eps, 1, static_cast<float>(k.a));
+    else
+      be.add_diag_bf16(B, static_cast<float>(k.a));
+    if (tall)
+      be.gemm_bf16(false, false, 1.0f, cur, B, 0.0f, nxt);
+    else
+      be.gemm_bf16(false, false, 1.0f, B, cur, 0.0f, nxt);
+    std::swap(cur, nxt);
+  }
+  return cur;  // ortho_steps >= 1 (dion_add_group checks it): a raw start was scaled
+}
+
+const Coeffs* coeffs_of(const dion_group_options_t& o, float* factor) {
+  const bool pe = o.orthogonalizer == DION_ORTHO_POLAR_EXPRESS;
+  *factor = pe ? static_cast<float>(kPolarExpressSafety) : 1.0f;
+  return pe ? kPolarExpress : kNewtonSchulz;
+}
+
+// The input is normalised in fp32 and rounded to bf16 in one pass
+// (frob_normalize_bf16: the bits of frob_normalize and a store, without
+// writing the normalised fp32 x, which nothing reads), and the result
+// widened back into x (or, with bf16_result, left in bf16 for a caller that
+// reads it there).
 void orthogonalize_bf16(Optimizer& opt, const dion_group_options_t& o, MatBatch x, const Coeffs* table, bool tall,
                         int64_t s, float factor, const void** bf16_result, FrobParts given) {
   Backend& be = *opt.backend;
@@ -61,22 +101,7 @@ void orthogonalize_bf16(Optimizer& opt, const dion_group_options_t& o, MatBatch 
     be.frob_normalize_bf16_parts(x, given.parts, given.nparts, factor, static_cast<float>(o.epsilon), X.p);
   else
     be.frob_normalize_bf16(x, factor, static_cast<float>(o.epsilon), X.p);
-  MatBatch cur = X, nxt = Y;
-  for (int it = 0; it < o.ortho_steps; ++it) {
-    const Coeffs& k = table[std::min(it, 4)];
-    be.gemm_bf16(tall, !tall, 1.0f, cur, cur, 0.0f, A);
-    be.copy(B.p, A.p, sizeof(uint16_t) * static_cast<size_t>(ns));
-    be.gemm_bf16(false, false, static_cast<float>(k.c), A, A, static_cast<float>(k.b), B);
-    // X' = a X + B X = (a I + B) X: the a X term goes into B's diagonal (a
-    // rounding of the small s x s matrix) instead of into a copy of X as C
-    // of the last product, which would move the whole s x l matrix once more.
-    be.add_diag_bf16(B, static_cast<float>(k.a));
-    if (tall)
-      be.gemm_bf16(false, false, 1.0f, cur, B, 0.0f, nxt);
-    else
-      be.gemm_bf16(false, false, 1.0f, B, cur, 0.0f, nxt);
-    std::swap(cur, nxt);
-  }
+  const MatBatch cur = newton_schulz_bf16(be, o, X, Y, A, B, table, tall, nullptr, factor);
   if (bf16_result)
     *bf16_result = cur.p;  // the caller reads the bf16 result: no widening pass
   else
@@ -95,10 +120,9 @@ void orthogonalize(Optimizer& opt, const dion_group_options_t& o, MatBatch x, co
   Backend& be = *opt.backend;
   if (bf16_result) *bf16_result = nullptr;
   if (x.batch == 0 || x.rows == 0 || x.cols == 0) return;
-  const bool pe = o.orthogonalizer == DION_ORTHO_POLAR_EXPRESS;
-  const Coeffs* table = pe ? kPolarExpress : kNewtonSchulz;
+  float factor;
+  const Coeffs* table = coeffs_of(o, &factor);
   const int ntab = 5;
-  const float factor = pe ? static_cast<float>(kPolarExpressSafety) : 1.0f;
   const bool tall = x.rows > x.cols;
   const int64_t s = tall ? x.cols : x.rows;
   if (o.matmul_precision == DION_MATMUL_BF16 && !be.host_memory()) {
@@ -127,6 +151,25 @@ void orthogonalize(Optimizer& opt, const dion_group_options_t& o, MatBatch x, co
     std::swap(cur, nxt);
   }
   if (cur.p != x.p) be.copy(x.p, cur.p, sizeof(float) * static_cast<size_t>(x.rows * x.cols * x.batch));
+}
+
+void orthogonalize_bf16_unnormalised(Optimizer& opt, const dion_group_options_t& o, MatBatch xb, FrobParts sums,
+                                      const void** bf16_result) {
+  Backend& be = *opt.backend;
+  *bf16_result = nullptr;
+  if (xb.batch == 0 || xb.rows == 0 || xb.cols == 0) return;
+  DION_REQUIRE(sums.parts && sums.nparts > 0, DION_ERROR_INTERNAL, "orthogonalize_bf16_unnormalised: no sums given");
+  DION_REQUIRE(xb.ld == xb.cols && xb.stride == xb.rows * xb.cols, DION_ERROR_INTERNAL,
+               "orthogonalize_bf16_unnormalised: the input must be dense");
+  float factor;
+  const Coeffs* table = coeffs_of(o, &factor);
+  const bool tall = xb.rows > xb.cols;
+  const int64_t s = tall ? xb.cols : xb.rows, nx = xb.rows * xb.cols * xb.batch, ns = s * s * xb.batch;
+  auto half = [&](int64_t n) { return opt.ws.take((n + 1) / 2); };
+  MatBatch Y{half(nx), xb.rows, xb.cols, xb.cols, xb.rows * xb.cols, xb.batch};
+  MatBatch A{half(ns), s, s, s, s * s, xb.batch};
+  MatBatch B{half(ns), s, s, s, s * s, xb.batch};
+  *bf16_result = newton_schulz_bf16(be, o, xb, Y, A, B, table, tall, &sums, factor).p;
 }
 
 }  // namespace dion

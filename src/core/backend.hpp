@@ -332,6 +332,14 @@ class Backend {
   // (select_momentum_multi's sums), summed in order: no pass to sum x.
   virtual void frob_normalize_bf16_parts(ConstMatBatch x, const double* parts, int64_t nparts, float factor,
                                          float eps, void* out) = 0;
+  // In place on bf16 matrices (as for gemm_bf16): m[b] <- bf16(sc * (m[b] +
+  // diag * I)), the sum and product in fp32, sc = inv (power 1) or inv * inv
+  // (power 2) with inv = 1 / (factor sqrt(t) + eps) as frob_normalize takes
+  // it, t the total of parts[b * nparts .. + nparts). The bf16 iteration's
+  // first step on an unnormalised start X = s Y (Y the unit-norm matrix, s =
+  // 1 / inv): A = inv^2 X X^T and (a I + B) inv, so X is never rescaled.
+  virtual void frob_scale_bf16(MatBatch m, const double* parts, int64_t nparts, float factor, float eps, int power,
+                               float diag) = 0;
 
   // ---- optimizer updates ----
   // Decay and orthonormal update (fp32 buffers): with lr = gs->lr, wd =
@@ -458,10 +466,12 @@ class Backend {
   // sumsq (nullable; only where select_momentum_parts(...) > 0): that many
   // partial sums of the squares of each out matrix's elements (in double,
   // their total ||out[b]||_F^2; the same on every run), taken in the same
-  // pass, for frob_normalize_bf16_parts.
+  // pass, for frob_normalize_bf16_parts and frob_scale_bf16. out_dtype
+  // BF16: out's elements are bf16 (ld and stride count them), each slice
+  // element rounded once, and the sums are those of the rounded values.
   virtual void select_momentum_multi(const TensorEntry* list, int64_t count, int64_t per, int64_t rows, int64_t cols,
                                      Axis axis, const int32_t* idx, int64_t k, float decay, MatBatch out,
-                                     const int32_t* skip, double* sumsq) = 0;
+                                     dion_dtype_t out_dtype, const int32_t* skip, double* sumsq) = 0;
   // The partial sums select_momentum_multi gives per matrix (0: it cannot);
   // never more than select_parts_max(rows, cols), so a caller can size their
   // room without the backend.

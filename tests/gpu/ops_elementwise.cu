@@ -1265,7 +1265,7 @@ TEST_F(OpsTest, MomentumL1AndSelectMomentum) {
               EXPECT_TRUE(tp.unchanged(kState0));
               EXPECT_TRUE(same_bits(L1.get(), L2.get()));
               cuda->select_momentum_multi(tp.b.dev_table.p(), T, per, rows, cols, ax, didx.p(), k, 0.9f, S2.D(),
-                                          dskip.p(), nullptr);
+                                          DION_DTYPE_FP32, dskip.p(), nullptr);
               EXPECT_TRUE(same_bits(S1.dev(), S2.dev())) << "the slices, and the padding untouched";
               EXPECT_TRUE(tp.same_field(kState0));
               if (skip) EXPECT_TRUE(tp.unchanged(kState0));
@@ -1274,7 +1274,7 @@ TEST_F(OpsTest, MomentumL1AndSelectMomentum) {
               host->momentum_l1_multi(tp.b.host_list.data(), T, per, rows, cols, ax, Lh.data(), nullptr);
               EXPECT_TRUE(close(Lh, L2.get(), 1e-5));
               host->select_momentum_multi(tp.b.host_list.data(), T, per, rows, cols, ax, idx.data(), k, 0.9f, S3.H(),
-                                          &skip, nullptr);
+                                          DION_DTYPE_FP32, &skip, nullptr);
               EXPECT_TRUE(same_bits(S3.h, S2.dev()));
               for (size_t i = 0; i < tp.b.t.size(); ++i)
                 EXPECT_TRUE(same_bits(tp.b.t[i].h[kState0], tp.b.dev_raw(i, kState0))) << "tensor " << i;
@@ -1348,10 +1348,10 @@ TEST_F(OpsTest, SelectMomentumSumsOfSquares) {
         Dev<float> S1(T * sr * sc), S2(T * sr * sc);
         Dev<double> sums(T * parts), sums2(T * parts);
         const MatBatch s1{S1.p(), sr, sc, sc, sr * sc, T}, s2{S2.p(), sr, sc, sc, sr * sc, T};
-        cuda->select_momentum_multi(tp.a.dev_table.p(), T, 1, rows, cols, ax, didx.p(), k, 0.9f, s1, dskip.p(),
-                                    nullptr);
-        cuda->select_momentum_multi(tp.b.dev_table.p(), T, 1, rows, cols, ax, didx.p(), k, 0.9f, s2, dskip.p(),
-                                    sums.p());
+        cuda->select_momentum_multi(tp.a.dev_table.p(), T, 1, rows, cols, ax, didx.p(), k, 0.9f, s1, DION_DTYPE_FP32,
+                                    dskip.p(), nullptr);
+        cuda->select_momentum_multi(tp.b.dev_table.p(), T, 1, rows, cols, ax, didx.p(), k, 0.9f, s2, DION_DTYPE_FP32,
+                                    dskip.p(), sums.p());
         EXPECT_TRUE(same_bits(S1.get(), S2.get()));
         EXPECT_TRUE(tp.same_field(kState0));
         const std::vector<float> sv = S2.get();
@@ -1363,10 +1363,10 @@ TEST_F(OpsTest, SelectMomentumSumsOfSquares) {
           EXPECT_NEAR(got, want, 1e-12 * want) << "matrix " << b;
         }
         // A second run on the new state (b's): its sums again, twice.
-        cuda->select_momentum_multi(tp.b.dev_table.p(), T, 1, rows, cols, ax, didx.p(), k, 0.9f, s2, dskip.p(),
-                                    sums.p());
-        cuda->select_momentum_multi(tp.a.dev_table.p(), T, 1, rows, cols, ax, didx.p(), k, 0.9f, s1, dskip.p(),
-                                    sums2.p());
+        cuda->select_momentum_multi(tp.b.dev_table.p(), T, 1, rows, cols, ax, didx.p(), k, 0.9f, s2, DION_DTYPE_FP32,
+                                    dskip.p(), sums.p());
+        cuda->select_momentum_multi(tp.a.dev_table.p(), T, 1, rows, cols, ax, didx.p(), k, 0.9f, s1, DION_DTYPE_FP32,
+                                    dskip.p(), sums2.p());
         EXPECT_TRUE(same_bits(sums.get(), sums2.get())) << "the same partial sums on every run";
         Dev<uint16_t> o1(T * sr * sc), o2(T * sr * sc);
         cuda->frob_normalize_bf16(ConstMatBatch(s2), 1.02f, 1e-7f, o1.p());
@@ -1378,6 +1378,118 @@ TEST_F(OpsTest, SelectMomentumSumsOfSquares) {
           f2[i] = bf16_to_float(b2[i]);
         }
         EXPECT_TRUE(close(f1, f2, 1.0 / 128));
+      }
+}
+
+// select_momentum_multi into bf16 slices (Dion2's bf16 iteration reads them
+// unnormalised): the device's bf16 slices are the host's bits and the
+// rounding of the fp32 slices (one rounding per element; a padded out: ld
+// and stride count bf16 elements, the padding untouched), the state is the
+// fp32 call's, and the partial sums total the squares of the rounded values
+// (1e-12 relative: double sums in another order). Shapes: the element path,
+// the chunked one (16-byte bf16 stores of selected rows where aligned), the
+// scattered column stores.
+TEST_F(OpsTest, SelectMomentumIntoBf16) {
+  const int64_t T = 3, pad = 5;
+  const std::vector<std::vector<int>> dtypes = {{-1, 1, 1, -1}, {-1, 0, 0, -1}, {-1, 1, 0, -1}};
+  for (const auto& [rows, cols] :
+       std::initializer_list<std::pair<int64_t, int64_t>>{{7, 9}, {96, 40}, {300, 520}, {40, 512}})
+    for (int64_t shift : {0, 1})
+      for (Axis ax : {kRows, kCols})
+        for (int64_t ldpad : {int64_t{0}, pad}) {
+          SCOPED_TRACE(::testing::Message() << rows << " x " << cols << ", shift " << shift << ", axis " << ax
+                                            << ", ld pad " << ldpad);
+          const int64_t n = rows * cols, N = ax == kRows ? rows : cols, k = std::max<int64_t>(1, N / 4);
+          const int64_t parts = cuda->select_momentum_parts(T, 1, rows, cols);
+          ASSERT_GE(parts, 1);
+          TensorPair tp(rng, dtypes, n, shift);
+          Dev<int32_t> dskip(std::vector<int32_t>{0});
+          const std::vector<int32_t> idx = pick_slices(rng, T, N, k);
+          Dev<int32_t> didx(idx);
+          const int64_t sr = ax == kRows ? k : rows, sc = ax == kRows ? cols : k, ld = sc + ldpad;
+          Dev<float> S(T * sr * sc);
+          const std::vector<uint16_t> fill(static_cast<size_t>(T * sr * ld), 0x7777);
+          Dev<uint16_t> S16(fill);
+          Dev<double> sums(T * parts);
+          const MatBatch s32{S.p(), sr, sc, sc, sr * sc, T};
+          const MatBatch s16{reinterpret_cast<float*>(S16.p()), sr, sc, ld, sr * ld, T};
+          cuda->select_momentum_multi(tp.a.dev_table.p(), T, 1, rows, cols, ax, didx.p(), k, 0.9f, s32, DION_DTYPE_FP32,
+                                      dskip.p(), nullptr);
+          cuda->select_momentum_multi(tp.b.dev_table.p(), T, 1, rows, cols, ax, didx.p(), k, 0.9f, s16, DION_DTYPE_BF16,
+                                      dskip.p(), sums.p());
+          EXPECT_TRUE(tp.same_field(kState0));
+          const std::vector<float> f32 = S.get();
+          const std::vector<uint16_t> got = S16.get();
+          const std::vector<double> sd = sums.get();
+          // The host on b's host copy (its state before the call: the same inputs).
+          std::vector<uint16_t> want(fill);
+          std::vector<double> hs(static_cast<size_t>(T));
+          const int32_t skip = 0;
+          host->select_momentum_multi(tp.b.host_list.data(), T, 1, rows, cols, ax, idx.data(), k, 0.9f,
+                                      MatBatch{reinterpret_cast<float*>(want.data()), sr, sc, ld, sr * ld, T},
+                                      DION_DTYPE_BF16, &skip, hs.data());
+          EXPECT_TRUE(got == want) << "the host's bits";
+          int64_t bad = 0;
+          for (int64_t b = 0; b < T; ++b) {
+            double sq = 0, tot = 0;
+            for (int64_t i = 0; i < sr; ++i)
+              for (int64_t j = 0; j < ld; ++j) {
+                const uint16_t g = got[static_cast<size_t>((b * sr + i) * ld + j)];
+                if (j >= sc) {
+                  bad += g != 0x7777;
+                  continue;
+                }
+                const uint16_t r = float_to_bf16(f32[static_cast<size_t>((b * sr + i) * sc + j)]);
+                bad += g != r;
+                const double v = bf16_to_float(r);
+                sq += v * v;
+              }
+            for (int64_t c = 0; c < parts; ++c) tot += sd[static_cast<size_t>(b * parts + c)];
+            EXPECT_NEAR(tot, sq, 1e-12 * sq) << "matrix " << b;
+            EXPECT_NEAR(hs[static_cast<size_t>(b)], sq, 1e-12 * sq) << "host, matrix " << b;
+          }
+          EXPECT_EQ(bad, 0) << "elements not bf16(the fp32 slice), or padding written";
+        }
+}
+
+// frob_scale_bf16 (the bf16 iteration's first step from an unnormalised
+// start) against the host: the same fp32 expression per element, with inv
+// from the parts summed in another order (a tree on the device), which can
+// move inv by a float ulp: at most one bf16 unit per element. On padded,
+// non-square and square batches (dense ones with rows of a multiple of 8
+// take the 16-byte chunks), powers 1 and 2, with and without a shift of the
+// diagonal; the padding stays.
+TEST_F(OpsTest, FrobScaleBf16) {
+  struct Case {
+    int64_t rows, cols, ld, batch, nparts;
+  } cases[] = {{5, 7, 9, 3, 3},      {64, 64, 64, 4, 88}, {300, 200, 203, 2, 700},
+               {72, 48, 48, 2, 5}, {40, 96, 96, 3, 1}};
+  for (const Case& c : cases)
+    for (int power : {1, 2})
+      for (float diag : {0.0f, 2.3f}) {
+        SCOPED_TRACE(::testing::Message() << c.rows << " x " << c.cols << " (ld " << c.ld << ") x " << c.batch
+                                          << ", power " << power << ", diag " << diag);
+        std::vector<double> parts(static_cast<size_t>(c.batch * c.nparts));
+        for (double& p : parts) p = std::uniform_real_distribution<double>(0.0, 3.0)(rng);
+        std::vector<uint16_t> m(static_cast<size_t>(c.batch * c.rows * c.ld));
+        for (uint16_t& e : m) e = float_to_bf16(gauss());
+        Dev<double> dparts(parts);
+        Dev<uint16_t> dm(m);
+        cuda->frob_scale_bf16(MatBatch{reinterpret_cast<float*>(dm.p()), c.rows, c.cols, c.ld, c.rows * c.ld, c.batch},
+                              dparts.p(), c.nparts, 1.02f, 1e-7f, power, diag);
+        std::vector<uint16_t> want = m;
+        host->frob_scale_bf16(MatBatch{reinterpret_cast<float*>(want.data()), c.rows, c.cols, c.ld, c.rows * c.ld,
+                                       c.batch},
+                              parts.data(), c.nparts, 1.02f, 1e-7f, power, diag);
+        const std::vector<uint16_t> got = dm.get();
+        int64_t far = 0, changed = 0;
+        for (size_t i = 0; i < got.size(); ++i) {
+          const int d = std::abs(static_cast<int>(got[i]) - static_cast<int>(want[i]));
+          far += d > 1;  // same sign (a positive scale): adjacent bit patterns are one bf16 unit apart
+          changed += got[i] != m[i];
+        }
+        EXPECT_EQ(far, 0);
+        EXPECT_GT(changed, 0) << "the matrices were scaled";
       }
 }
 

@@ -22,6 +22,8 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstdio>
+#include <cstdlib>
 #include <vector>
 
 #include "gpu_test_util.h"
@@ -116,5 +118,53 @@ INSTANTIATE_TEST_SUITE_P(
              (i.param.momentum == DION_DTYPE_BF16 ? "_bf16_momentum_3_steps" : "") +
              (i.param.power_iters > 1 ? "_2_power_iters" : "");
     });
+
+double rel_update_diff(const std::vector<float>& a, const std::vector<float>& b, const std::vector<float>& x0) {
+  double num = 0, den = 0;
+  for (size_t i = 0; i < x0.size(); ++i) {
+    const double ua = static_cast<double>(a[i]) - x0[i], ub = static_cast<double>(b[i]) - x0[i];
+    num += (ua - ub) * (ua - ub);
+    den += ua * ua;
+  }
+  return den > 0 ? std::sqrt(num / den) : INFINITY;
+}
+
+// Dion2 with BF16 matmuls selects its slices straight into bf16 and starts
+// the iteration from them unnormalised (src/algo/dion2.cpp;
+// DION_DION2_BF16_SLICES=0 keeps fp32 slices normalised in one pass). Both
+// are the bf16 iteration up to where the start is rounded: each within the
+// BF16 bound above of the fp32 host, and of each other; and not the same
+// bits (the switch changes the path). Wide (rows selected) and tall
+// (columns selected: a tall slice matrix) parameters, three steps.
+TEST(Dion2Bf16Slices, MatchFp32SlicesWithinBf16Rounding) {
+  DION_REQUIRE_GPU();
+  for (const auto& [m, n] : std::initializer_list<std::pair<int64_t, int64_t>>{{256, 512}, {512, 256}}) {
+    SCOPED_TRACE(::testing::Message() << m << " x " << n);
+    std::vector<float> x0(static_cast<size_t>(m * n)), g(x0.size());
+    for (size_t i = 0; i < x0.size(); ++i) {
+      x0[i] = 0.05f * hash_uniform(3, i);
+      g[i] = hash_uniform(4, i);
+    }
+    const Case c{DION_ALGO_DION2, DION_MATMUL_BF16, DION_DTYPE_UNSET, 3};
+    const std::vector<float> xh = run(DION_BACKEND_HOST, Case{DION_ALGO_DION2, DION_MATMUL_FP32, DION_DTYPE_UNSET, 3},
+                                      x0, g, m, n);
+    const std::vector<float> x16 = run(DION_BACKEND_CUDA, c, x0, g, m, n);
+    ASSERT_EQ(setenv("DION_DION2_BF16_SLICES", "0", 1), 0);
+    const std::vector<float> x32 = run(DION_BACKEND_CUDA, c, x0, g, m, n);
+    ASSERT_EQ(unsetenv("DION_DION2_BF16_SLICES"), 0);
+    ASSERT_EQ(xh.size(), x0.size());
+    ASSERT_EQ(x16.size(), x0.size());
+    ASSERT_EQ(x32.size(), x0.size());
+    const double bound = 20 * std::ldexp(1.0, -8);
+    const double e16 = rel_update_diff(xh, x16, x0), e32 = rel_update_diff(xh, x32, x0);
+    const double between = rel_update_diff(x32, x16, x0);
+    EXPECT_LT(e16, bound);
+    EXPECT_LT(e32, bound);
+    EXPECT_LT(between, bound);
+    EXPECT_GT(between, 0.0) << "the switch changed nothing: are the bf16 slices used?";
+    std::printf("  %lld x %lld: vs fp32 host %.3g (bf16 slices), %.3g (fp32 slices); between %.3g\n",
+                static_cast<long long>(m), static_cast<long long>(n), e16, e32, between);
+  }
+}
 
 }  // namespace

@@ -428,7 +428,8 @@ TEST_F(HostFused, MomentumL1AndSelectMomentumEqualTheFp32Sequence) {
             EXPECT_TRUE(tw.b[kState0] == before);
             EXPECT_TRUE(same_floats(L1, L2));
             be->select_momentum_multi(tw.lb.data(), count, per, rows, cols, axis, idx.data(), k, 0.9f,
-                                      MatBatch{S2.data(), srows, scols, ld, srows * ld, B}, &skip, nullptr);
+                                      MatBatch{S2.data(), srows, scols, ld, srows * ld, B}, DION_DTYPE_FP32, &skip,
+                                      nullptr);
             EXPECT_TRUE(same_floats(S1, S2)) << "the selected slices (and the padding) as gather_slices writes them";
             for (int f = 0; f < 4; ++f) EXPECT_TRUE(tw.same(f)) << "field " << f;
             if (skip)
@@ -459,7 +460,8 @@ TEST_F(HostFused, SelectMomentumSumsOfSquaresNormalizeAsFrobNormalizeBf16) {
     std::vector<double> sums(static_cast<size_t>(count * parts), -1.0);
     const int32_t skip = 0;
     const MatBatch Sm{S.data(), srows, scols, scols, srows * scols, count};
-    be->select_momentum_multi(tw.lb.data(), count, 1, rows, cols, axis, idx.data(), k, 0.9f, Sm, &skip, sums.data());
+    be->select_momentum_multi(tw.lb.data(), count, 1, rows, cols, axis, idx.data(), k, 0.9f, Sm, DION_DTYPE_FP32, &skip,
+                              sums.data());
     for (int64_t b = 0; b < count; ++b) {
       double want = 0, got = 0;
       const float* sb = S.data() + b * srows * scols;
@@ -472,6 +474,77 @@ TEST_F(HostFused, SelectMomentumSumsOfSquaresNormalizeAsFrobNormalizeBf16) {
     be->frob_normalize_bf16_parts(ConstMatBatch(Sm), sums.data(), parts, 1.02f, 1e-7f, o2.data());
     EXPECT_TRUE(o1 == o2);
   }
+}
+
+// out_dtype BF16: the slices rounded once into bf16 elements (a padded out:
+// ld and stride count bf16 elements, the padding untouched), the state as
+// with fp32 slices, and the sums those of the rounded values.
+TEST_F(HostFused, SelectMomentumIntoBf16RoundsTheSlicesOnce) {
+  const int64_t count = 3, rows = 6, cols = 9, n = rows * cols, k = 4, ld_pad = 3;
+  for (Axis axis : {kRows, kCols}) {
+    SCOPED_TRACE(::testing::Message() << "axis " << axis);
+    Twin tw(rng, count, n, {DION_DTYPE_FP32, DION_DTYPE_BF16, DION_DTYPE_FP32, DION_DTYPE_FP32});
+    const int64_t N = axis == kRows ? rows : cols;
+    const std::vector<int32_t> idx = pick(rng, count, N, k);
+    const int64_t srows = axis == kRows ? k : rows, scols = axis == kRows ? cols : k, ld = scols + ld_pad;
+    std::vector<float> S(static_cast<size_t>(count * srows * scols));
+    std::vector<uint16_t> S16(static_cast<size_t>(count * srows * ld), 0x7777);
+    std::vector<double> sums(static_cast<size_t>(count), -1.0), sums16(static_cast<size_t>(count), -1.0);
+    const int32_t skip = 0;
+    be->select_momentum_multi(tw.la.data(), count, 1, rows, cols, axis, idx.data(), k, 0.9f,
+                              MatBatch{S.data(), srows, scols, scols, srows * scols, count}, DION_DTYPE_FP32, &skip,
+                              sums.data());
+    be->select_momentum_multi(tw.lb.data(), count, 1, rows, cols, axis, idx.data(), k, 0.9f,
+                              MatBatch{reinterpret_cast<float*>(S16.data()), srows, scols, ld, srows * ld, count},
+                              DION_DTYPE_BF16, &skip, sums16.data());
+    for (int f = 0; f < 4; ++f) EXPECT_TRUE(tw.same(f)) << "field " << f;
+    for (int64_t b = 0; b < count; ++b) {
+      double want = 0;
+      for (int64_t i = 0; i < srows; ++i)
+        for (int64_t j = 0; j < ld; ++j) {
+          const uint16_t got = S16[(b * srows + i) * ld + j];
+          if (j >= scols) {
+            EXPECT_EQ(got, 0x7777) << "padding " << i << ", " << j;
+            continue;
+          }
+          const float v = S[(b * srows + i) * scols + j];
+          EXPECT_EQ(got, float_to_bf16(v)) << "matrix " << b << " (" << i << ", " << j << ")";
+          const double r = bf16_to_float(float_to_bf16(v));
+          want += r * r;
+        }
+      EXPECT_EQ(sums16[b], want) << "matrix " << b << ": the host sums in the element order";
+      EXPECT_NE(sums16[b], sums[b]) << "the rounded values' sums, not the fp32 ones";
+    }
+  }
+}
+
+// frob_scale_bf16 against its definition, with the norm from given parts:
+// bf16(sc (m + diag I)) in fp32, sc = inv or inv^2, on a padded batch of
+// non-square matrices (the diagonal is min(rows, cols) long; padding kept).
+TEST_F(HostFused, FrobScaleBf16ScalesAndShiftsTheDiagonal) {
+  const int64_t rows = 5, cols = 7, ld = 9, batch = 2, nparts = 3;
+  std::vector<double> parts(static_cast<size_t>(batch * nparts));
+  for (double& p : parts) p = std::uniform_real_distribution<double>(0.5, 4.0)(rng);
+  for (int power : {1, 2})
+    for (float diag : {0.0f, 3.25f}) {
+      SCOPED_TRACE(::testing::Message() << "power " << power << ", diag " << diag);
+      std::vector<uint16_t> m(static_cast<size_t>(batch * rows * ld));
+      for (uint16_t& e : m) e = float_to_bf16(std::normal_distribution<float>()(rng));
+      const std::vector<uint16_t> before = m;
+      be->frob_scale_bf16(MatBatch{reinterpret_cast<float*>(m.data()), rows, cols, ld, rows * ld, batch},
+                          parts.data(), nparts, 1.02f, 1e-7f, power, diag);
+      for (int64_t b = 0; b < batch; ++b) {
+        const double t = parts[b * nparts] + parts[b * nparts + 1] + parts[b * nparts + 2];
+        const float inv = static_cast<float>(1.0 / (1.02f * std::sqrt(t) + 1e-7f));
+        const float sc = power == 2 ? inv * inv : inv;
+        for (int64_t i = 0; i < rows; ++i)
+          for (int64_t j = 0; j < ld; ++j) {
+            const size_t at = static_cast<size_t>((b * rows + i) * ld + j);
+            const float x = bf16_to_float(before[at]) + (i == j ? diag : 0.0f);
+            EXPECT_EQ(m[at], j < cols ? float_to_bf16(x * sc) : before[at]) << b << ": " << i << ", " << j;
+          }
+      }
+    }
 }
 
 // Dion's finish of R: finish_r then col_scale_store against nan_to_num,

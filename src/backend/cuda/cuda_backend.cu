@@ -891,6 +891,13 @@ class CudaBackend final : public Backend {
     ProfScope ps(prof_, "frob_normalize_bf16_parts", stream_);
     kernels::frob_normalize_bf16_parts(ctx(), m, parts, nparts, factor, eps, out);
   }
+  void frob_scale_bf16(MatBatch m, const double* parts, int64_t nparts, float factor, float eps, int power,
+                       float diag) override {
+    if (m.batch <= 0 || m.rows <= 0 || m.cols <= 0) return;
+    DeviceScope ds(device_);
+    ProfScope ps(prof_, "frob_scale_bf16", stream_);
+    kernels::frob_scale_bf16(ctx(), m, parts, nparts, factor, eps, power, diag);
+  }
   void col_normalize(MatBatch m, float eps) override {
     if (m.batch <= 0 || m.rows <= 0 || m.cols <= 0) return;
     DeviceScope ds(device_);
@@ -1030,13 +1037,16 @@ class CudaBackend final : public Backend {
     return kernels::select_momentum_parts(ctx(), count, per, rows, cols);
   }
   void select_momentum_multi(const TensorEntry* list, int64_t count, int64_t per, int64_t rows, int64_t cols,
-                             Axis axis, const int32_t* idx, int64_t k, float decay, MatBatch out, const int32_t* skip,
-                             double* sumsq) override {
+                             Axis axis, const int32_t* idx, int64_t k, float decay, MatBatch out,
+                             dion_dtype_t out_dtype, const int32_t* skip, double* sumsq) override {
+    DION_REQUIRE(out_dtype == DION_DTYPE_FP32 || out_dtype == DION_DTYPE_BF16, DION_ERROR_INTERNAL,
+                 "cuda select_momentum_multi: out must be fp32 or bf16");
     DeviceScope ds(device_);
     ProfScope ps(prof_, "select_momentum_multi", stream_);
     const size_t bytes = kernels::decay_add_slices_multi_scratch(count, per, rows, cols, axis, k);
     void* s = bytes ? scratch(kPos, bytes) : nullptr;
-    kernels::select_momentum_multi(ctx(), list, count, per, rows, cols, axis, idx, k, decay, out, skip, s, sumsq);
+    kernels::select_momentum_multi(ctx(), list, count, per, rows, cols, axis, idx, k, decay, out,
+                                   out_dtype == DION_DTYPE_BF16, skip, s, sumsq);
   }
   void decay_add_slices_multi(const TensorEntry* list, int64_t count, int64_t per, int64_t rows, int64_t cols,
                               Axis axis, const int32_t* idx, int64_t k, ConstMatBatch u, dion_dtype_t u_dtype,

@@ -39,7 +39,7 @@ int to_int(int64_t v, const char* what) {
 
 // Scratch that grows and is reused, so steady-state steps do not allocate.
 struct Scratch {
-  std::vector<float> a, tau, work, prod;
+  std::vector<float> a, tau, work, prod, slices;
 };
 thread_local Scratch g_scratch;
 
@@ -442,6 +442,22 @@ class HostBackend final : public Backend {
                                  void* out) override {
     frob_bf16(m, parts, nparts, factor, eps, out);
   }
+  void frob_scale_bf16(MatBatch m, const double* parts, int64_t nparts, float factor, float eps, int power,
+                       float diag) override {
+    uint16_t* base = reinterpret_cast<uint16_t*>(m.p);
+    for (int64_t b = 0; b < m.batch; ++b) {
+      double ss = 0;
+      for (int64_t c = 0; c < nparts; ++c) ss += parts[b * nparts + c];
+      const float inv = inv_of(ss, factor, eps), sc = power == 2 ? inv * inv : inv;
+      for (int64_t i = 0; i < m.rows; ++i)
+        for (int64_t j = 0; j < m.cols; ++j) {
+          uint16_t& e = base[b * m.stride + i * m.ld + j];
+          float v = bf16_to_float(e);
+          if (i == j) v += diag;
+          e = float_to_bf16(v * sc);
+        }
+    }
+  }
   // parts null: the norms from m itself.
   static void frob_bf16(ConstMatBatch m, const double* parts, int64_t nparts, float factor, float eps, void* out) {
     uint16_t* o = static_cast<uint16_t*>(out);
@@ -758,20 +774,36 @@ class HostBackend final : public Backend {
   }
   int64_t select_momentum_parts(int64_t, int64_t per, int64_t, int64_t) override { return per == 1 ? 1 : 0; }
   void select_momentum_multi(const TensorEntry* list, int64_t count, int64_t per, int64_t rows, int64_t cols,
-                             Axis axis, const int32_t* idx, int64_t k, float decay, MatBatch out, const int32_t* skip,
-                             double* sumsq) override {
+                             Axis axis, const int32_t* idx, int64_t k, float decay, MatBatch out,
+                             dion_dtype_t out_dtype, const int32_t* skip, double* sumsq) override {
     DION_REQUIRE(!sumsq || per == 1, DION_ERROR_INTERNAL, "host select_momentum_multi: sums of squares need per == 1");
+    DION_REQUIRE(out_dtype == DION_DTYPE_FP32 || out_dtype == DION_DTYPE_BF16, DION_ERROR_INTERNAL,
+                 "host select_momentum_multi: out must be fp32 or bf16");
+    const bool ob16 = out_dtype == DION_DTYPE_BF16;
     const int64_t msize = rows * cols;
     const bool write = !(skip && *skip);
     float* m = grow(g_scratch.a, static_cast<size_t>(msize));
+    // bf16 out: the slices gathered in fp32 here (dense), then rounded into out.
+    float* o16 = ob16 ? grow(g_scratch.slices, static_cast<size_t>(out.rows * out.cols)) : nullptr;
     for (int64_t t = 0; t < count; ++t)
       for (int64_t q = 0; q < per; ++q) {
         const int64_t b = t * per + q;
         momentum_of(list[t], q * msize, msize, m);
         const MatBatch mb{m, rows, cols, cols, msize, 1};
-        gather_slices(mb, axis, idx + b * k, k, MatBatch{at(out, b), out.rows, out.cols, out.ld, out.stride, 1});
+        const MatBatch ob = ob16 ? MatBatch{o16, out.rows, out.cols, out.cols, 0, 1}
+                                 : MatBatch{at(out, b), out.rows, out.cols, out.ld, out.stride, 1};
+        gather_slices(mb, axis, idx + b * k, k, ob);
+        if (ob16) {
+          uint16_t* dst = reinterpret_cast<uint16_t*>(out.p) + b * out.stride;
+          for (int64_t i = 0; i < out.rows; ++i)
+            for (int64_t j = 0; j < out.cols; ++j) {
+              float& v = o16[i * out.cols + j];
+              dst[i * out.ld + j] = float_to_bf16(v);
+              v = bf16_to_float(dst[i * out.ld + j]);  // the stored value, for the sums
+            }
+        }
         // frob_inv's sum over the gathered matrix, in its order.
-        if (sumsq) sumsq[b] = sum_squares(ConstMatBatch(at(out, b), out.rows, out.cols, out.ld, 0, 1), 0);
+        if (sumsq) sumsq[b] = sum_squares(ConstMatBatch(ob.p, ob.rows, ob.cols, ob.ld, 0, 1), 0);
         scale_slices(mb, axis, idx + b * k, k, decay);
         if (write) {
           const auto dm = static_cast<dion_dtype_t>(list[t].dtype[kState0]);
