@@ -195,11 +195,20 @@ struct Momentum {
 // nonzero_flags reads the written buffer).
 __device__ __forceinline__ bool written_nonzero(float v, dion_dtype_t dt) { return round_to(dt, v) != 0.0f; }
 
+// SUMS (u not null; Backend::momentum_multi_sums): also
+// sumsq[t * gridDim.x + blockIdx.x] = the sum of the squares of the values
+// block x wrote to tensor t's u (as written: rounded to u's dtype), each
+// thread's in its order, then block_sum's fixed tree: the same on every run.
+// A kernel of its own so the plain pass keeps its registers.
+template <bool SUMS>
 __global__ void momentum_multi_kernel(const TensorEntry* list, int64_t count, int64_t n, Momentum op, bool store_state,
-                                      void* u, dion_dtype_t udt, const int32_t* skip, int32_t* nonzero) {
+                                      void* u, dion_dtype_t udt, const int32_t* skip, int32_t* nonzero,
+                                      double* sumsq) {
+  [[maybe_unused]] __shared__ double sh[SUMS ? 33 : 1];
   const int64_t usize = udt == DION_DTYPE_FP32 ? 4 : 2;
   const bool write = store_state && !(skip && *skip);  // uniform over the grid
   for (int64_t t = blockIdx.y; t < count; t += gridDim.y) {
+    [[maybe_unused]] double ss = 0.0;
     bool any = false;  // an element of u != 0 (NaN counts as nonzero, -0 as zero)
     void* pm = list[t].ptr[kState0];
     const void* pg = list[t].ptr[kGrad];
@@ -218,6 +227,10 @@ __global__ void momentum_multi_kernel(const TensorEntry* list, int64_t count, in
         for (int k = 0; k < 8; ++k) {
           o[k] = op(m[k], g[k]);
           any = any || (ut ? written_nonzero(o[k], udt) : written_nonzero(m[k], dm));
+          if constexpr (SUMS) {
+            const double r = round_to(udt, o[k]);
+            ss += r * r;
+          }
         }
         if (write) store8(pm, dm, j, m);
         if (ut) store8(ut, udt, j, o);
@@ -229,11 +242,19 @@ __global__ void momentum_multi_kernel(const TensorEntry* list, int64_t count, in
       const float o = op(m, load_elem(pg, dg, i));
       if (ut) store_elem(ut, udt, i, o);
       any = any || (ut ? written_nonzero(o, udt) : written_nonzero(m, dm));
+      if constexpr (SUMS) {
+        const double r = round_to(udt, o);
+        ss += r * r;
+      }
       if (write) store_elem(pm, dm, i, m);
     }
     // Every thread of the block reaches this for every t (the loop bounds
     // are uniform over the block); one writer per block, all write 1.
     if (nonzero && __syncthreads_or(any) && threadIdx.x == 0) nonzero[t] = 1;
+    if constexpr (SUMS) {
+      const double tot = block_sum(ss, sh);
+      if (threadIdx.x == 0) sumsq[t * gridDim.x + blockIdx.x] = tot;
+    }
   }
 }
 
@@ -410,9 +431,24 @@ void momentum_multi(const Ctx& c, const TensorEntry* list, int64_t count, int64_
                     bool nesterov, bool store_state, void* u, dion_dtype_t u_dtype, const int32_t* skip,
                     int32_t* nonzero) {
   if (count <= 0 || n <= 0) return;
-  momentum_multi_kernel<<<grid_multi(c, count, (n + 7) / 8), kThreads, 0, c.stream>>>(
-      list, count, n, Momentum{mu, g_scale, nesterov}, store_state, u, u_dtype, skip, nonzero);
+  momentum_multi_kernel<false><<<grid_multi(c, count, (n + 7) / 8), kThreads, 0, c.stream>>>(
+      list, count, n, Momentum{mu, g_scale, nesterov}, store_state, u, u_dtype, skip, nonzero, nullptr);
   cuda::check_launch("momentum_multi kernel");
+}
+
+// The grid's x blocks each give one partial sum (0 past Backend::select_parts_max(1, n)).
+int64_t momentum_parts(const Ctx& c, int64_t count, int64_t n) {
+  if (count <= 0 || n <= 0) return 0;
+  const int64_t parts = grid_multi(c, count, (n + 7) / 8).x;
+  return parts <= Backend::select_parts_max(1, n) ? parts : 0;
+}
+
+void momentum_multi_sums(const Ctx& c, const TensorEntry* list, int64_t count, int64_t n, float mu, float g_scale,
+                         bool nesterov, void* u, dion_dtype_t u_dtype, const int32_t* skip, double* sumsq) {
+  if (count <= 0 || n <= 0) return;
+  momentum_multi_kernel<true><<<grid_multi(c, count, (n + 7) / 8), kThreads, 0, c.stream>>>(
+      list, count, n, Momentum{mu, g_scale, nesterov}, true, u, u_dtype, skip, nullptr, sumsq);
+  cuda::check_launch("momentum_multi (sums) kernel");
 }
 
 void gemm_pointers(const Ctx& c, const TensorEntry* list, int64_t count, const PtrSource (&src)[3], const void** out,

@@ -38,6 +38,10 @@ void nan_to_num(const Ctx& c, float* x, int64_t n);
 void apply_update(const Ctx& c, float* x, const float* u, int64_t n, const GroupScalars* gs, float lr_mult,
                   bool cautious);
 void decay(const Ctx& c, float* x, int64_t n, const GroupScalars* gs);
+// Backend::momentum_parts and momentum_multi_sums.
+int64_t momentum_parts(const Ctx& c, int64_t count, int64_t n);
+void momentum_multi_sums(const Ctx& c, const TensorEntry* list, int64_t count, int64_t n, float mu, float g_scale,
+                         bool nesterov, void* u, dion_dtype_t u_dtype, const int32_t* skip, double* sumsq);
 void momentum_multi(const Ctx& c, const TensorEntry* list, int64_t count, int64_t n, float mu, float g_scale,
                     bool nesterov, bool store_state, void* u, dion_dtype_t u_dtype, const int32_t* skip,
                     int32_t* nonzero);

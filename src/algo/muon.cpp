@@ -17,6 +17,8 @@ size_t muon_family_workspace(const Group& g, const Tensor& t, int64_t count) {
   // U (M, G and X stay in their typed buffers); the exchange; the
   // orthogonalization of the owned matrices
   size_t w = ws_floats(N) + u.ws_floats + orthogonalize_ws_floats(u.whole.rows(), u.whole.cols(), u.owned);
+  // U's sums of squares for the unnormalised bf16 start (muon_family_step)
+  if (plan.levels == 0) w += ws_floats(2 * count * Backend::select_parts_max(1, max_local_numel(t)));
   if (g.opt.algorithm == DION_ALGO_NORMUON) {
     const int64_t rows = max_local_extent(t, flatten && t.ndim >= 3 ? 0 : t.ndim - 2);
     w += ws_floats(B * rows) + megabatch_sizes(plan, neuron_piece(t, plan, flatten), B).ws_floats;
@@ -33,12 +35,28 @@ void muon_family_step(Optimizer& opt, Group& g, const Batch& bt, bool normalize)
   const Tensor& t = bt.t;
   const bool flatten = o.flatten != 0;
   const int64_t n = t.numel_local, T = bt.count, N = n * T, B = t.geom.batch * T;
-  // M = mu M + G, stored back; U = nesterov ? mu M + G : M, in fp32: one
-  // pass over the typed M and G (Backend::momentum_multi).
-  float* U = opt.ws.take(N);
-  be.momentum_multi(bt.list, T, n, static_cast<float>(o.mu), 1.0f, o.nesterov != 0, true, U, DION_DTYPE_FP32,
-                    opt.skip_flag(), nullptr);
   const MbPlan plan = megabatch_plan(&opt, t, flatten, B);
+  // Muon without meshes, bf16 iteration, one matrix per tensor: U is written
+  // straight in bf16 with its sums of squares, and the iteration starts from
+  // it unnormalised (its first step scales the small Gram matrices), so no
+  // pass normalises and rounds U. DION_MUON_BF16_START=0 keeps the fp32 U
+  // (read at each step).
+  FrobParts sums;
+  if (plan.levels == 0 && !normalize && t.geom.batch == 1 && o.matmul_precision == DION_MATMUL_BF16 &&
+      !be.host_memory() && env_on("DION_MUON_BF16_START")) {
+    sums.nparts = be.momentum_parts(T, n);
+    if (sums.nparts > Backend::select_parts_max(1, n)) sums.nparts = 0;
+    if (sums.nparts > 0) sums.parts = reinterpret_cast<const double*>(opt.ws.take(2 * T * sums.nparts));
+  }
+  // M = mu M + G, stored back; U = nesterov ? mu M + G : M, in fp32 (or
+  // bf16, above): one pass over the typed M and G (Backend::momentum_multi).
+  float* U = opt.ws.take(N);
+  if (sums.parts)
+    be.momentum_multi_sums(bt.list, T, n, static_cast<float>(o.mu), 1.0f, o.nesterov != 0, U, DION_DTYPE_BF16,
+                           opt.skip_flag(), const_cast<double*>(sums.parts));
+  else
+    be.momentum_multi(bt.list, T, n, static_cast<float>(o.mu), 1.0f, o.nesterov != 0, true, U, DION_DTYPE_FP32,
+                      opt.skip_flag(), nullptr);
   Unshard uu(opt, plan, matrix_piece(t, plan, flatten), B);
   float* Uo = uu.forward(U);
   const MbPiece& w = uu.whole();
@@ -46,7 +64,10 @@ void muon_family_step(Optimizer& opt, Group& g, const Batch& bt, bool normalize)
   // Without an exchange or a normalisation the update reads the
   // orthogonalizer's bf16 result (if it has one) where it lies, laid out as U.
   const void* Ob = nullptr;
-  orthogonalize(opt, o, Um, plan.levels == 0 && !normalize ? &Ob : nullptr);
+  if (sums.parts)
+    orthogonalize_bf16_unnormalised(opt, o, Um, sums, &Ob);
+  else
+    orthogonalize(opt, o, Um, plan.levels == 0 && !normalize ? &Ob : nullptr);
   if (normalize) {
     // On the owner, over whole rows and the whole matrix: the single-device
     // statistics (the reference normalizes each rank's row shard after the

@@ -403,6 +403,17 @@ class Backend {
   virtual void momentum_multi(const TensorEntry* list, int64_t count, int64_t n, float mu, float g_scale,
                               bool nesterov, bool store_state, void* u, dion_dtype_t u_dtype, const int32_t* skip,
                               int32_t* nonzero) = 0;
+  // momentum_multi(..., store_state = true, u (not null), u_dtype, skip,
+  // nullptr) that also takes, in the same pass, momentum_parts(count, n)
+  // partial sums of the squares of each tensor's u as written (in double,
+  // their total ||u[t]||_F^2; the same on every run): the Muon family's bf16
+  // iteration then starts from u unnormalised (frob_scale_bf16).
+  virtual void momentum_multi_sums(const TensorEntry* list, int64_t count, int64_t n, float mu, float g_scale,
+                                   bool nesterov, void* u, dion_dtype_t u_dtype, const int32_t* skip,
+                                   double* sumsq) = 0;
+  // The partial sums momentum_multi_sums gives per tensor (0: it cannot);
+  // never more than select_parts_max(1, n).
+  virtual int64_t momentum_parts(int64_t count, int64_t n) = 0;
   // The parameter update: load_multi(x, kParam); apply_update(x, u, count * n,
   // gs, lr_mult, cautious); store_multi(kParam, x, skip). u holds elements
   // of u_dtype (a bf16 u is the Muon family's bf16 iteration's result,

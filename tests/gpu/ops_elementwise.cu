@@ -840,6 +840,57 @@ TEST_P(FusedMultiTest, MomentumMultiBf16U) {
   EXPECT_TRUE(same_bits(want, hu));
 }
 
+// momentum_multi_sums (Muon's unnormalised bf16 start): the state and u of
+// momentum_multi (fp32 and bf16 u, skipped or not), the host's bits, and
+// momentum_parts partial sums per tensor totalling the squares of u as
+// written (1e-12 relative: double sums in another order), the same on a
+// second run. The sizes leave element-wise tails; shift 1 takes the
+// element path throughout.
+TEST_P(FusedMultiTest, MomentumMultiSums) {
+  const int64_t n = std::get<0>(GetParam()), shift = std::get<1>(GetParam()), T = 5, N = T * n;
+  const std::vector<std::vector<int>> dtypes = {{1, 1, 1, -1}, {1, 0, 1, -1}, {0, 0, 0, -1}, {1, 2, 1, -1},
+                                                {2, 2, 2, -1}};
+  const int64_t parts = cuda->momentum_parts(T, n);
+  ASSERT_GE(parts, 1);
+  ASSERT_LE(parts, Backend::select_parts_max(1, n));
+  for (dion_dtype_t ud : {DION_DTYPE_FP32, DION_DTYPE_BF16})
+    for (int32_t skip : {0, 1}) {
+      SCOPED_TRACE(::testing::Message() << "u dtype " << ud << ", skip " << skip);
+      TensorPair tp(rng, dtypes, n, shift);
+      Dev<int32_t> dskip(std::vector<int32_t>{skip});
+      Dev<float> U1(N), U2(N);
+      Dev<double> sums(T * parts), sums2(T * parts);
+      cuda->momentum_multi(tp.a.dev_table.p(), T, n, 0.95f, 1.0f, true, true, U1.p(), ud, dskip.p(), nullptr);
+      cuda->momentum_multi_sums(tp.b.dev_table.p(), T, n, 0.95f, 1.0f, true, U2.p(), ud, dskip.p(), sums.p());
+      EXPECT_TRUE(tp.same_field(kState0));
+      const size_t bytes = static_cast<size_t>(N) * dtype_size(ud);
+      std::vector<uint8_t> u1(bytes), u2(bytes);
+      cuda_ok(cudaMemcpy(u1.data(), U1.p(), bytes, cudaMemcpyDeviceToHost), "download");
+      cuda_ok(cudaMemcpy(u2.data(), U2.p(), bytes, cudaMemcpyDeviceToHost), "download");
+      EXPECT_TRUE(same_bits(u1, u2)) << "u as momentum_multi writes it";
+      const std::vector<double> sd = sums.get();
+      std::vector<double> hs(static_cast<size_t>(T));
+      std::vector<uint8_t> uh(bytes);
+      // The host on b's host copy (its inputs), with the state as before the call.
+      host->momentum_multi_sums(tp.b.host_list.data(), T, n, 0.95f, 1.0f, true, uh.data(), ud, &skip, hs.data());
+      EXPECT_TRUE(same_bits(uh, u2)) << "the host's u";
+      for (int64_t t = 0; t < T; ++t) {
+        double want = 0, got = 0;
+        for (int64_t i = 0; i < n; ++i) {
+          const double v = load_elem(u2.data(), ud, t * n + i);
+          want += v * v;
+        }
+        for (int64_t c = 0; c < parts; ++c) got += sd[static_cast<size_t>(t * parts + c)];
+        EXPECT_NEAR(got, want, 1e-12 * want) << "tensor " << t;
+        EXPECT_NEAR(hs[static_cast<size_t>(t)], want, 1e-12 * want) << "host, tensor " << t;
+      }
+      // Again on a and on b, whose states are the same now: the same partial sums.
+      cuda->momentum_multi_sums(tp.a.dev_table.p(), T, n, 0.95f, 1.0f, true, U1.p(), ud, dskip.p(), sums2.p());
+      cuda->momentum_multi_sums(tp.b.dev_table.p(), T, n, 0.95f, 1.0f, true, U2.p(), ud, dskip.p(), sums.p());
+      EXPECT_TRUE(same_bits(sums.get(), sums2.get())) << "the same partial sums on every run";
+    }
+}
+
 // momentum_multi's nonzero flags: a matrix of u = M + G (mu = 1) all zero, one
 // whose only nonzero is its last element (the element-wise tail when n is not
 // a multiple of 8), one of -0 only (zero), one with a NaN (nonzero) and a

@@ -129,15 +129,17 @@ double rel_update_diff(const std::vector<float>& a, const std::vector<float>& b,
   return den > 0 ? std::sqrt(num / den) : INFINITY;
 }
 
-// Dion2 with BF16 matmuls selects its slices straight into bf16 and starts
-// the iteration from them unnormalised (src/algo/dion2.cpp;
-// DION_DION2_BF16_SLICES=0 keeps fp32 slices normalised in one pass). Both
-// are the bf16 iteration up to where the start is rounded: each within the
-// BF16 bound above of the fp32 host, and of each other; and not the same
-// bits (the switch changes the path). Wide (rows selected) and tall
-// (columns selected: a tall slice matrix) parameters, three steps.
-TEST(Dion2Bf16Slices, MatchFp32SlicesWithinBf16Rounding) {
-  DION_REQUIRE_GPU();
+// The bf16 iteration from an unnormalised start (src/algo/orthogonalize.cpp,
+// orthogonalize_bf16_unnormalised): Dion2 with BF16 matmuls selects its
+// slices straight into bf16, Muon writes U in bf16, each with its sums of
+// squares, and the iteration scales its first step's small Gram matrices
+// instead of normalising the start (DION_DION2_BF16_SLICES=0 and
+// DION_MUON_BF16_START=0 keep the fp32 start, normalised in a pass of its
+// own). Both are the bf16 iteration up to where the start is rounded: each
+// within the BF16 bound above of the fp32 host, and of each other; and not
+// the same bits (the switch changes the path). Wide and tall parameters
+// (Dion2: rows, and columns, selected), three steps.
+void bf16_start_matches_the_normalised_start(dion_algorithm_t algo, const char* env) {
   for (const auto& [m, n] : std::initializer_list<std::pair<int64_t, int64_t>>{{256, 512}, {512, 256}}) {
     SCOPED_TRACE(::testing::Message() << m << " x " << n);
     std::vector<float> x0(static_cast<size_t>(m * n)), g(x0.size());
@@ -145,13 +147,12 @@ TEST(Dion2Bf16Slices, MatchFp32SlicesWithinBf16Rounding) {
       x0[i] = 0.05f * hash_uniform(3, i);
       g[i] = hash_uniform(4, i);
     }
-    const Case c{DION_ALGO_DION2, DION_MATMUL_BF16, DION_DTYPE_UNSET, 3};
-    const std::vector<float> xh = run(DION_BACKEND_HOST, Case{DION_ALGO_DION2, DION_MATMUL_FP32, DION_DTYPE_UNSET, 3},
-                                      x0, g, m, n);
+    const Case c{algo, DION_MATMUL_BF16, DION_DTYPE_UNSET, 3};
+    const std::vector<float> xh = run(DION_BACKEND_HOST, Case{algo, DION_MATMUL_FP32, DION_DTYPE_UNSET, 3}, x0, g, m, n);
     const std::vector<float> x16 = run(DION_BACKEND_CUDA, c, x0, g, m, n);
-    ASSERT_EQ(setenv("DION_DION2_BF16_SLICES", "0", 1), 0);
+    ASSERT_EQ(setenv(env, "0", 1), 0);
     const std::vector<float> x32 = run(DION_BACKEND_CUDA, c, x0, g, m, n);
-    ASSERT_EQ(unsetenv("DION_DION2_BF16_SLICES"), 0);
+    ASSERT_EQ(unsetenv(env), 0);
     ASSERT_EQ(xh.size(), x0.size());
     ASSERT_EQ(x16.size(), x0.size());
     ASSERT_EQ(x32.size(), x0.size());
@@ -161,10 +162,20 @@ TEST(Dion2Bf16Slices, MatchFp32SlicesWithinBf16Rounding) {
     EXPECT_LT(e16, bound);
     EXPECT_LT(e32, bound);
     EXPECT_LT(between, bound);
-    EXPECT_GT(between, 0.0) << "the switch changed nothing: are the bf16 slices used?";
-    std::printf("  %lld x %lld: vs fp32 host %.3g (bf16 slices), %.3g (fp32 slices); between %.3g\n",
-                static_cast<long long>(m), static_cast<long long>(n), e16, e32, between);
+    EXPECT_GT(between, 0.0) << "the switch changed nothing: is the bf16 start used?";
+    std::printf("  %s %lld x %lld: vs fp32 host %.3g (bf16 start), %.3g (fp32 start); between %.3g\n",
+                algo_name(algo), static_cast<long long>(m), static_cast<long long>(n), e16, e32, between);
   }
+}
+
+TEST(Bf16Start, Dion2SlicesMatchFp32SlicesWithinBf16Rounding) {
+  DION_REQUIRE_GPU();
+  bf16_start_matches_the_normalised_start(DION_ALGO_DION2, "DION_DION2_BF16_SLICES");
+}
+
+TEST(Bf16Start, MuonMatchesFp32StartWithinBf16Rounding) {
+  DION_REQUIRE_GPU();
+  bf16_start_matches_the_normalised_start(DION_ALGO_MUON, "DION_MUON_BF16_START");
 }
 
 }  // namespace

@@ -476,6 +476,35 @@ TEST_F(HostFused, SelectMomentumSumsOfSquaresNormalizeAsFrobNormalizeBf16) {
   }
 }
 
+// momentum_multi_sums: momentum_multi's state and u (fp32 and bf16 u, with
+// and without a skipped step), and one sum per tensor of the squares of u
+// as written, in element order (the host's order: exact equality).
+TEST_F(HostFused, MomentumMultiSumsIsMomentumMultiAndTheSquaresOfU) {
+  const int64_t count = 3, n = 37;
+  EXPECT_EQ(be->momentum_parts(count, n), 1);
+  for (dion_dtype_t ud : {DION_DTYPE_FP32, DION_DTYPE_BF16})
+    for (int32_t skip : {0, 1}) {
+      SCOPED_TRACE(::testing::Message() << "u dtype " << ud << ", skip " << skip);
+      Twin tw(rng, count, n, {DION_DTYPE_FP32, DION_DTYPE_BF16, DION_DTYPE_BF16, DION_DTYPE_FP32});
+      std::vector<float> U1(static_cast<size_t>(count * n)), U2(U1.size());
+      std::vector<double> sums(static_cast<size_t>(count), -1.0);
+      be->momentum_multi(tw.la.data(), count, n, 0.9f, 1.0f, true, true, U1.data(), ud, &skip, nullptr);
+      be->momentum_multi_sums(tw.lb.data(), count, n, 0.9f, 1.0f, true, U2.data(), ud, &skip, sums.data());
+      for (int f = 0; f < 4; ++f) EXPECT_TRUE(tw.same(f)) << "field " << f;
+      const size_t bytes = static_cast<size_t>(count * n) * dtype_size(ud);
+      EXPECT_EQ(std::memcmp(U1.data(), U2.data(), bytes), 0) << "u as momentum_multi writes it";
+      for (int64_t t = 0; t < count; ++t) {
+        double want = 0;
+        for (int64_t i = 0; i < n; ++i) {
+          const double v = load_elem(U2.data(), ud, t * n + i);
+          want += v * v;
+        }
+        EXPECT_EQ(sums[static_cast<size_t>(t)], want) << "tensor " << t;
+        EXPECT_GT(want, 0.0);
+      }
+    }
+}
+
 // out_dtype BF16: the slices rounded once into bf16 elements (a padded out:
 // ld and stride count bf16 elements, the padding untouched), the state as
 // with fp32 slices, and the sums those of the rounded values.

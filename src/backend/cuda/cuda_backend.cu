@@ -997,6 +997,13 @@ class CudaBackend final : public Backend {
     ProfScope ps(prof_, "momentum_multi", stream_);
     kernels::momentum_multi(ctx(), list, count, n, mu, g_scale, nesterov, store_state, u, u_dtype, skip, nonzero);
   }
+  void momentum_multi_sums(const TensorEntry* list, int64_t count, int64_t n, float mu, float g_scale, bool nesterov,
+                           void* u, dion_dtype_t u_dtype, const int32_t* skip, double* sumsq) override {
+    DeviceScope ds(device_);
+    ProfScope ps(prof_, "momentum_multi_sums", stream_);
+    kernels::momentum_multi_sums(ctx(), list, count, n, mu, g_scale, nesterov, u, u_dtype, skip, sumsq);
+  }
+  int64_t momentum_parts(int64_t count, int64_t n) override { return kernels::momentum_parts(ctx(), count, n); }
   void apply_update_multi(const TensorEntry* list, int64_t count, int64_t n, const void* u, dion_dtype_t u_dtype,
                           const GroupScalars* gs, float lr_mult, bool cautious, const int32_t* skip) override {
     DeviceScope ds(device_);

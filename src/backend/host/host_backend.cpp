@@ -685,6 +685,21 @@ class HostBackend final : public Backend {
       if (nonzero && any) nonzero[t] = 1;
     }
   }
+  // One sum per tensor, in element order.
+  int64_t momentum_parts(int64_t, int64_t) override { return 1; }
+  void momentum_multi_sums(const TensorEntry* list, int64_t count, int64_t n, float mu, float g_scale, bool nesterov,
+                           void* u, dion_dtype_t u_dtype, const int32_t* skip, double* sumsq) override {
+    DION_REQUIRE(u, DION_ERROR_INTERNAL, "host momentum_multi_sums: u is required");
+    momentum_multi(list, count, n, mu, g_scale, nesterov, true, u, u_dtype, skip, nullptr);
+    for (int64_t t = 0; t < count; ++t) {
+      double s = 0;
+      for (int64_t i = 0; i < n; ++i) {
+        const double v = load_elem(u, u_dtype, t * n + i);
+        s += v * v;
+      }
+      sumsq[t] = s;
+    }
+  }
   // The field widened into scratch (and a bf16 b widened), then gemm.
   void gemm_field(const TensorEntry* list, int64_t count, Field f, int64_t rows, int64_t cols, dion_dtype_t x_dtype,
                   bool trans_x, ConstMatBatch b, MatBatch c, dion_matmul_precision_t precision) override {
