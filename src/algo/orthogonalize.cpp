@@ -41,10 +41,10 @@ constexpr Coeffs kNewtonSchulz[] = {
 // without conversion passes; every product is rounded to bf16. The CUDA
 // backend only: the host's reference arithmetic stays fp32.
 // The start X is bf16. raw null: X is normalised (its norm at most 1).
-// raw given: X is unnormalised, s X with s = factor ||X||_F + eps taken from
-// raw's partial sums, and the first step scales its small s x s matrices
-// instead of X (A = inv^2 X X^T, then (a I + B) inv): X is never rewritten.
-// Returns the bf16 result (X's buffer or Y's).
+// raw given: X is unnormalised, the normalised start being inv X with inv =
+// 1 / (factor ||X||_F + eps) from raw's partial sums; the first step scales
+// its small s x s matrices instead of X (A = inv^2 X X^T, then (a I + B)
+// inv), so X is never rewritten. Returns the bf16 result (X's buffer or Y's).
 MatBatch newton_schulz_bf16(Backend& be, const dion_group_options_t& o, MatBatch X, MatBatch Y, MatBatch A, MatBatch B,
                             const Coeffs* table, bool tall, const FrobParts* raw, float factor) {
   const int64_t ns = A.rows * A.cols * A.batch;
