@@ -66,10 +66,7 @@ Optimizer::~Optimizer() {
       for (auto& s : states)
         if (s.data) backend->release(s.data);
       for (auto& g : groups) {
-        for (auto& b : g.buckets) {
-          if (b.table) backend->release(b.table);
-          if (b.pre) backend->release(b.pre);
-        }
+        for (auto& b : g.buckets) release_bucket(b);
         if (g.scalars) backend->release(g.scalars);
       }
       if (status) backend->release(status);
@@ -518,10 +515,7 @@ void Optimizer::add_group(const dion_group_options_t& go, const dion_tensor_t* d
   } catch (...) {
     for (size_t s = states_before; s < states.size(); ++s)
       if (states[s].data) backend->release(states[s].data);
-    for (Bucket& b : g.buckets) {
-      if (b.table) backend->release(b.table);
-      if (b.pre) backend->release(b.pre);
-    }
+    for (Bucket& b : g.buckets) release_bucket(b);
     if (g.scalars) backend->release(g.scalars);
     states.resize(states_before);
     tensors.resize(tensors_before);
@@ -882,6 +876,13 @@ bool Optimizer::average_bucket_on_comm(const Bucket& b, int slot) {
   rep->set_join(&comm_join);
   if (any) backend->comm_mark(slot);
   return any;
+}
+
+void Optimizer::release_bucket(Bucket& b) {
+  if (b.table) backend->release(b.table);
+  if (b.pre) backend->release(b.pre);
+  b.table = nullptr;
+  b.pre = nullptr;
 }
 
 Batch Optimizer::batch_of(const Bucket& b) const {

@@ -247,6 +247,7 @@ struct Optimizer {
   // tensor of it has a gradient this step).
   void step_bucket(Group& g, Bucket& b);
   Batch batch_of(const Bucket& b) const;  // a bucket's active set, as its step sees it
+  void release_bucket(Bucket& b);         // its backend memory (table, pre-pass output)
   // A Dion tensor with a multi-rank replicate mesh and replicate_grad_sync:
   // true when its P and R are averaged instead of its gradient ((m+n) r < m n).
   bool dion_compressed(const Tensor& t) const;

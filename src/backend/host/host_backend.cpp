@@ -424,6 +424,12 @@ class HostBackend final : public Backend {
   static float inv_of(double sumsq, float factor, float eps) {
     return static_cast<float>(1.0 / (factor * std::sqrt(sumsq) + eps));
   }
+  // inv_of matrix b's total of its nparts partial sums, added in order.
+  static float inv_of_parts(const double* parts, int64_t b, int64_t nparts, float factor, float eps) {
+    double ss = 0;
+    for (int64_t c = 0; c < nparts; ++c) ss += parts[b * nparts + c];
+    return inv_of(ss, factor, eps);
+  }
   static float frob_inv(ConstMatBatch m, int64_t b, float factor, float eps) {
     return inv_of(sum_squares(m, b), factor, eps);
   }
@@ -446,9 +452,7 @@ class HostBackend final : public Backend {
                        float diag) override {
     uint16_t* base = reinterpret_cast<uint16_t*>(m.p);
     for (int64_t b = 0; b < m.batch; ++b) {
-      double ss = 0;
-      for (int64_t c = 0; c < nparts; ++c) ss += parts[b * nparts + c];
-      const float inv = inv_of(ss, factor, eps), sc = power == 2 ? inv * inv : inv;
+      const float inv = inv_of_parts(parts, b, nparts, factor, eps), sc = power == 2 ? inv * inv : inv;
       for (int64_t i = 0; i < m.rows; ++i)
         for (int64_t j = 0; j < m.cols; ++j) {
           uint16_t& e = base[b * m.stride + i * m.ld + j];
@@ -462,10 +466,7 @@ class HostBackend final : public Backend {
   static void frob_bf16(ConstMatBatch m, const double* parts, int64_t nparts, float factor, float eps, void* out) {
     uint16_t* o = static_cast<uint16_t*>(out);
     for (int64_t b = 0; b < m.batch; ++b) {
-      double ss = 0;
-      if (parts)
-        for (int64_t c = 0; c < nparts; ++c) ss += parts[b * nparts + c];
-      const float inv = parts ? inv_of(ss, factor, eps) : frob_inv(m, b, factor, eps);
+      const float inv = parts ? inv_of_parts(parts, b, nparts, factor, eps) : frob_inv(m, b, factor, eps);
       const float* p = at(m, b);
       for (int64_t i = 0; i < m.rows; ++i)
         for (int64_t j = 0; j < m.cols; ++j) *o++ = float_to_bf16(p[i * m.ld + j] * inv);
