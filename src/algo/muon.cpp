@@ -22,6 +22,10 @@ size_t muon_family_workspace(const Group& g, const Tensor& t, int64_t count) {
   if (g.opt.algorithm == DION_ALGO_NORMUON) {
     const int64_t rows = max_local_extent(t, flatten && t.ndim >= 3 ? 0 : t.ndim - 2);
     w += ws_floats(B * rows) + megabatch_sizes(plan, neuron_piece(t, plan, flatten), B).ws_floats;
+    // With the bf16 start, U (bf16) and the iteration's second bf16 buffer
+    // take two half-size buffers where the fp32 path takes one of N floats,
+    // then the widened result N floats: at most two alignment units more.
+    if (plan.levels == 0) w += 2 * ws_floats(1);
   }
   return w;
 }
@@ -36,21 +40,21 @@ void muon_family_step(Optimizer& opt, Group& g, const Batch& bt, bool normalize)
   const bool flatten = o.flatten != 0;
   const int64_t n = t.numel_local, T = bt.count, N = n * T, B = t.geom.batch * T;
   const MbPlan plan = megabatch_plan(&opt, t, flatten, B);
-  // Muon without meshes, bf16 iteration, one matrix per tensor: U is written
-  // straight in bf16 with its sums of squares, and the iteration starts from
-  // it unnormalised (its first step scales the small Gram matrices), so no
-  // pass normalises and rounds U. DION_MUON_BF16_START=0 keeps the fp32 U
-  // (read at each step).
+  // Muon and NorMuon without meshes, bf16 iteration, one matrix per tensor:
+  // U is written straight in bf16 with its sums of squares, and the
+  // iteration starts from it unnormalised (its first step scales the small
+  // Gram matrices), so no pass normalises and rounds U. DION_MUON_BF16_START=0
+  // keeps the fp32 U (read at each step).
   FrobParts sums;
-  if (plan.levels == 0 && !normalize && t.geom.batch == 1 && o.matmul_precision == DION_MATMUL_BF16 &&
-      !be.host_memory() && env_on("DION_MUON_BF16_START")) {
+  if (plan.levels == 0 && t.geom.batch == 1 && o.matmul_precision == DION_MATMUL_BF16 && !be.host_memory() &&
+      env_on("DION_MUON_BF16_START")) {
     sums.nparts = be.momentum_parts(T, n);
     if (sums.nparts > Backend::select_parts_max(1, n)) sums.nparts = 0;
     if (sums.nparts > 0) sums.parts = reinterpret_cast<const double*>(opt.ws.take(2 * T * sums.nparts));
   }
   // M = mu M + G, stored back; U = nesterov ? mu M + G : M, in fp32 (or
   // bf16, above): one pass over the typed M and G (Backend::momentum_multi).
-  float* U = opt.ws.take(N);
+  float* U = sums.parts ? opt.ws.take((N + 1) / 2) : opt.ws.take(N);  // bf16 elements with the sums
   if (sums.parts)
     be.momentum_multi_sums(bt.list, T, n, static_cast<float>(o.mu), 1.0f, o.nesterov != 0, U, DION_DTYPE_BF16,
                            opt.skip_flag(), const_cast<double*>(sums.parts));
@@ -69,6 +73,14 @@ void muon_family_step(Optimizer& opt, Group& g, const Batch& bt, bool normalize)
   else
     orthogonalize(opt, o, Um, plan.levels == 0 && !normalize ? &Ob : nullptr);
   if (normalize) {
+    // The normalisation is in fp32: a bf16 result (the bf16 start) is
+    // widened into a buffer of its own, which the update then reads.
+    if (Ob) {
+      U = opt.ws.take(N);
+      be.load(U, Ob, DION_DTYPE_BF16, N);
+      Um.p = U;
+      Ob = nullptr;
+    }
     // On the owner, over whole rows and the whole matrix: the single-device
     // statistics (the reference normalizes each rank's row shard after the
     // return, with a per-shard Frobenius rescale, spec §4.2).

@@ -178,4 +178,11 @@ TEST(Bf16Start, MuonMatchesFp32StartWithinBf16Rounding) {
   bf16_start_matches_the_normalised_start(DION_ALGO_MUON, "DION_MUON_BF16_START");
 }
 
+// NorMuon takes Muon's bf16 start; its neuron normalisation reads the
+// result widened to fp32.
+TEST(Bf16Start, NorMuonMatchesFp32StartWithinBf16Rounding) {
+  DION_REQUIRE_GPU();
+  bf16_start_matches_the_normalised_start(DION_ALGO_NORMUON, "DION_MUON_BF16_START");
+}
+
 }  // namespace
