@@ -153,6 +153,16 @@ void transpose(const Ctx& c, const float* in, int64_t rows, int64_t cols, int64_
 void extract_r(const Ctx& c, const float* cm, int64_t p, MatBatch r_out);
 // m[b] <- the identity.
 void fill_identity(const Ctx& c, MatBatch m);
+// Backend::gemm_bf16_sym on an nb x nb grid of bs x bs blocks (bf16
+// elements): the pointer arrays of one pointer-array GEMM over the blocks on
+// and below the diagonal of every matrix, cnt = batch nb (nb + 1) / 2 each,
+// in the column-major call's operand order: out[e] = op(B)'s columns of
+// block column j, out[cnt + e] = op(A)'s rows of block row i, out[2 cnt + e]
+// = C's block (i, j).
+void sym_block_pointers(const Ctx& c, ConstMatBatch a, bool ta, ConstMatBatch b, bool tb, MatBatch m, int64_t nb,
+                        int64_t bs, const void** out);
+// Backend::mirror_bf16 (copy.p null: no copy); bs a multiple of 32 dividing n.
+void mirror_bf16(const Ctx& c, MatBatch m, int64_t bs, float diag, MatBatch copy);
 // m[b] (bf16 elements; ld and stride count elements) += v on the diagonal.
 void add_diag_bf16(const Ctx& c, MatBatch m, float v);
 // out[b] (rows x cols, row-major, dense) <- m[b] in double.

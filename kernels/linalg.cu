@@ -255,6 +255,79 @@ __global__ void add_diag_bf16_kernel(MatBatch m, int64_t n, float v) {
 }
 }  // namespace
 
+namespace {
+// gemm_bf16_sym's blocks: e = t * nblk + q, q walking the blocks (i, j), j <= i
+// < nb, column j by column j (j = 0: i = 0 .. nb - 1, then j = 1: i = 1 .. ).
+__global__ void sym_block_pointers_kernel(ConstMatBatch a, bool ta, ConstMatBatch b, bool tb, MatBatch c, int64_t nb,
+                                          int64_t bs, int64_t nblk, int64_t cnt, const void** out) {
+  for (int64_t e = global_thread(); e < cnt; e += grid_threads()) {
+    const int64_t t = e / nblk;
+    int64_t q = e % nblk, j = 0;
+    while (q >= nb - j) q -= nb - j++;
+    const int64_t i = j + q;
+    // bf16 elements: ld and stride count elements
+    const uint16_t* pa = reinterpret_cast<const uint16_t*>(a.p) + t * a.stride + (ta ? i * bs : i * bs * a.ld);
+    const uint16_t* pb = reinterpret_cast<const uint16_t*>(b.p) + t * b.stride + (tb ? j * bs * b.ld : j * bs);
+    const uint16_t* pc = reinterpret_cast<const uint16_t*>(c.p) + t * c.stride + i * bs * c.ld + j * bs;
+    out[e] = pb;
+    out[cnt + e] = pa;
+    out[2 * cnt + e] = pc;
+  }
+}
+
+// One 32 x 32 tile per block (bs is a multiple of 32: a tile lies in one
+// block of the grid). A tile below the block diagonal goes through shared
+// memory to its transposed place above it (reads and writes both walk rows);
+// with a copy, the tiles below and on the diagonal are copied as read; then
+// the diagonal tiles add diag to their diagonal. A block writes only its own
+// tile's transposed place, the copy and its own diagonal elements, none of
+// which another block reads.
+__global__ void mirror_bf16_kernel(MatBatch m, int64_t bs, float diag, MatBatch copy) {
+  __shared__ uint16_t tile[32][33];
+  const int tx = threadIdx.x, ty = threadIdx.y;
+  const int64_t r0 = blockIdx.y * 32LL, c0 = blockIdx.x * 32LL;
+  const int64_t bi = r0 / bs, bj = c0 / bs;
+  const bool below = bi > bj, shift = diag != 0.0f && r0 == c0;
+  if (bi < bj || (!below && !copy.p && !shift)) return;
+  for (int64_t bt = blockIdx.z; bt < m.batch; bt += gridDim.z) {
+    uint16_t* base = reinterpret_cast<uint16_t*>(m.p) + bt * m.stride;
+    uint16_t* dst = copy.p ? reinterpret_cast<uint16_t*>(copy.p) + bt * copy.stride : nullptr;
+    for (int k = ty; k < 32; k += kTileY) {
+      const uint16_t v = base[(r0 + k) * m.ld + c0 + tx];
+      tile[k][tx] = v;
+      if (dst) dst[(r0 + k) * copy.ld + c0 + tx] = v;
+    }
+    if (below) {
+      __syncthreads();
+      for (int k = ty; k < 32; k += kTileY) base[(c0 + k) * m.ld + r0 + tx] = tile[tx][k];
+      __syncthreads();
+    } else if (shift && tx % kTileY == ty) {
+      uint16_t* e = base + (r0 + tx) * m.ld + c0 + tx;
+      *e = float_to_bf16(bf16_to_float(*e) + diag);
+    }
+  }
+}
+}  // namespace
+
+void sym_block_pointers(const Ctx& c, ConstMatBatch a, bool ta, ConstMatBatch b, bool tb, MatBatch m, int64_t nb,
+                        int64_t bs, const void** out) {
+  const int64_t nblk = nb * (nb + 1) / 2, cnt = m.batch * nblk;
+  if (cnt <= 0) return;
+  sym_block_pointers_kernel<<<blocks_1d(c, cnt), kThreads, 0, c.stream>>>(a, ta, b, tb, m, nb, bs, nblk, cnt, out);
+  cuda::check_launch("gemm_bf16_sym pointer kernel");
+}
+
+void mirror_bf16(const Ctx& c, MatBatch m, int64_t bs, float diag, MatBatch copy) {
+  const int64_t n = m.rows;
+  if (n <= 0 || m.batch <= 0) return;
+  DION_REQUIRE(m.cols == n && bs > 0 && bs % 32 == 0 && n % bs == 0 && (!copy.p || (copy.rows == n && copy.cols == n)),
+               DION_ERROR_INTERNAL, "mirror_bf16: needs square matrices and blocks of a multiple of 32 dividing them");
+  const dim3 grid(static_cast<unsigned>(n / 32), static_cast<unsigned>(n / 32),
+                  static_cast<unsigned>(std::min<int64_t>(m.batch, 65535)));
+  mirror_bf16_kernel<<<grid, dim3(32, kTileY), 0, c.stream>>>(m, bs, diag, copy);
+  cuda::check_launch("mirror_bf16 kernel");
+}
+
 void add_diag_bf16(const Ctx& c, MatBatch m, float v) {
   const int64_t n = m.rows < m.cols ? m.rows : m.cols;
   if (n <= 0 || m.batch <= 0) return;

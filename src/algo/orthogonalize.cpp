@@ -53,17 +53,31 @@ MatBatch newton_schulz_bf16(Backend& be, const dion_group_options_t& o, MatBatch
     const Coeffs& k = table[std::min(it, 4)];
     const bool scale = raw && it == 0;
     const float eps = static_cast<float>(o.epsilon);
-    be.gemm_bf16(tall, !tall, 1.0f, cur, cur, 0.0f, A);
-    if (scale) be.frob_scale_bf16(A, raw->parts, raw->nparts, factor, eps, 2, 0.0f);
-    be.copy(B.p, A.p, sizeof(uint16_t) * static_cast<size_t>(ns));
-    be.gemm_bf16(false, false, static_cast<float>(k.c), A, A, static_cast<float>(k.b), B);
+    // A and B are symmetric: the backend may form only the blocks on and
+    // below the diagonal of each (bs > 0), and mirror_bf16 completes them:
+    // A's with B's C (A's lower blocks: B = b A + c A A) in the same pass,
+    // B's with a's shift (below) where no first-step scaling follows.
+    const int64_t bs_a = be.gemm_bf16_lower(tall, !tall, 1.0f, cur, cur, 0.0f, A);
+    if (scale) be.frob_scale_bf16(A, raw->parts, raw->nparts, factor, eps, 2, 0.0f);  // the unmirrored half too
+    if (bs_a > 0)
+      be.mirror_bf16(A, bs_a, 0.0f, &B);
+    else
+      be.copy(B.p, A.p, sizeof(uint16_t) * static_cast<size_t>(ns));
+    const int64_t bs_b = be.gemm_bf16_lower(false, false, static_cast<float>(k.c), A, A, static_cast<float>(k.b), B);
+    // B holds only A's lower blocks where A was formed by blocks: the same
+    // square, aligned buffers are then formed by blocks of the same size.
+    DION_REQUIRE(bs_a == 0 || bs_b == bs_a, DION_ERROR_INTERNAL, "newton_schulz_bf16: the block sizes differ");
     // X' = a X + B X = (a I + B) X: the a X term goes into B's diagonal (a
     // rounding of the small s x s matrix) instead of into a copy of X as C
     // of the last product, which would move the whole s x l matrix once more.
-    if (scale)
+    if (scale) {
+      if (bs_b > 0) be.mirror_bf16(B, bs_b, 0.0f, nullptr);
       be.frob_scale_bf16(B, raw->parts, raw->nparts, factor, eps, 1, static_cast<float>(k.a));
-    else
+    } else if (bs_b > 0) {
+      be.mirror_bf16(B, bs_b, static_cast<float>(k.a), nullptr);
+    } else {
       be.add_diag_bf16(B, static_cast<float>(k.a));
+    }
     if (tall)
       be.gemm_bf16(false, false, 1.0f, cur, B, 0.0f, nxt);
     else

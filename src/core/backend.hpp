@@ -27,6 +27,7 @@
 #include <cstdint>
 
 #include "dion.h"
+#include "error.hpp"
 #include "rng.hpp"
 
 namespace dion {
@@ -204,6 +205,32 @@ class Backend {
   // rounded to bf16. The Muon family's iterations at matmul precision BF16.
   virtual void gemm_bf16(bool trans_a, bool trans_b, float alpha, ConstMatBatch a, ConstMatBatch b, float beta,
                          MatBatch c) = 0;
+  // gemm_bf16 for a square C whose product and input are symmetric: the
+  // Gram matrix X X^T or X^T X (a == b, trans_b == !trans_a) and A A of a
+  // symmetric A, with beta 0 or a symmetric C. A device backend may form
+  // only the blocks on and below the diagonal of a grid of bs x bs blocks
+  // (the products of the Muon family's iterations: 3/8 of the FLOPs fewer at
+  // 4 x 4 blocks), leaving those above it as they were for mirror_bf16;
+  // each element formed is the one gemm_bf16 would compute, up to the
+  // products' summation order. Returns bs, or 0 where the whole product was
+  // formed (by default: gemm_bf16's).
+  virtual int64_t gemm_bf16_lower(bool trans_a, bool trans_b, float alpha, ConstMatBatch a, ConstMatBatch b,
+                                  float beta, MatBatch c) {
+    gemm_bf16(trans_a, trans_b, alpha, a, b, beta, c);
+    return 0;
+  }
+  // Completes gemm_bf16_lower's m (n x n bf16 matrices, bs > 0 the block
+  // size it returned): the blocks above the diagonal <- the transposes of
+  // those below it, so m is exactly symmetric; where `copy` is given (same
+  // shape), m's blocks on and below the diagonal copied into it (those a
+  // following gemm_bf16_lower reads as its C; the others are left); then
+  // `diag` added to m's diagonal (rounded to bf16; none when 0).
+  // By default no product is formed by blocks, so there is nothing to complete.
+  virtual void mirror_bf16(MatBatch m, int64_t bs, float diag, const MatBatch* copy) {
+    (void)m, (void)diag, (void)copy;
+    fail(DION_ERROR_INTERNAL, "mirror_bf16: blocks of %lld, but this backend forms whole products",
+         static_cast<long long>(bs));
+  }
   // The same with C in fp32 (A and B bf16; C neither read nor rounded to
   // bf16): Dion's products of its bf16 momentum at matmul precision BF16.
   virtual void gemm_bf16_f32(bool trans_a, bool trans_b, float alpha, ConstMatBatch a, ConstMatBatch b, float beta,

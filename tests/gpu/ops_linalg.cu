@@ -191,6 +191,115 @@ TEST_F(OpsTest, GemmOnBf16BuffersMatchesHost) {
     }
 }
 
+// gemm_bf16_lower and mirror_bf16, the iteration's symmetric products by
+// blocks (4 x 4 blocks for n >= 1024 a multiple of 128, else the full
+// product and bs = 0), against the host's gemm_bf16 (and add_diag_bf16) of
+// the same bf16 operands, with GemmOnBf16BuffersMatchesHost's bound: 1e-5 of
+// the sum of |terms| (here its Cauchy-Schwarz bound |alpha| |row_i| |col_j| +
+// |beta c_ij|) for the accumulation order, plus one bf16 ulp (2^-7 of the
+// value) for the rounding. Every element must be written (C starts as NaN
+// where beta = 0), C must be exactly symmetric where blocks were used, and
+// mirror_bf16's copy must hold C's blocks on and below the diagonal and
+// nothing else (the rest keeps its sentinel). Cases: the Gram matrix of a
+// wide (X X^T) and a tall (X^T X) X, completed with a copy, and c A A + b A
+// of a symmetric A, completed with the diagonal shift a; two sizes that take
+// the full product.
+TEST_F(OpsTest, GemmBf16LowerAndMirrorMatchHost) {
+  struct Case {
+    int64_t n, l, batch;
+    bool tall, square;
+    bool blocks;  // whether the CUDA backend forms this one by blocks
+  };
+  const Case cases[] = {{1024, 1536, 2, false, false, true}, {1152, 1280, 1, true, false, true},
+                        {1024, 1024, 2, false, true, true},  {768, 512, 2, false, false, false},
+                        {1000, 1000, 1, false, true, false}};
+  const uint16_t kSentinel = 0x7fc1;  // a NaN: the copy's blocks above the diagonal must keep it
+  for (const Case& cs : cases) {
+    const int64_t n = cs.n, l = cs.square ? cs.n : cs.l, B = cs.batch;
+    SCOPED_TRACE(testing::Message() << "n " << n << " l " << l << " batch " << B << (cs.tall ? " tall" : "")
+                                    << (cs.square ? " A A" : " Gram"));
+    // op(A) is n x l: X (n x l) for the wide Gram and A A, X^T (X: l x n) for the tall Gram.
+    const bool ta = cs.tall, tb = cs.square ? false : !cs.tall;
+    const int64_t xr = cs.tall ? l : n, xc = cs.tall ? n : l;
+    std::vector<uint16_t> x(static_cast<size_t>(B * xr * xc));
+    std::vector<uint16_t> c0(static_cast<size_t>(B * n * n), 0x7fc0);  // NaN: every element must be written
+    float alpha = 1.0f, beta = 0.0f, shift = 0.0f;
+    if (cs.square) {  // a symmetric A = bf16(G G^T / w), G n x w, C = A, as the iteration's B = b A + c A A
+      const int64_t w = 64;
+      std::vector<double> g(static_cast<size_t>(n * w));
+      for (int64_t q = 0; q < B; ++q) {
+        for (auto& v : g) v = gauss();
+        for (int64_t i = 0; i < n; ++i)
+          for (int64_t j = 0; j <= i; ++j) {
+            double s = 0;
+            for (int64_t t = 0; t < w; ++t) s += g[static_cast<size_t>(i * w + t)] * g[static_cast<size_t>(j * w + t)];
+            const uint16_t v = float_to_bf16(static_cast<float>(s / static_cast<double>(w)));
+            x[static_cast<size_t>((q * n + i) * n + j)] = x[static_cast<size_t>((q * n + j) * n + i)] = v;
+          }
+      }
+      c0 = x;
+      alpha = 0.5f;
+      beta = -2.75f;
+      shift = 3.5f;
+    } else {
+      for (auto& v : x) v = float_to_bf16(gauss());
+    }
+    auto cm = [](const void* p, int64_t r, int64_t c, int64_t batch) {
+      return ConstMatBatch(static_cast<const float*>(p), r, c, c, r * c, batch);
+    };
+    auto mm = [](void* p, int64_t r, int64_t c, int64_t batch) {
+      return MatBatch{static_cast<float*>(p), r, c, c, r * c, batch};
+    };
+    Dev<uint16_t> dx(x), dc(c0), dcopy(std::vector<uint16_t>(c0.size(), kSentinel));
+    std::vector<uint16_t> hc = c0;
+    host->gemm_bf16(ta, tb, alpha, cm(x.data(), xr, xc, B), cm(x.data(), xr, xc, B), beta, mm(hc.data(), n, n, B));
+    if (shift != 0.0f) host->add_diag_bf16(mm(hc.data(), n, n, B), shift);
+    const int64_t bs =
+        cuda->gemm_bf16_lower(ta, tb, alpha, cm(dx.p(), xr, xc, B), cm(dx.p(), xr, xc, B), beta, mm(dc.p(), n, n, B));
+    EXPECT_EQ(bs > 0, cs.blocks) << "bs " << bs;
+    const MatBatch copy = mm(dcopy.p(), n, n, B);
+    if (bs > 0) {
+      EXPECT_EQ(n % bs, 0);
+      cuda->mirror_bf16(mm(dc.p(), n, n, B), bs, shift, cs.square ? nullptr : &copy);
+    } else if (shift != 0.0f) {
+      cuda->add_diag_bf16(mm(dc.p(), n, n, B), shift);
+    }
+    const std::vector<uint16_t> got = dc.get(), gotcopy = dcopy.get();
+    // |row i of op(A)| = |col i of op(B)| (both are row/column i of X or X^T).
+    std::vector<double> norm(static_cast<size_t>(B * n), 0.0);
+    for (int64_t q = 0; q < B; ++q)
+      for (int64_t i = 0; i < n; ++i)
+        for (int64_t t = 0; t < l; ++t) {
+          const double v = bf16_to_float(x[static_cast<size_t>(q * xr * xc + (cs.tall ? t * n + i : i * l + t))]);
+          norm[static_cast<size_t>(q * n + i)] += v * v;
+        }
+    double worst = 0;
+    int64_t asymmetric = 0, unwritten = 0, bad_copy = 0;
+    for (int64_t q = 0; q < B; ++q)
+      for (int64_t i = 0; i < n; ++i)
+        for (int64_t j = 0; j < n; ++j) {
+          const size_t e = static_cast<size_t>((q * n + i) * n + j), et = static_cast<size_t>((q * n + j) * n + i);
+          if (got[e] != got[et]) ++asymmetric;
+          if (bs > 0 && !cs.square && gotcopy[e] != (i / bs >= j / bs ? got[e] : kSentinel)) ++bad_copy;
+          const double g = bf16_to_float(got[e]), h = bf16_to_float(hc[e]);
+          if (!std::isfinite(g)) {
+            ++unwritten;
+            continue;
+          }
+          const double mag =
+              std::fabs(alpha) * std::sqrt(norm[static_cast<size_t>(q * n + i)] * norm[static_cast<size_t>(q * n + j)]) +
+              (beta != 0.0f ? std::fabs(beta * bf16_to_float(c0[e])) : 0.0) + (i == j ? std::fabs(shift) : 0.0);
+          const double tol = 1e-5 * mag + std::ldexp(std::fabs(h), -7);
+          worst = std::max(worst, std::fabs(g - h) / tol);
+        }
+    EXPECT_EQ(unwritten, 0) << "elements left NaN (unwritten) or non-finite";
+    // The full product (bs = 0) promises no symmetry.
+    if (bs > 0) EXPECT_EQ(asymmetric, 0) << "elements whose transpose differs";
+    EXPECT_EQ(bad_copy, 0) << "copy elements other than C's blocks on and below the diagonal, or overwritten above";
+    EXPECT_LE(worst, 1.0) << "worst error / tolerance";
+  }
+}
+
 TEST_F(OpsTest, GemmBetaZeroAndEmptyK) {
   const int64_t m = 9, n = 11, B = 2;
   // beta = 0 ignores C, NaN included.

@@ -32,13 +32,17 @@ struct GraphCase {
   std::string name;
   dion_algorithm_t algo;
   bool bf16_products = false;  // Dion at matmul precision BF16 with a bf16 momentum
+  // Matmul precision BF16 on kLargeShapes: the Newton-Schulz products by
+  // blocks (Backend::gemm_bf16_lower and mirror_bf16, s >= 1024).
+  bool large_bf16 = false;
 };
 void PrintTo(const GraphCase& c, std::ostream* os) { *os << c.name; }
 
 std::vector<GraphCase> graph_cases() {
   return {
       {"Dion_RCQR", DION_ALGO_DION}, {"Muon", DION_ALGO_MUON}, {"AdamW", DION_ALGO_ADAMW}, {"Dion2", DION_ALGO_DION2},
-      {"Dion_RCQR_bf16_momentum_products", DION_ALGO_DION, true}};
+      {"Dion_RCQR_bf16_momentum_products", DION_ALGO_DION, true},
+      {"Muon_bf16_symmetric_blocks", DION_ALGO_MUON, false, true}};
 }
 
 dion_group_options_t case_options(const GraphCase& c) {
@@ -48,6 +52,7 @@ dion_group_options_t case_options(const GraphCase& c) {
     g.matmul_precision = DION_MATMUL_BF16;
     g.momentum_dtype = DION_DTYPE_BF16;
   }
+  if (c.large_bf16) g.matmul_precision = DION_MATMUL_BF16;
   g.weight_decay = 0.1;  // visible: lr * wd = 1e-3 per step
   if (a == DION_ALGO_DION) {
     // r = 24 < 64 rows: the randomized Cholesky QR (with its step-keyed
@@ -60,22 +65,24 @@ dion_group_options_t case_options(const GraphCase& c) {
 
 // Two same-shape tensors (batched together) and a transposed one.
 const std::vector<std::vector<int64_t>> kShapes = {{64, 48}, {64, 48}, {48, 64}};
+const std::vector<std::vector<int64_t>> kLargeShapes = {{1024, 1280}, {1024, 1280}, {1280, 1024}};
 
 // One CUDA optimizer over its own device tensors.
 struct Rig {
   Optimizer opt;
   std::deque<DeviceTensor> tensors;
 
-  // Creates the optimizer and one group of kShapes with the given initial
+  // Creates the optimizer and one group of kShapes (kLargeShapes) with the given initial
   // parameters and (fixed) gradients.
   void build(const GraphCase& c, uint64_t data_seed) {
     ASSERT_EQ(opt.create(options(DION_BACKEND_CUDA, /*seed=*/99, 0)), DION_SUCCESS);
     std::vector<dion_tensor_t> d;
-    for (size_t i = 0; i < kShapes.size(); ++i) {
+    const std::vector<std::vector<int64_t>>& shapes = c.large_bf16 ? kLargeShapes : kShapes;
+    for (size_t i = 0; i < shapes.size(); ++i) {
       tensors.emplace_back();
       DeviceTensor& t = tensors.back();
       t.name = "graph.t" + std::to_string(i);
-      t.shape = kShapes[i];
+      t.shape = shapes[i];
       CUDA_ASSERT(t.allocate());
       CUDA_ASSERT(t.param.upload(random_bytes(t.numel(), t.dtype, data_seed + i, 0.05)));
       CUDA_ASSERT(t.grad.upload(random_bytes(t.numel(), t.dtype, data_seed + 1000 + i, 1.0)));

@@ -185,4 +185,37 @@ TEST(Bf16Start, NorMuonMatchesFp32StartWithinBf16Rounding) {
   bf16_start_matches_the_normalised_start(DION_ALGO_NORMUON, "DION_MUON_BF16_START");
 }
 
+// The iteration's Gram matrix and A A by blocks (Backend::gemm_bf16_lower and
+// mirror_bf16: 4 x 4 blocks at s = 1024 and 1152; the ops test checks the
+// ops themselves): Muon and NorMuon with them and with the full products
+// (DION_SYM_PRODUCTS=0, read at dion_create) are each within the BF16 bound
+// above of the fp32 host, over three steps, wide and tall.
+TEST(SymProducts, MuonFamilyMatchesFullProductsWithinBf16Rounding) {
+  DION_REQUIRE_GPU();
+  for (dion_algorithm_t algo : {DION_ALGO_MUON, DION_ALGO_NORMUON})
+    for (const auto& [m, n] : std::initializer_list<std::pair<int64_t, int64_t>>{{1024, 2048}, {2048, 1024}, {1152, 1152}}) {
+      SCOPED_TRACE(::testing::Message() << algo_name(algo) << " " << m << " x " << n);
+      std::vector<float> x0(static_cast<size_t>(m * n)), g(x0.size());
+      for (size_t i = 0; i < x0.size(); ++i) {
+        x0[i] = 0.05f * hash_uniform(5, i);
+        g[i] = hash_uniform(6, i);
+      }
+      const std::vector<float> xh = run(DION_BACKEND_HOST, Case{algo, DION_MATMUL_FP32, DION_DTYPE_UNSET, 3}, x0, g, m, n);
+      const Case c{algo, DION_MATMUL_BF16, DION_DTYPE_UNSET, 3};
+      const std::vector<float> xs = run(DION_BACKEND_CUDA, c, x0, g, m, n);
+      ASSERT_EQ(setenv("DION_SYM_PRODUCTS", "0", 1), 0);
+      const std::vector<float> xf = run(DION_BACKEND_CUDA, c, x0, g, m, n);
+      ASSERT_EQ(unsetenv("DION_SYM_PRODUCTS"), 0);
+      ASSERT_EQ(xh.size(), x0.size());
+      ASSERT_EQ(xs.size(), x0.size());
+      ASSERT_EQ(xf.size(), x0.size());
+      const double bound = 20 * std::ldexp(1.0, -8);
+      const double es = rel_update_diff(xh, xs, x0), ef = rel_update_diff(xh, xf, x0);
+      EXPECT_LT(es, bound);
+      EXPECT_LT(ef, bound);
+      std::printf("  %s %lld x %lld: vs fp32 host %.3g (blocks), %.3g (full); between %.3g\n", algo_name(algo),
+                  static_cast<long long>(m), static_cast<long long>(n), es, ef, rel_update_diff(xf, xs, x0));
+    }
+}
+
 }  // namespace

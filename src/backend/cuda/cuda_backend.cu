@@ -462,6 +462,42 @@ class CudaBackend final : public Backend {
   void gemm_bf16(bool ta, bool tb, float alpha, ConstMatBatch a, ConstMatBatch b, float beta, MatBatch c) override {
     gemm_bf16_to(ta, tb, alpha, a, b, beta, c, CUDA_R_16BF, "gemm_bf16");
   }
+  // The blocks on and below the diagonal of an nb x nb grid in one
+  // pointer-array GEMM (sym_blocks says when; else the full product). At 4 x
+  // 4 blocks, 10 of 16 block products: on an H100 (bench/micro/sym_blocks.cu)
+  // the Gram matrix of 24 2048 x 8192 matrices 2.04 -> 1.29 ms, A A of 24
+  // symmetric 2048 x 2048 ones 0.54 -> 0.35 ms, with the full product's bits.
+  int64_t gemm_bf16_lower(bool ta, bool tb, float alpha, ConstMatBatch a, ConstMatBatch b, float beta,
+                          MatBatch c) override {
+    const int64_t n = c.rows, k = ta ? a.rows : a.cols;
+    const int64_t nb = sym_blocks(a, b, c, k);
+    if (nb <= 1) {
+      gemm_bf16_to(ta, tb, alpha, a, b, beta, c, CUDA_R_16BF, "gemm_bf16");
+      return 0;
+    }
+    DION_REQUIRE(c.cols == n && (ta ? a.cols : a.rows) == n && (tb ? b.rows : b.cols) == n &&
+                     (tb ? b.cols : b.rows) == k,
+                 DION_ERROR_INTERNAL, "cuda gemm_bf16_lower: shape mismatch");
+    DeviceScope ds(device_);
+    ProfScope ps(prof_, "gemm_bf16_lower", stream_);
+    ps.detail([&] { return gemm_tag("gemm_bf16_lower", n, n, k, ta, tb, c.batch); });
+    const int64_t bs = n / nb, cnt = c.batch * nb * (nb + 1) / 2;
+    void** ptr = static_cast<void**>(scratch(kPtrGemm, sizeof(void*) * static_cast<size_t>(3 * cnt) + 64));
+    kernels::sym_block_pointers(ctx(), a, ta, b, tb, c, nb, bs, const_cast<const void**>(ptr));
+    const int BS = to_int(bs, "gemm_bf16_lower block"), K = to_int(k, "gemm_bf16_lower k");
+    check(cublasGemmBatchedEx(blas_, tb ? CUBLAS_OP_T : CUBLAS_OP_N, ta ? CUBLAS_OP_T : CUBLAS_OP_N, BS, BS, K, &alpha,
+                              ptr, CUDA_R_16BF, to_int(b.ld, "gemm_bf16_lower ldb"), ptr + cnt, CUDA_R_16BF,
+                              to_int(a.ld, "gemm_bf16_lower lda"), &beta, ptr + 2 * cnt, CUDA_R_16BF,
+                              to_int(c.ld, "gemm_bf16_lower ldc"), to_int(cnt, "gemm_bf16_lower count"),
+                              CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
+          "cublasGemmBatchedEx (gemm_bf16_lower)");
+    return bs;
+  }
+  void mirror_bf16(MatBatch m, int64_t bs, float diag, const MatBatch* copy) override {
+    DeviceScope ds(device_);
+    ProfScope ps(prof_, "mirror_bf16", stream_);
+    kernels::mirror_bf16(ctx(), m, bs, diag, copy ? *copy : MatBatch{nullptr, 0, 0, 0, 0, 0});
+  }
   // One pointer-array GEMM: the fields' pointers from the table (a small
   // setup kernel), B's and C's from their strides. Row-major C = op(X) B is
   // column-major C^T = B^T op(X)^T: B first, as gemm passes its operands.
@@ -1081,6 +1117,24 @@ class CudaBackend final : public Backend {
 
   kernels::Ctx ctx() const { return kernels::Ctx{stream_, sms_}; }
 
+  // gemm_bf16_lower's grid: 4 x 4 blocks for n >= 1024, a multiple of 128
+  // (blocks of a multiple of 32, as mirror_bf16 needs), else 1 (the full
+  // product): below that the saving does not pay for the extra launches (an
+  // H100, gpt-160m Muon, s = 768: 3.94 -> 4.43 ms with 4 x 4 blocks of 192;
+  // gpt-1.3b Dion2, s = 512: 13.55 -> 14.0), nor where the product is empty,
+  // DION_SYM_PRODUCTS=0, or a block pointer would not be 16-byte aligned
+  // (the pointer-array kernels assume it: strides and lds multiples of 8
+  // elements, the bases aligned).
+  int64_t sym_blocks(ConstMatBatch a, ConstMatBatch b, ConstMatBatch c, int64_t k) const {
+    if (!sym_products_ || k <= 0 || c.batch <= 0 || c.rows != c.cols) return 1;
+    const int64_t n = c.rows, nb = 4;
+    if (n < 1024 || n % 128 != 0) return 1;
+    auto aligned = [](const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; };
+    for (const ConstMatBatch* m : {&a, &b, &c})
+      if (!aligned(m->p) || m->ld % 8 != 0 || m->stride % 8 != 0) return 1;
+    return nb;
+  }
+
   // update_lowrank and accumulate_lowrank: one pointer-array GEMM per batch,
   // C = field f of each tensor (in place), alpha and beta read from the
   // device (pointer mode device for this call), computed there by the setup
@@ -1313,6 +1367,8 @@ class CudaBackend final : public Backend {
   // The triangular inverse by levels where n allows it (tri_inverse_upper);
   // DION_TRI_INVERSE_LEVELS=0 keeps the recursion (for comparisons).
   bool tri_inverse_levels_ = env_int("DION_TRI_INVERSE_LEVELS", 1) != 0;
+  // gemm_bf16_lower by blocks (sym_blocks); DION_SYM_PRODUCTS=0 keeps the full products.
+  bool sym_products_ = env_int("DION_SYM_PRODUCTS", 1) != 0;
   cublasHandle_t blas_ = nullptr;
   cusolverDnHandle_t solver_ = nullptr;
   void* blas_ws_ = nullptr;
