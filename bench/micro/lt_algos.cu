@@ -1,0 +1,159 @@
+// SPDX-License-Identifier: MIT
+// Micro-benchmark (not built by CMake; docs/benchmarks.md cites its figures):
+// would choosing among cuBLASLt's algorithms beat cuBLAS's default choice for
+// the bf16 products of Dion's and Muon's steps? For each shape: the time of
+// cublasGemmStridedBatchedEx (CUBLAS_GEMM_DEFAULT), of cublasLtMatmul with
+// the heuristic's first algorithm, and of the fastest of its first 32.
+// Build and run on the GPU machine:
+//   nvcc -arch=sm_90 -O2 -o lt_algos bench/micro/lt_algos.cu -lcublasLt -lcublas && ./lt_algos
+#include <cublasLt.h>
+#include <cublas_v2.h>
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+#include <algorithm>
+#include <cstdio>
+#include <vector>
+#define CK(x)                                                   \
+  do {                                                          \
+    auto e_ = (x);                                              \
+    if ((int)e_) {                                              \
+      printf("err %d at %s:%d\n", (int)e_, __FILE__, __LINE__); \
+      exit(1);                                                  \
+    }                                                           \
+  } while (0)
+
+__global__ void fill(__nv_bfloat16* p, long n, uint32_t seed) {
+  for (long i = blockIdx.x * (long)blockDim.x + threadIdx.x; i < n; i += (long)gridDim.x * blockDim.x) {
+    uint32_t h = (uint32_t)i * 2654435761u ^ seed;
+    h ^= h >> 15;
+    h *= 2246822519u;
+    h ^= h >> 13;
+    p[i] = __float2bfloat16(((h & 0xffff) / 65536.0f - 0.5f) * 0.1f);
+  }
+}
+
+struct Case {
+  const char* name;
+  int m, n, k, batch;
+  bool ta, tb;
+  bool c_bf16;
+  float beta;
+};
+
+int main() {
+  cublasHandle_t h;
+  CK(cublasCreate(&h));
+  cublasLtHandle_t lt;
+  CK(cublasLtCreate(&lt));
+  cudaStream_t st;
+  CK(cudaStreamCreate(&st));
+  CK(cublasSetStream(h, st));
+  const size_t wsz = 32u << 20;
+  void* ws;
+  CK(cudaMalloc(&ws, wsz));
+  CK(cublasSetWorkspace(h, ws, wsz));
+  cudaEvent_t e0, e1;
+  cudaEventCreate(&e0);
+  cudaEventCreate(&e1);
+  const Case cases[] = {
+      {"dion ef bf16 C 8192x2048 r512", 2048, 8192, 512, 24, false, true, true, 1.0f},
+      {"dion ef bf16 C 6144x2048 r512", 2048, 6144, 512, 24, false, true, true, 1.0f},
+      {"dion ef bf16 C 2048x2048 r512", 2048, 2048, 512, 24, false, true, true, 1.0f},
+      {"dion P=BQ f32 C 8192x2048", 512, 8192, 2048, 24, false, false, false, 0.0f},
+      {"dion R=B^TP f32 C 8192x2048", 512, 2048, 8192, 24, false, true, false, 0.0f},
+      {"muon160 gram 768 k3072", 768, 768, 3072, 12, true, false, true, 0.0f},
+      {"muon160 A^2 768", 768, 768, 768, 12, false, false, true, 1.0f},
+      {"muon160 BX 3072x768", 3072, 768, 768, 12, false, false, true, 1.0f},
+      {"muon160 gram 768 k2304", 768, 768, 2304, 12, true, false, true, 0.0f},
+      {"muon1.3b gram 2048 k8192", 2048, 2048, 8192, 24, true, false, true, 0.0f},
+      {"muon1.3b BX 8192x2048", 8192, 2048, 2048, 24, false, false, true, 1.0f},
+      {"muon1.3b A^2 2048", 2048, 2048, 2048, 24, false, false, true, 1.0f},
+  };
+  printf("%-32s %9s %9s %9s %5s %8s\n", "case", "default", "lt #0", "lt best", "idx", "TF/s");
+  for (const Case& c : cases) {
+    const long sa = (long)c.m * c.k, sb = (long)c.k * c.n, sc = (long)c.m * c.n;
+    __nv_bfloat16 *A, *B;
+    void* C;
+    CK(cudaMalloc(&A, 2 * sa * c.batch));
+    CK(cudaMalloc(&B, 2 * sb * c.batch));
+    CK(cudaMalloc(&C, (c.c_bf16 ? 2 : 4) * sc * c.batch));
+    fill<<<1024, 256, 0, st>>>(A, sa * c.batch, 1);
+    fill<<<1024, 256, 0, st>>>(B, sb * c.batch, 2);
+    CK(cudaMemsetAsync(C, 0, (c.c_bf16 ? 2 : 4) * sc * c.batch, st));
+    const int lda = c.ta ? c.k : c.m, ldb = c.tb ? c.n : c.k;
+    const cudaDataType_t ct = c.c_bf16 ? CUDA_R_16BF : CUDA_R_32F;
+    const float one = 1.f;
+    auto time_it = [&](auto&& fn) {
+      for (int i = 0; i < 3; ++i) fn();
+      std::vector<float> t;
+      for (int i = 0; i < 11; ++i) {
+        cudaEventRecord(e0, st);
+        fn();
+        cudaEventRecord(e1, st);
+        cudaEventSynchronize(e1);
+        float ms;
+        cudaEventElapsedTime(&ms, e0, e1);
+        t.push_back(ms);
+      }
+      std::sort(t.begin(), t.end());
+      return t[5];
+    };
+    const float t_def = time_it([&] {
+      CK(cublasGemmStridedBatchedEx(h, c.ta ? CUBLAS_OP_T : CUBLAS_OP_N, c.tb ? CUBLAS_OP_T : CUBLAS_OP_N, c.m, c.n,
+                                    c.k, &one, A, CUDA_R_16BF, lda, sa, B, CUDA_R_16BF, ldb, sb, &c.beta, C, ct, c.m,
+                                    sc, c.batch, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+    });
+    cublasLtMatmulDesc_t desc;
+    CK(cublasLtMatmulDescCreate(&desc, CUBLAS_COMPUTE_32F, CUDA_R_32F));
+    cublasOperation_t oa = c.ta ? CUBLAS_OP_T : CUBLAS_OP_N, ob = c.tb ? CUBLAS_OP_T : CUBLAS_OP_N;
+    CK(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_TRANSA, &oa, sizeof(oa)));
+    CK(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_TRANSB, &ob, sizeof(ob)));
+    auto layout = [&](cudaDataType_t t, int rows, int cols, int ld, long stride) {
+      cublasLtMatrixLayout_t l;
+      CK(cublasLtMatrixLayoutCreate(&l, t, rows, cols, ld));
+      int32_t bc = c.batch;
+      int64_t so = stride;
+      CK(cublasLtMatrixLayoutSetAttribute(l, CUBLASLT_MATRIX_LAYOUT_BATCH_COUNT, &bc, sizeof(bc)));
+      CK(cublasLtMatrixLayoutSetAttribute(l, CUBLASLT_MATRIX_LAYOUT_STRIDED_BATCH_OFFSET, &so, sizeof(so)));
+      return l;
+    };
+    cublasLtMatrixLayout_t la = layout(CUDA_R_16BF, c.ta ? c.k : c.m, c.ta ? c.m : c.k, lda, sa);
+    cublasLtMatrixLayout_t lb = layout(CUDA_R_16BF, c.tb ? c.n : c.k, c.tb ? c.k : c.n, ldb, sb);
+    cublasLtMatrixLayout_t lc = layout(ct, c.m, c.n, c.m, sc);
+    cublasLtMatmulPreference_t pref;
+    CK(cublasLtMatmulPreferenceCreate(&pref));
+    uint64_t wsb = wsz;
+    CK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &wsb, sizeof(wsb)));
+    cublasLtMatmulHeuristicResult_t res[32];
+    int nres = 0;
+    CK(cublasLtMatmulAlgoGetHeuristic(lt, desc, la, lb, lc, lc, pref, 32, res, &nres));
+    float t0 = -1, best = 1e30f;
+    int bi = -1;
+    for (int i = 0; i < nres; ++i) {
+      if (res[i].state != CUBLAS_STATUS_SUCCESS) continue;
+      bool ok = true;
+      const float t = time_it([&] {
+        if (cublasLtMatmul(lt, desc, &one, A, la, B, lb, &c.beta, C, lc, C, lc, &res[i].algo, ws, wsz, st) !=
+            CUBLAS_STATUS_SUCCESS)
+          ok = false;
+      });
+      if (!ok) continue;
+      if (i == 0) t0 = t;
+      if (t < best) best = t, bi = i;
+    }
+    CK(cudaStreamSynchronize(st));
+    CK(cudaGetLastError());
+    const double tf = 2.0 * c.m * c.n * (double)c.k * c.batch / (std::min(best, t_def) * 1e-3) / 1e12;
+    printf("%-32s %9.3f %9.3f %9.3f %2d/%-2d %8.1f\n", c.name, t_def, t0, best, bi, nres, tf);
+    cublasLtMatmulPreferenceDestroy(pref);
+    cublasLtMatrixLayoutDestroy(la);
+    cublasLtMatrixLayoutDestroy(lb);
+    cublasLtMatrixLayoutDestroy(lc);
+    cublasLtMatmulDescDestroy(desc);
+    cudaFree(A);
+    cudaFree(B);
+    cudaFree(C);
+  }
+  printf("ms, median of 11, whole batch\n");
+  return 0;
+}
