@@ -153,7 +153,7 @@ void transpose(const Ctx& c, const float* in, int64_t rows, int64_t cols, int64_
 void extract_r(const Ctx& c, const float* cm, int64_t p, MatBatch r_out);
 // m[b] <- the identity.
 void fill_identity(const Ctx& c, MatBatch m);
-// Backend::gemm_bf16_sym on an nb x nb grid of bs x bs blocks (bf16
+// Backend::gemm_bf16_lower on an nb x nb grid of bs x bs blocks (bf16
 // elements): the pointer arrays of one pointer-array GEMM over the blocks on
 // and below the diagonal of every matrix, cnt = batch nb (nb + 1) / 2 each,
 // in the column-major call's operand order: out[e] = op(B)'s columns of

@@ -256,7 +256,7 @@ __global__ void add_diag_bf16_kernel(MatBatch m, int64_t n, float v) {
 }  // namespace
 
 namespace {
-// gemm_bf16_sym's blocks: e = t * nblk + q, q walking the blocks (i, j), j <= i
+// gemm_bf16_lower's blocks: e = t * nblk + q, q walking the blocks (i, j), j <= i
 // < nb, column j by column j (j = 0: i = 0 .. nb - 1, then j = 1: i = 1 .. ).
 __global__ void sym_block_pointers_kernel(ConstMatBatch a, bool ta, ConstMatBatch b, bool tb, MatBatch c, int64_t nb,
                                           int64_t bs, int64_t nblk, int64_t cnt, const void** out) {
@@ -314,7 +314,7 @@ void sym_block_pointers(const Ctx& c, ConstMatBatch a, bool ta, ConstMatBatch b,
   const int64_t nblk = nb * (nb + 1) / 2, cnt = m.batch * nblk;
   if (cnt <= 0) return;
   sym_block_pointers_kernel<<<blocks_1d(c, cnt), kThreads, 0, c.stream>>>(a, ta, b, tb, m, nb, bs, nblk, cnt, out);
-  cuda::check_launch("gemm_bf16_sym pointer kernel");
+  cuda::check_launch("gemm_bf16_lower pointer kernel");
 }
 
 void mirror_bf16(const Ctx& c, MatBatch m, int64_t bs, float diag, MatBatch copy) {

@@ -12,21 +12,10 @@
 // scale), over the first matrix of the batch.
 // Build and run on the GPU machine:
 //   nvcc -arch=sm_90 -O2 -o fp32_split bench/micro/fp32_split.cu -lcublas && ./fp32_split
-#include <cublas_v2.h>
-#include <cuda_runtime.h>
-#include <algorithm>
 #include <cmath>
-#include <cstdio>
 #include <random>
-#include <vector>
-#define CK(x)                                                               \
-  do {                                                                      \
-    auto e_ = (x);                                                          \
-    if ((int)e_) {                                                          \
-      printf("err %d at %s:%d\n", (int)e_, __FILE__, __LINE__);             \
-      exit(1);                                                              \
-    }                                                                       \
-  } while (0)
+
+#include "micro_util.cuh"
 
 __device__ __forceinline__ float tf32_round(float x) {
   uint32_t u = __float_as_uint(x);
@@ -76,18 +65,9 @@ struct Case {
 };
 
 int main() {
-  cublasHandle_t h;
-  CK(cublasCreate(&h));
-  cudaStream_t st;
-  CK(cudaStreamCreate(&st));
-  CK(cublasSetStream(h, st));
-  void* ws;
-  const size_t wsz = 64u << 20;
-  CK(cudaMalloc(&ws, wsz));
-  CK(cublasSetWorkspace(h, ws, wsz));
-  cudaEvent_t e0, e1;
-  cudaEventCreate(&e0);
-  cudaEventCreate(&e1);
+  MicroRig rig(64u << 20);
+  cublasHandle_t h = rig.h;
+  cudaStream_t st = rig.st;
   // Column-major views of Dion's row-major products (gpt-1.3b r = 512, k = 640; gpt-160m r = 192).
   const Case cases[] = {
       {"ef/update 8192x2048 r512", 2048, 8192, 512, 24, false, true, 1.0f},
@@ -138,21 +118,7 @@ int main() {
                                     &c.beta, C, CUDA_R_32F, c.m, sc, c.batch, CUBLAS_COMPUTE_32F_FAST_TF32,
                                     CUBLAS_GEMM_DEFAULT));
     };
-    auto time_it = [&](auto&& fn) {
-      for (int i = 0; i < 3; ++i) fn();
-      std::vector<float> t;
-      for (int i = 0; i < 15; ++i) {
-        cudaEventRecord(e0, st);
-        fn();
-        cudaEventRecord(e1, st);
-        cudaEventSynchronize(e1);
-        float ms;
-        cudaEventElapsedTime(&ms, e0, e1);
-        t.push_back(ms);
-      }
-      std::sort(t.begin(), t.end());
-      return t[7];
-    };
+    auto time_it = [&](auto&& fn) { return rig.median_ms(fn, 15); };
     // float64 reference of the first matrix: C64 = op(A) op(B) + beta C0, and the scale |A| |B|.
     double *Ad, *Bd, *Cd, *Aa, *Ba, *Sd;
     CK(cudaMalloc(&Ad, 8 * sa));

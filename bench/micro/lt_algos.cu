@@ -7,30 +7,8 @@
 // Build and run on the GPU machine:
 //   nvcc -arch=sm_90 -O2 -o lt_algos bench/micro/lt_algos.cu -lcublasLt -lcublas && ./lt_algos
 #include <cublasLt.h>
-#include <cublas_v2.h>
-#include <cuda_bf16.h>
-#include <cuda_runtime.h>
-#include <algorithm>
-#include <cstdio>
-#include <vector>
-#define CK(x)                                                   \
-  do {                                                          \
-    auto e_ = (x);                                              \
-    if ((int)e_) {                                              \
-      printf("err %d at %s:%d\n", (int)e_, __FILE__, __LINE__); \
-      exit(1);                                                  \
-    }                                                           \
-  } while (0)
 
-__global__ void fill(__nv_bfloat16* p, long n, uint32_t seed) {
-  for (long i = blockIdx.x * (long)blockDim.x + threadIdx.x; i < n; i += (long)gridDim.x * blockDim.x) {
-    uint32_t h = (uint32_t)i * 2654435761u ^ seed;
-    h ^= h >> 15;
-    h *= 2246822519u;
-    h ^= h >> 13;
-    p[i] = __float2bfloat16(((h & 0xffff) / 65536.0f - 0.5f) * 0.1f);
-  }
-}
+#include "micro_util.cuh"
 
 struct Case {
   const char* name;
@@ -41,20 +19,13 @@ struct Case {
 };
 
 int main() {
-  cublasHandle_t h;
-  CK(cublasCreate(&h));
+  MicroRig rig(32u << 20);
+  cublasHandle_t h = rig.h;
+  cudaStream_t st = rig.st;
+  void* ws = rig.ws;
+  const size_t wsz = rig.wsz;
   cublasLtHandle_t lt;
   CK(cublasLtCreate(&lt));
-  cudaStream_t st;
-  CK(cudaStreamCreate(&st));
-  CK(cublasSetStream(h, st));
-  const size_t wsz = 32u << 20;
-  void* ws;
-  CK(cudaMalloc(&ws, wsz));
-  CK(cublasSetWorkspace(h, ws, wsz));
-  cudaEvent_t e0, e1;
-  cudaEventCreate(&e0);
-  cudaEventCreate(&e1);
   const Case cases[] = {
       {"dion ef bf16 C 8192x2048 r512", 2048, 8192, 512, 24, false, true, true, 1.0f},
       {"dion ef bf16 C 6144x2048 r512", 2048, 6144, 512, 24, false, true, true, 1.0f},
@@ -77,27 +48,13 @@ int main() {
     CK(cudaMalloc(&A, 2 * sa * c.batch));
     CK(cudaMalloc(&B, 2 * sb * c.batch));
     CK(cudaMalloc(&C, (c.c_bf16 ? 2 : 4) * sc * c.batch));
-    fill<<<1024, 256, 0, st>>>(A, sa * c.batch, 1);
-    fill<<<1024, 256, 0, st>>>(B, sb * c.batch, 2);
+    fill_bf16<<<1024, 256, 0, st>>>(A, sa * c.batch, 1);
+    fill_bf16<<<1024, 256, 0, st>>>(B, sb * c.batch, 2);
     CK(cudaMemsetAsync(C, 0, (c.c_bf16 ? 2 : 4) * sc * c.batch, st));
     const int lda = c.ta ? c.k : c.m, ldb = c.tb ? c.n : c.k;
     const cudaDataType_t ct = c.c_bf16 ? CUDA_R_16BF : CUDA_R_32F;
     const float one = 1.f;
-    auto time_it = [&](auto&& fn) {
-      for (int i = 0; i < 3; ++i) fn();
-      std::vector<float> t;
-      for (int i = 0; i < 11; ++i) {
-        cudaEventRecord(e0, st);
-        fn();
-        cudaEventRecord(e1, st);
-        cudaEventSynchronize(e1);
-        float ms;
-        cudaEventElapsedTime(&ms, e0, e1);
-        t.push_back(ms);
-      }
-      std::sort(t.begin(), t.end());
-      return t[5];
-    };
+    auto time_it = [&](auto&& fn) { return rig.median_ms(fn, 11); };
     const float t_def = time_it([&] {
       CK(cublasGemmStridedBatchedEx(h, c.ta ? CUBLAS_OP_T : CUBLAS_OP_N, c.tb ? CUBLAS_OP_T : CUBLAS_OP_N, c.m, c.n,
                                     c.k, &one, A, CUDA_R_16BF, lda, sa, B, CUDA_R_16BF, ldb, sb, &c.beta, C, ct, c.m,

@@ -7,31 +7,10 @@
 // diagonal mirrored (a transposing copy), against the full strided product.
 // Build and run on the GPU machine:
 //   nvcc -arch=sm_90 -O2 -o sym_blocks bench/micro/sym_blocks.cu -lcublas && ./sym_blocks
-#include <cublas_v2.h>
-#include <cuda_bf16.h>
-#include <cuda_runtime.h>
-#include <algorithm>
 #include <cmath>
-#include <cstdio>
-#include <vector>
-#define CK(x)                                                   \
-  do {                                                          \
-    auto e_ = (x);                                              \
-    if ((int)e_) {                                              \
-      printf("err %d at %s:%d\n", (int)e_, __FILE__, __LINE__); \
-      exit(1);                                                  \
-    }                                                           \
-  } while (0)
+#include <random>
 
-__global__ void fill(__nv_bfloat16* p, long n, uint32_t seed) {
-  for (long i = blockIdx.x * (long)blockDim.x + threadIdx.x; i < n; i += (long)gridDim.x * blockDim.x) {
-    uint32_t h = (uint32_t)i * 2654435761u ^ seed;
-    h ^= h >> 15;
-    h *= 2246822519u;
-    h ^= h >> 13;
-    p[i] = __float2bfloat16(((h & 0xffff) / 65536.0f - 0.5f) * 0.1f);
-  }
-}
+#include "micro_util.cuh"
 
 // Column-major s x s matrices: C[r, c] = C[c, r] for r < c (the upper triangle
 // from the lower), 32 x 32 tiles through shared memory, tiles above the diagonal only.
@@ -59,18 +38,9 @@ struct Case {
 };
 
 int main() {
-  cublasHandle_t h;
-  CK(cublasCreate(&h));
-  cudaStream_t st;
-  CK(cudaStreamCreate(&st));
-  CK(cublasSetStream(h, st));
-  void* ws;
-  const size_t wsz = 32u << 20;
-  CK(cudaMalloc(&ws, wsz));
-  CK(cublasSetWorkspace(h, ws, wsz));
-  cudaEvent_t e0, e1;
-  cudaEventCreate(&e0);
-  cudaEventCreate(&e1);
+  MicroRig rig(32u << 20);
+  cublasHandle_t h = rig.h;
+  cudaStream_t st = rig.st;
   const Case cases[] = {
       {"gram s768 l3072 x12", 768, 3072, 12, false},   {"gram s768 l2304 x12", 768, 2304, 12, false},
       {"gram s768 l768 x12", 768, 768, 12, false},     {"A^2 s768 x12", 768, 768, 12, true},
@@ -86,11 +56,11 @@ int main() {
     CK(cudaMalloc(&X, 2 * sx * c.batch));
     CK(cudaMalloc(&C, 2 * sc * c.batch));
     CK(cudaMalloc(&C2, 2 * sc * c.batch));
-    fill<<<1024, 256, 0, st>>>(X, sx * c.batch, 7);
+    fill_bf16<<<1024, 256, 0, st>>>(X, sx * c.batch, 7);
     if (c.square) {  // a symmetric X: X X^T of a random one
       __nv_bfloat16* R;
       CK(cudaMalloc(&R, 2 * sx * c.batch));
-      fill<<<1024, 256, 0, st>>>(R, sx * c.batch, 9);
+      fill_bf16<<<1024, 256, 0, st>>>(R, sx * c.batch, 9);
       const float one = 1, zero = 0;
       CK(cublasGemmStridedBatchedEx(h, CUBLAS_OP_T, CUBLAS_OP_N, c.s, c.s, c.l, &one, R, CUDA_R_16BF, c.l, sx, R,
                                     CUDA_R_16BF, c.l, sx, &zero, X, CUDA_R_16BF, c.s, sc, c.batch, CUBLAS_COMPUTE_32F,
@@ -99,21 +69,7 @@ int main() {
       cudaFree(R);
     }
     const float one = 1, zero = 0;
-    auto time_it = [&](auto&& fn) {
-      for (int i = 0; i < 3; ++i) fn();
-      std::vector<float> t;
-      for (int i = 0; i < 11; ++i) {
-        cudaEventRecord(e0, st);
-        fn();
-        cudaEventRecord(e1, st);
-        cudaEventSynchronize(e1);
-        float ms;
-        cudaEventElapsedTime(&ms, e0, e1);
-        t.push_back(ms);
-      }
-      std::sort(t.begin(), t.end());
-      return t[5];
-    };
+    auto time_it = [&](auto&& fn) { return rig.median_ms(fn, 11); };
     auto full = [&] {
       if (c.square)
         CK(cublasGemmStridedBatchedEx(h, CUBLAS_OP_N, CUBLAS_OP_N, c.s, c.s, c.s, &one, X, CUDA_R_16BF, c.s, sc, X,

@@ -205,6 +205,10 @@ class Backend {
   // rounded to bf16. The Muon family's iterations at matmul precision BF16.
   virtual void gemm_bf16(bool trans_a, bool trans_b, float alpha, ConstMatBatch a, ConstMatBatch b, float beta,
                          MatBatch c) = 0;
+  // The same with C in fp32 (A and B bf16; C neither read nor rounded to
+  // bf16): Dion's products of its bf16 momentum at matmul precision BF16.
+  virtual void gemm_bf16_f32(bool trans_a, bool trans_b, float alpha, ConstMatBatch a, ConstMatBatch b, float beta,
+                             MatBatch c) = 0;
   // gemm_bf16 for a square C whose product and input are symmetric: the
   // Gram matrix X X^T or X^T X (a == b, trans_b == !trans_a) and A A of a
   // symmetric A, with beta 0 or a symmetric C. A device backend may form
@@ -231,10 +235,6 @@ class Backend {
     fail(DION_ERROR_INTERNAL, "mirror_bf16: blocks of %lld, but this backend forms whole products",
          static_cast<long long>(bs));
   }
-  // The same with C in fp32 (A and B bf16; C neither read nor rounded to
-  // bf16): Dion's products of its bf16 momentum at matmul precision BF16.
-  virtual void gemm_bf16_f32(bool trans_a, bool trans_b, float alpha, ConstMatBatch a, ConstMatBatch b, float beta,
-                             MatBatch c) = 0;
   // C = op(X_i) B for each listed tensor i, X_i its field f (rows x cols,
   // row-major dense, of dtype x_dtype): Dion's products with the momentum
   // read where it is stored. x_dtype BF16: b holds bf16 elements, the
