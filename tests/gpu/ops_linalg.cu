@@ -124,6 +124,15 @@ TEST_F(OpsTest, GemmBf16RoundsEachOperandOnce) {
     }
 }
 
+// Dense batches of r x c matrices at p (bf16 or fp32 elements; the views
+// count elements) for the bf16 GEMM tests.
+ConstMatBatch cm(const void* p, int64_t r, int64_t c, int64_t batch) {
+  return ConstMatBatch(static_cast<const float*>(p), r, c, c, r * c, batch);
+}
+MatBatch mm(void* p, int64_t r, int64_t c, int64_t batch) {
+  return MatBatch{static_cast<float*>(p), r, c, c, r * c, batch};
+}
+
 // gemm_bf16 (bf16 C) and gemm_bf16_f32 (fp32 C) on bf16 buffers against the
 // host backend's products of the widened operands: A and B are exact in
 // bf16, so the fp32 results differ only by the accumulation order (k 2^-24 of
@@ -148,9 +157,6 @@ TEST_F(OpsTest, GemmOnBf16BuffersMatchesHost) {
       std::vector<float> c0(c0b.size());
       for (size_t i = 0; i < c0.size(); ++i) c0[i] = bf16_to_float(c0b[i]);
       const float alpha = 0.7f, beta = 0.5f;
-      auto cm = [](const void* p, int64_t r, int64_t c, int64_t batch) {
-        return ConstMatBatch(static_cast<const float*>(p), r, c, c, r * c, batch);
-      };
       Dev<uint16_t> da(a), db(b), dcb(c0b);
       Dev<float> dc(c0);
       std::vector<float> hc = c0, got;
@@ -244,12 +250,6 @@ TEST_F(OpsTest, GemmBf16LowerAndMirrorMatchHost) {
     } else {
       for (auto& v : x) v = float_to_bf16(gauss());
     }
-    auto cm = [](const void* p, int64_t r, int64_t c, int64_t batch) {
-      return ConstMatBatch(static_cast<const float*>(p), r, c, c, r * c, batch);
-    };
-    auto mm = [](void* p, int64_t r, int64_t c, int64_t batch) {
-      return MatBatch{static_cast<float*>(p), r, c, c, r * c, batch};
-    };
     Dev<uint16_t> dx(x), dc(c0), dcopy(std::vector<uint16_t>(c0.size(), kSentinel));
     std::vector<uint16_t> hc = c0;
     host->gemm_bf16(ta, tb, alpha, cm(x.data(), xr, xc, B), cm(x.data(), xr, xc, B), beta, mm(hc.data(), n, n, B));

@@ -129,6 +129,39 @@ double rel_update_diff(const std::vector<float>& a, const std::vector<float>& b,
   return den > 0 ? std::sqrt(num / den) : INFINITY;
 }
 
+// One A/B of a switch the CUDA backend reads (DION_... = 0 turns a path
+// off): from the same x0 and g (hash seeds sx, sg), three steps of the fp32
+// host and of the CUDA backend at BF16 matmuls with the switch on (default)
+// and off; the relative update differences of each against the host and
+// between the two. NaN where a run failed (the size assertions say which).
+struct SwitchAb {
+  double on = NAN, off = NAN, between = NAN;
+};
+SwitchAb switch_ab(dion_algorithm_t algo, const char* env, int64_t m, int64_t n, uint64_t sx, uint64_t sg) {
+  SwitchAb r;
+  std::vector<float> x0(static_cast<size_t>(m * n)), g(x0.size());
+  for (size_t i = 0; i < x0.size(); ++i) {
+    x0[i] = 0.05f * hash_uniform(sx, i);
+    g[i] = hash_uniform(sg, i);
+  }
+  const Case c{algo, DION_MATMUL_BF16, DION_DTYPE_UNSET, 3};
+  const std::vector<float> xh = run(DION_BACKEND_HOST, Case{algo, DION_MATMUL_FP32, DION_DTYPE_UNSET, 3}, x0, g, m, n);
+  const std::vector<float> xon = run(DION_BACKEND_CUDA, c, x0, g, m, n);
+  EXPECT_EQ(setenv(env, "0", 1), 0);
+  const std::vector<float> xoff = run(DION_BACKEND_CUDA, c, x0, g, m, n);
+  EXPECT_EQ(unsetenv(env), 0);
+  EXPECT_EQ(xh.size(), x0.size());
+  EXPECT_EQ(xon.size(), x0.size());
+  EXPECT_EQ(xoff.size(), x0.size());
+  if (xh.size() != x0.size() || xon.size() != x0.size() || xoff.size() != x0.size()) return r;
+  r.on = rel_update_diff(xh, xon, x0);
+  r.off = rel_update_diff(xh, xoff, x0);
+  r.between = rel_update_diff(xoff, xon, x0);
+  return r;
+}
+
+const double kBf16Bound = 20 * std::ldexp(1.0, -8);  // the BF16 bound at the top
+
 // The bf16 iteration from an unnormalised start (src/algo/orthogonalize.cpp,
 // orthogonalize_bf16_unnormalised): Dion2 with BF16 matmuls selects its
 // slices straight into bf16, Muon writes U in bf16, each with its sums of
@@ -142,29 +175,13 @@ double rel_update_diff(const std::vector<float>& a, const std::vector<float>& b,
 void bf16_start_matches_the_normalised_start(dion_algorithm_t algo, const char* env) {
   for (const auto& [m, n] : std::initializer_list<std::pair<int64_t, int64_t>>{{256, 512}, {512, 256}}) {
     SCOPED_TRACE(::testing::Message() << m << " x " << n);
-    std::vector<float> x0(static_cast<size_t>(m * n)), g(x0.size());
-    for (size_t i = 0; i < x0.size(); ++i) {
-      x0[i] = 0.05f * hash_uniform(3, i);
-      g[i] = hash_uniform(4, i);
-    }
-    const Case c{algo, DION_MATMUL_BF16, DION_DTYPE_UNSET, 3};
-    const std::vector<float> xh = run(DION_BACKEND_HOST, Case{algo, DION_MATMUL_FP32, DION_DTYPE_UNSET, 3}, x0, g, m, n);
-    const std::vector<float> x16 = run(DION_BACKEND_CUDA, c, x0, g, m, n);
-    ASSERT_EQ(setenv(env, "0", 1), 0);
-    const std::vector<float> x32 = run(DION_BACKEND_CUDA, c, x0, g, m, n);
-    ASSERT_EQ(unsetenv(env), 0);
-    ASSERT_EQ(xh.size(), x0.size());
-    ASSERT_EQ(x16.size(), x0.size());
-    ASSERT_EQ(x32.size(), x0.size());
-    const double bound = 20 * std::ldexp(1.0, -8);
-    const double e16 = rel_update_diff(xh, x16, x0), e32 = rel_update_diff(xh, x32, x0);
-    const double between = rel_update_diff(x32, x16, x0);
-    EXPECT_LT(e16, bound);
-    EXPECT_LT(e32, bound);
-    EXPECT_LT(between, bound);
-    EXPECT_GT(between, 0.0) << "the switch changed nothing: is the bf16 start used?";
+    const SwitchAb d = switch_ab(algo, env, m, n, 3, 4);
+    EXPECT_LT(d.on, kBf16Bound);
+    EXPECT_LT(d.off, kBf16Bound);
+    EXPECT_LT(d.between, kBf16Bound);
+    EXPECT_GT(d.between, 0.0) << "the switch changed nothing: is the bf16 start used?";
     std::printf("  %s %lld x %lld: vs fp32 host %.3g (bf16 start), %.3g (fp32 start); between %.3g\n",
-                algo_name(algo), static_cast<long long>(m), static_cast<long long>(n), e16, e32, between);
+                algo_name(algo), static_cast<long long>(m), static_cast<long long>(n), d.on, d.off, d.between);
   }
 }
 
@@ -195,26 +212,11 @@ TEST(SymProducts, MuonFamilyMatchesFullProductsWithinBf16Rounding) {
   for (dion_algorithm_t algo : {DION_ALGO_MUON, DION_ALGO_NORMUON})
     for (const auto& [m, n] : std::initializer_list<std::pair<int64_t, int64_t>>{{1024, 2048}, {2048, 1024}, {1152, 1152}}) {
       SCOPED_TRACE(::testing::Message() << algo_name(algo) << " " << m << " x " << n);
-      std::vector<float> x0(static_cast<size_t>(m * n)), g(x0.size());
-      for (size_t i = 0; i < x0.size(); ++i) {
-        x0[i] = 0.05f * hash_uniform(5, i);
-        g[i] = hash_uniform(6, i);
-      }
-      const std::vector<float> xh = run(DION_BACKEND_HOST, Case{algo, DION_MATMUL_FP32, DION_DTYPE_UNSET, 3}, x0, g, m, n);
-      const Case c{algo, DION_MATMUL_BF16, DION_DTYPE_UNSET, 3};
-      const std::vector<float> xs = run(DION_BACKEND_CUDA, c, x0, g, m, n);
-      ASSERT_EQ(setenv("DION_SYM_PRODUCTS", "0", 1), 0);
-      const std::vector<float> xf = run(DION_BACKEND_CUDA, c, x0, g, m, n);
-      ASSERT_EQ(unsetenv("DION_SYM_PRODUCTS"), 0);
-      ASSERT_EQ(xh.size(), x0.size());
-      ASSERT_EQ(xs.size(), x0.size());
-      ASSERT_EQ(xf.size(), x0.size());
-      const double bound = 20 * std::ldexp(1.0, -8);
-      const double es = rel_update_diff(xh, xs, x0), ef = rel_update_diff(xh, xf, x0);
-      EXPECT_LT(es, bound);
-      EXPECT_LT(ef, bound);
+      const SwitchAb d = switch_ab(algo, "DION_SYM_PRODUCTS", m, n, 5, 6);
+      EXPECT_LT(d.on, kBf16Bound);
+      EXPECT_LT(d.off, kBf16Bound);
       std::printf("  %s %lld x %lld: vs fp32 host %.3g (blocks), %.3g (full); between %.3g\n", algo_name(algo),
-                  static_cast<long long>(m), static_cast<long long>(n), es, ef, rel_update_diff(xf, xs, x0));
+                  static_cast<long long>(m), static_cast<long long>(n), d.on, d.off, d.between);
     }
 }
 
