@@ -117,7 +117,7 @@ Dist dist_of(const Optimizer& opt, const Tensor& t) {
     d.a_off = &t.shard_off[1];
     d.a_ext = &t.shard_ext[1];
   }
-  if (opt.dion_compressed(t)) d.rep = opt.rep.get();
+  if (opt.dion_compressed(t, DION_ALGO_DION)) d.rep = opt.rep.get();  // (usable before the group is in opt.groups)
   return d;
 }
 
@@ -717,43 +717,71 @@ void step(Optimizer& opt, Group& g, const Batch& bt) {
 // RCQR's small factorizations cost per call, not per matrix (potrfBatched of
 // 512 x 512 matrices on an H100: 0.63 ms for 24, 0.81 ms for 96), and a
 // group's buckets (one per shape) often share r and k: gpt-1.3b's four
-// classes all have r = 512. Without meshes, with one power iteration and a
-// Cholesky-based method, the buckets of a group are stepped in phases so that
-// each factorization runs once for all of them:
-//   A (per bucket)  M + G, P = B Q, the sketch S P (into one array for all)
+// classes all have r = 512. With one power iteration and a Cholesky-based
+// method, the buckets of a group are stepped in phases so that each
+// factorization runs once for all of them:
+//   A (per bucket)  M + G, P = B Q, P reduced over the meshes to this rank's
+//                   slots (spec §2.6 paths 1 and 2, split_of), the sketch S P
+//                   of those slots (into one array for all)
 //   B (all)         R1 = qr_r(S P)                               (RCQR only)
 //   C (per bucket)  P1 = P R1^-1, G = P1^T P1 (into one array)
 //   D (all)         cholesky(G)
-//   E (per bucket)  P = P1 chol^-1 (the fallback from P), R = B^T P, finish()
-// (CQR: P1 is P.)
+//   E (per bucket)  P = P1 chol^-1 (the fallback from P), the slots gathered
+//                   over the mesh, R = B^T P, finish()
+// (CQR: P1 is P.) Over the outer and replicate meshes each rank factors only
+// its slots of each bucket, all buckets' at once: under FSDP over W ranks a
+// rank's share of a group is about 1/W of it, in one call per kind. The
+// inner mesh's distributed factorization (path 3) is not phased, nor is a
+// group whose gradients the overlapped replicate sync averages (a bucket
+// starts there as soon as its own gradients are averaged; with compressed
+// sync Dion averages P and R instead, and the group is phased).
 // The same arithmetic as the bucket-by-bucket step (each bucket's matrices
-// see the same operations, only batched with others'), so the results are
-// the same to the factorizations' batching (bit for bit where the backend's
-// batched calls are per matrix, as the host's are). M (unless the state
-// holds it: m_in_state), P and P1 of every bucket stay alive from A to E:
-// group_workspace bounds the sum, and the phased step is used only while
-// that sum is at most twice the batch workspace cap
+// see the same operations and collectives, only batched with others' and in
+// another order between buckets), so the results are the same to the
+// factorizations' batching (bit for bit where the backend's batched calls
+// are per matrix, as the host's are). M (unless the state holds it:
+// m_in_state), P, this rank's slots and P1 of every bucket stay alive from A
+// to E: group_workspace bounds the sum, and the phased step is used only
+// while that sum is at most twice the batch workspace cap
 // (DION_BATCH_WORKSPACE_MIB; DION_PHASED=0 turns it off).
 
 // Per bucket, what the phases hand on.
 struct PhasedRun {
   const Batch* bt = nullptr;
   Shape s{};
+  Dist d{};
+  Split sp{};
   bool lowp = false, in_state = false;  // lowp_path; m_in_state (M is null then)
   float* M = nullptr;
   int32_t* nz = nullptr;
-  MatBatch Qm{}, P{}, P1{};
+  MatBatch Qm{}, Pall{}, P{}, P1{};  // Pall: the whole batch's P (sp.slots); P: this rank's slots of it
   ConstMatBatch Qtb{nullptr, 0, 0, 0, 0, 0};
   int64_t first = 0;  // the bucket's first slot in the group's factorization arrays
 };
 
 bool phased_enabled() { return env_on("DION_PHASED"); }
 
+// Whether Optimizer::step may call step_group for g: always in a sequential
+// step; in an overlapped one (the replicate gradient sync pipelined with the
+// buckets) only for a group none of whose gradients is averaged (every
+// tensor compressed), which the pipeline steps as one.
+bool group_steppable(const Optimizer& opt, const Group& g) {
+  if (!opt.steps_overlap()) return true;
+  for (int32_t ti : g.tensors)
+    if (opt.grad_averaged(opt.tensors[static_cast<size_t>(ti)], DION_ALGO_DION)) return false;
+  return true;
+}
+
+// The slots of a batch of T that this rank factors: all T, or its share of
+// the split (split_of).
+int64_t owned_count(const Split& sp, int64_t T) { return sp.mesh ? sp.count : T; }
+
 // Whether the buckets (tensor t with `count` matrices each) can be phased
 // together, and the workspace floats that takes (0 if not).
 size_t phased_floats(const Optimizer& opt, const Group& g, const std::vector<Batch>& bs) {
   const dion_group_options_t& o = g.opt;
-  if (bs.size() < 2 || opt.has_meshes() || o.power_iters != 1 || o.qr_method == DION_QR_QR || !phased_enabled())
+  if (bs.size() < 2 || opt.inner || !group_steppable(opt, g) || o.power_iters != 1 || o.qr_method == DION_QR_QR ||
+      !phased_enabled())
     return 0;
   const Shape s0 = shape_of(o, bs[0].t);
   size_t sum = 0, shared = 0;
@@ -763,21 +791,28 @@ size_t phased_floats(const Optimizer& opt, const Group& g, const std::vector<Bat
     const int64_t T = bt.count;
     const Shape s = shape_of(o, t);
     if (s.r != s0.r || s.k != s0.k || s.ag <= s.r || t.geom.srows * t.geom.scols != t.numel_local) return 0;
+    const Dist d = dist_of(opt, t);
+    const Split sp = split_of(opt, d, T);
+    const int64_t c = owned_count(sp, T);
     const int64_t mn = t.numel_local, ar = s.a * s.r, br = s.b * s.r;
     const dion_dtype_t mdt = momentum_dtype_of(o, t);
     const bool lowp = !opt.backend->host_memory() && bf16_products(o, mdt);
     const auto half = [](int64_t n) { return ws_floats((n + 1) / 2); };
-    // A..E: M (unless the state holds it), nz, Q, Q~ in bf16, P, P1
+    // A..E: M (unless the state holds it), nz, Q, Q~ in bf16, P (the
+    // batch's slots), the reduce-scatter's slots, P1 (this rank's)
     const size_t m_copy = m_in_state(*opt.backend, bt, lowp, mdt, t.param_dtype) ? 0
                           : lowp                                              ? half(T * mn)
                                                                               : ws_floats(T * mn);
-    sum += m_copy + ws_floats(T) + ws_floats(T * br) + half(T * br) + 2 * ws_floats(T * ar);
-    // A: the sketch (one at a time); E: the result, R, bf16 P and R, column sums
-    shared = std::max({shared, sketch_floats(T, s),
-                       ws_floats(T * ar) + ws_floats(T * br) + half(T * ar) + half(T * br) + ws_floats(2 * T * s.r)});
-    slots += T;
+    sum += m_copy + ws_floats(T) + ws_floats(T * br) + half(T * br) + ws_floats(sp.slots * ar) +
+           ws_floats(sp.scatter ? sp.block * ar : 0) + ws_floats(c * ar);
+    // A: the sketch (one at a time); E: the result, R, bf16 P and R, column
+    // sums (double; and float over the outer mesh)
+    shared = std::max({shared, sketch_floats(c, s),
+                       ws_floats(c * ar) + ws_floats(T * br) + half(T * ar) + half(T * br) + ws_floats(2 * T * s.r) +
+                           ws_floats(T * s.r)});
+    slots += c;
   }
-  // the group's S P, R1, Gram matrices and Cholesky info
+  // the group's S P, R1, Gram matrices and Cholesky info (this rank's slots)
   sum += ws_floats(slots * s0.k * s0.r) + 2 * ws_floats(slots * s0.r * s0.r) + ws_floats(slots);
   return sum + shared;
 }
@@ -806,29 +841,31 @@ bool step_group(Optimizer& opt, Group& g) {
   opt.ws.reset();
   const Shape s0 = shape_of(o, batches[0].t);
   const int64_t r = s0.r, k = s0.k, rr = r * r;
-  int64_t slots = 0;
-  for (const Batch& bt : batches) slots += bt.count;
+  thread_local std::vector<PhasedRun> runs;
+  runs.assign(batches.size(), PhasedRun{});
+  int64_t slots = 0;  // the slots this rank factors, over all buckets
+  for (size_t i = 0; i < batches.size(); ++i) {
+    PhasedRun& u = runs[i];
+    u.bt = &batches[i];
+    u.s = shape_of(o, u.bt->t);
+    u.d = dist_of(opt, u.bt->t);
+    u.sp = split_of(opt, u.d, u.bt->count);
+    u.first = slots;
+    slots += owned_count(u.sp, u.bt->count);
+  }
   MatBatch SP{opt.ws.take(slots * k * r), k, r, r, k * r, slots};
   MatBatch R1{opt.ws.take(slots * rr), r, r, r, rr, slots};
   MatBatch G{opt.ws.take(slots * rr), r, r, r, rr, slots};
   int32_t* info = reinterpret_cast<int32_t*>(opt.ws.take(slots));
-  thread_local std::vector<PhasedRun> runs;
-  runs.assign(batches.size(), PhasedRun{});
   auto half = [&](int64_t n) { return opt.ws.take((n + 1) / 2); };
   auto slice = [](const MatBatch& m, int64_t first, int64_t count) {
     return MatBatch{m.p + first * m.stride, m.rows, m.cols, m.ld, m.stride, count};
   };
-  // A: M + G, P = B Q, the sketch.
-  int64_t first = 0;
-  for (size_t i = 0; i < batches.size(); ++i) {
-    const Batch& bt = batches[i];
-    PhasedRun& u = runs[i];
+  // A: M + G, P = B Q reduced to this rank's slots, their sketch.
+  for (PhasedRun& u : runs) {
+    const Batch& bt = *u.bt;
     const Tensor& t = bt.t;
-    const int64_t T = bt.count, n_el = t.numel_local;
-    u.bt = &bt;
-    u.s = shape_of(o, t);
-    u.first = first;
-    first += T;
+    const int64_t T = bt.count, n_el = t.numel_local, c = owned_count(u.sp, T);
     const dion_dtype_t mdt = state_of(opt, t, 0).dtype;
     u.lowp = lowp_path(be, o, mdt);
     u.in_state = m_in_state(be, bt, u.lowp, mdt, t.param_dtype);
@@ -837,53 +874,74 @@ bool step_group(Optimizer& opt, Group& g) {
     u.M = mp.M;
     u.nz = mp.nz;
     u.Qm = MatBatch{load_ws(opt, bt, kState1, br), u.s.b, u.s.r, u.s.r, br, T};
-    u.P = MatBatch{opt.ws.take(T * ar), u.s.a, u.s.r, u.s.r, ar, T};
-    u.P1 = MatBatch{opt.ws.take(T * ar), u.s.a, u.s.r, u.s.r, ar, T};
+    u.Pall = MatBatch{opt.ws.take(u.sp.slots * ar), u.s.a, u.s.r, u.s.r, ar, T};
+    float* own = u.sp.scatter ? opt.ws.take(u.sp.block * ar) : nullptr;
+    u.P1 = MatBatch{opt.ws.take(c * ar), u.s.a, u.s.r, u.s.r, ar, c};
     const MatBatch Mm{u.M, t.geom.srows, t.geom.scols, t.geom.scols, n_el, T};
     if (u.lowp) {
       u.Qtb = ConstMatBatch(half(T * br), u.s.b, u.s.r, u.s.r, br, T);
       to_bf16(be, const_cast<float*>(u.Qtb.p), u.Qm.p, T * br);
     }
-    m_product(be, bt, u.in_state, u.lowp, u.s.bT, Mm, u.lowp ? u.Qtb : ConstMatBatch(u.Qm), u.P, prec);
-    if (method == DION_QR_RCQR) {
+    m_product(be, bt, u.in_state, u.lowp, u.s.bT, Mm, u.lowp ? u.Qtb : ConstMatBatch(u.Qm), u.Pall, prec);
+    // As step() and orth_split(): P is a partial sum over outer, and each
+    // replica's own under compressed sync.
+    float* mine = u.Pall.p;
+    if (!u.sp.mesh) {
+      if (u.d.outer) u.d.outer->all_reduce(mine, T * ar, ReduceOp::kSum);
+      if (u.d.rep) u.d.rep->all_reduce(mine, T * ar, ReduceOp::kAvg);
+    } else {
+      mine = reduce_slots(be, u.sp, u.Pall.p, T, ar, own);
+      if (u.d.rep && u.sp.mesh != u.d.rep) u.d.rep->all_reduce(mine, c * ar, ReduceOp::kAvg);
+    }
+    u.P = MatBatch{mine, u.s.a, u.s.r, u.s.r, ar, c};
+    if (method == DION_QR_RCQR && c > 0) {
       const size_t m = opt.ws.mark();
-      sketch_product(opt, g, u.s, 0, u.P, slice(SP, u.first, T), prec);
+      sketch_product(opt, g, u.s, 0, u.P, slice(SP, u.first, c), prec);
       opt.ws.rewind(m);
     }
   }
   // B, C: R1 for all, then P1 = P R1^-1 (RCQR: the solves of all buckets in
   // one call, which may form all the inverses at once); the Gram matrices.
-  if (method == DION_QR_RCQR) {
+  if (method == DION_QR_RCQR && slots > 0) {
     be.qr_r(SP, R1);
     thread_local std::vector<Backend::TrsmPart> parts;  // capacity kept: no allocation after the first step
     parts.clear();
-    for (PhasedRun& u : runs) parts.push_back(Backend::TrsmPart{u.P, u.P1, u.first});
+    for (PhasedRun& u : runs)
+      if (u.P.batch > 0) parts.push_back(Backend::TrsmPart{u.P, u.P1, u.first});
     be.trsm_right_upper_many(R1, parts.data(), static_cast<int64_t>(parts.size()), prec);
   }
   for (PhasedRun& u : runs) {
-    const int64_t T = u.bt->count;
     if (method != DION_QR_RCQR) u.P1 = u.P;  // CQR factors P itself
-    be.gemm(true, false, 1.0f, u.P1, u.P1, 0.0f, slice(G, u.first, T),
-            prec == DION_MATMUL_FP32 ? DION_MATMUL_FP32 : DION_MATMUL_TF32);
+    if (u.P.batch > 0)
+      be.gemm(true, false, 1.0f, u.P1, u.P1, 0.0f, slice(G, u.first, u.P.batch),
+              prec == DION_MATMUL_FP32 ? DION_MATMUL_FP32 : DION_MATMUL_TF32);
   }
   // D: the Cholesky factors of all.
-  be.cholesky_upper(G, info);
-  // E: per bucket, P = P1 U^-1 (or the fallback from P), R = B^T P, and the rest.
-  const Dist none;
+  if (slots > 0) be.cholesky_upper(G, info);
+  // E: per bucket, P = P1 U^-1 (or the fallback from P), the slots gathered,
+  // R = B^T P, and the rest.
   for (PhasedRun& u : runs) {
     const Batch& bt = *u.bt;
     const Tensor& t = bt.t;
-    const int64_t T = bt.count, n_el = t.numel_local, ar = u.s.a * u.s.r, br = u.s.b * u.s.r;
+    const int64_t T = bt.count, n_el = t.numel_local, c = u.P.batch, ar = u.s.a * u.s.r, br = u.s.b * u.s.r;
     const size_t m = opt.ws.mark();
-    MatBatch Y{opt.ws.take(T * ar), u.s.a, u.s.r, u.s.r, ar, T};
+    MatBatch Y{opt.ws.take(c * ar), u.s.a, u.s.r, u.s.r, ar, c};
     MatBatch R{opt.ws.take(T * br), u.s.b, u.s.r, u.s.r, br, T};
     MatBatch Pb{u.lowp ? half(T * ar) : nullptr, u.s.a, u.s.r, u.s.r, ar, T};
     MatBatch Rb{u.lowp ? half(T * br) : nullptr, u.s.b, u.s.r, u.s.r, br, T};
-    be.trsm_right_upper(slice(G, u.first, T), u.P1, Y, prec);
-    be.orth_fallback(Y, u.P, info + u.first);
+    if (c > 0) {
+      be.trsm_right_upper(slice(G, u.first, c), u.P1, Y, prec);
+      be.orth_fallback(Y, u.P, info + u.first);
+    }
+    MatBatch P = Y;  // the batch's orthonormal P
+    if (u.sp.mesh) {
+      gather_slots(opt, u.sp, T, ar, Y.p, u.Pall.p);
+      P = u.Pall;
+    }
     const MatBatch Mm{u.M, t.geom.srows, t.geom.scols, t.geom.scols, n_el, T};
-    r_product(be, bt, u.in_state, u.lowp, u.s.bT, Mm, Y, Pb, R, prec);
-    finish(opt, g, bt, u.s, none, u.lowp, u.M, u.nz, u.Qm, Y, R, Pb, Rb);
+    r_product(be, bt, u.in_state, u.lowp, u.s.bT, Mm, P, Pb, R, prec);
+    if (u.d.rep) u.d.rep->all_reduce(R.p, T * br, ReduceOp::kAvg);
+    finish(opt, g, bt, u.s, u.d, u.lowp, u.M, u.nz, u.Qm, P, R, Pb, Rb);
     opt.ws.rewind(m);
   }
   return true;

@@ -865,7 +865,7 @@ bool Optimizer::average_bucket_on_comm(const Bucket& b, int slot) {
   bool any = false;
   for (int32_t ti : b.tensors) {
     const Tensor& t = tensors[static_cast<size_t>(ti)];
-    if (!t.grad || t.numel_local == 0 || dion_compressed(t)) continue;
+    if (!t.grad || !grad_averaged(t, groups[static_cast<size_t>(t.group)].opt.algorithm)) continue;
     DION_REQUIRE(t.grad_dtype == DION_DTYPE_FP32 || static_cast<size_t>(t.numel_local) <= stage_floats,
                  DION_ERROR_INTERNAL,
                  "overlapped step: tensor %d's gradient (%lld elements) exceeds the staging buffer (%zu floats)",
@@ -876,6 +876,18 @@ bool Optimizer::average_bucket_on_comm(const Bucket& b, int slot) {
   rep->set_join(&comm_join);
   if (any) backend->comm_mark(slot);
   return any;
+}
+
+bool Optimizer::grad_averaged(const Tensor& t, dion_algorithm_t algo) const {
+  return rep && options.replicate_grad_sync && t.numel_local > 0 && !dion_compressed(t, algo);
+}
+
+bool Optimizer::group_grads_averaged(const Group& g) const {
+  for (int32_t ti : g.tensors) {
+    const Tensor& t = tensors[static_cast<size_t>(ti)];
+    if (t.grad && grad_averaged(t, g.opt.algorithm)) return true;
+  }
+  return false;
 }
 
 void Optimizer::release_bucket(Bucket& b) {
@@ -1052,12 +1064,21 @@ void Optimizer::step() {
     bool marked[Backend::kCommMarks] = {false, false};
     if (gi < groups.size()) marked[0] = average_bucket_on_comm(groups[gi].buckets[bi], 0);
     for (int k = 0; gi < groups.size(); ++k) {
-      size_t ng = gi, nb = bi + 1;
+      // A group none of whose gradients is averaged (Dion's compressed
+      // tensors) is one step of the pipeline: its algorithm may step it whole
+      // (Dion's phased step), else bucket by bucket.
+      Group& g = groups[gi];
+      const Algorithm& algo = algorithm_for(g.opt.algorithm);
+      const bool whole = bi == 0 && algo.step_group && !group_grads_averaged(g);
+      size_t ng = whole ? gi + 1 : gi, nb = whole ? 0 : bi + 1;
       settle(ng, nb);
       const int cur = k % 2, nxt = (k + 1) % 2;
       if (ng < groups.size()) marked[nxt] = average_bucket_on_comm(groups[ng].buckets[nb], nxt);
       if (marked[cur]) backend->main_wait_mark(cur);
-      step_bucket(groups[gi], groups[gi].buckets[bi]);
+      if (!whole)
+        step_bucket(g, g.buckets[bi]);
+      else if (!algo.step_group(*this, g))
+        for (Bucket& b : g.buckets) step_bucket(g, b);
       gi = ng;
       bi = nb;
     }

@@ -243,6 +243,18 @@ struct Optimizer {
   // bucket b that the step averages, then records mark `slot` after them if
   // there were any (returns whether there were). Overlapped steps only.
   bool average_bucket_on_comm(const Bucket& b, int slot);
+  // Whether a step with replicate_grad_sync averages tensor t's gradient
+  // over a multi-rank replicate mesh (not a compressed Dion tensor's; `algo`
+  // its group's algorithm, usable before the group is added to `groups`),
+  // and whether it averages any gradient of group g this step.
+  bool grad_averaged(const Tensor& t, dion_algorithm_t algo) const;
+  bool group_grads_averaged(const Group& g) const;
+  // Whether steps run the overlapped pipeline (rep, replicate_grad_sync and
+  // the comm stream; at dion_add_group, once the overlap is decided, before
+  // the stream is made).
+  bool steps_overlap() const {
+    return rep && options.replicate_grad_sync && (overlap || (overlap_decided && overlap_allowed));
+  }
   // Runs one bucket's algorithm step on the compute stream (nothing if no
   // tensor of it has a gradient this step).
   void step_bucket(Group& g, Bucket& b);

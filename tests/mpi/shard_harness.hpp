@@ -512,6 +512,73 @@ TEST(ShardSplit, BatchesCutOverTheOuterMeshAreWholeMultiplesOfIt) {
   expect_same_updates(dist, ref, x0, n);
 }
 
+// Dion's phased group step over the outer and replicate meshes
+// (src/algo/dion.cpp, step_group): the buckets of a group that share r and k
+// (here r = 8, k = 128) are stepped in phases, each rank factoring its slots
+// of every bucket in one call per kind. Shapes: three 24 x 16 and two 40 x 16
+// with their columns sharded over outer (split over it: on 4 outer ranks some
+// own one slot of a bucket, some none), one 16 x 48 sharded by rows (a batch
+// of one: all-reduced, factored on every rank) and two unsharded 32 x 16
+// (split over the replicate mesh, or factored on every rank without one).
+// rank_fraction 1/2 makes the replicate sync compressed for every tensor, so
+// that on the CUDA backend, where a replicate mesh's gradient sync is
+// pipelined with the buckets (DION_OVERLAP), the pipeline steps the group as
+// one (no gradient of it is averaged). For RCQR and CQR, on
+// every layout without an inner mesh: the same updates as one process, and
+// the same parameters and Q as the bucket-by-bucket step (DION_PHASED=0),
+// bit for bit on the host backend (its batched factorizations work matrix
+// by matrix; on the GPU, batches of other sizes may take other kernels).
+// That the phased step ran is seen in the workspace it reserves (more than
+// the bucket-by-bucket step's), as in tests/unit/test_algorithms_dion.cpp.
+TEST(ShardPhased, GroupFactoredOncePerKindEqualsBucketByBucket) {
+  const std::vector<Spec> S = {{24, 16, 1, -1}, {24, 16, 1, -1}, {24, 16, 1, -1}, {40, 16, 1, -1},
+                               {40, 16, 1, -1}, {16, 48, 0, -1}, {32, 16, -1, -1}, {32, 16, -1, -1}};
+  for (const Layout& L : layouts()) {
+    if (L.I > 1) continue;
+    for (const dion_qr_method_t qr : {DION_QR_RCQR, DION_QR_CQR}) {
+      SCOPED_TRACE("layout R=" + std::to_string(L.R) + " O=" + std::to_string(L.O) +
+                   (qr == DION_QR_RCQR ? " RCQR" : " CQR"));
+      Grid G(L);
+      const Config c{"phased", 0.5, qr, 1};
+      OptRun dist[2], ref[2];
+      std::vector<std::vector<float>> x0[2];
+      uint64_t ws[2] = {0, 0};
+      for (int off = 0; off < 2; ++off) {
+        if (off) ASSERT_EQ(setenv("DION_PHASED", "0", 1), 0);
+        build(dist[off], G, c, true, S);
+        build(ref[off], G, c, false, S);
+        if (!HasFatalFailure()) two_steps(dist[off], ref[off], G, S, &x0[off]);
+        unsetenv("DION_PHASED");
+        if (HasFatalFailure()) return;
+        uint64_t state_bytes = 0;
+        ASSERT_EQ(dion_get_memory_usage(dist[off].opt, &state_bytes, &ws[off]), DION_SUCCESS);
+        for (size_t k = 0; k < S.size(); ++k) {
+          SCOPED_TRACE(std::string(off ? "bucket by bucket" : "phased") + ", tensor " + std::to_string(k));
+          const Local& l = dist[off].loc[k];
+          if (l.numel() == 0) continue;
+          const std::vector<double> r1 = window(ref[off].loc[k].x, S[k].n, l.off, l.ext);
+          std::vector<double> du, dr;
+          for (int64_t e = 0; e < l.numel(); ++e) {
+            const size_t i = static_cast<size_t>(e);
+            du.push_back(static_cast<double>(l.x[i]) - x0[off][k][i]);
+            dr.push_back(r1[i] - x0[off][k][i]);
+          }
+          EXPECT_LT(rel_diff(du, dr), 1e-4);
+        }
+      }
+      EXPECT_GT(ws[0], ws[1]) << "the phased step's workspace was not reserved";
+      if (g_env.backend != DION_BACKEND_HOST) continue;
+      for (size_t k = 0; k < S.size(); ++k) {
+        EXPECT_TRUE(dist[0].loc[k].x == dist[1].loc[k].x) << "tensor " << k << ": phased and bucket-by-bucket parameters differ";
+        dion_state_info_t i0, i1;
+        EXPECT_TRUE(read_state(dist[0].opt, static_cast<int32_t>(k), "Q", &i0) ==
+                    read_state(dist[1].opt, static_cast<int32_t>(k), "Q", &i1))
+            << "tensor " << k << ": phased and bucket-by-bucket Q differ";
+      }
+    }
+  }
+}
+
 // A rank whose shard leaves a gap fails add_group on every rank of every
 // mesh; so does a rank that shards another dim.
 TEST(ShardErrors, BadTilingAndMismatchedMetadataFailEverywhere) {
