@@ -210,15 +210,19 @@ Split inner_split(const Dist& d, int64_t T) {
   return split_over(d.inner, T, true, ReduceOp::kSum);
 }
 
-// This rank's slots of the T matrices x (e floats each, room for sp.slots)
-// reduced over sp.mesh: received in `own` (sp.block matrices) from the
-// reduce-scatter, else in place in x after the all-reduce (or as they are
-// when the mesh's ranks hold the same x already).
-float* reduce_slots(Backend& be, const Split& sp, float* x, int64_t T, int64_t e, float* own) {
+// The padding slots of a reduce-scatter (sp.slots > T) are summed and never
+// factored nor gathered; zeros keep them finite. Enqueued on the compute
+// stream before the collective (reduce_slots).
+void zero_padding(Backend& be, const Split& sp, float* x, int64_t T, int64_t e) {
+  if (sp.scatter && sp.slots > T) be.zero(x + T * e, sizeof(float) * static_cast<size_t>((sp.slots - T) * e));
+}
+
+// This rank's slots of the T matrices x (e floats each, room for sp.slots,
+// the padding zeroed) reduced over sp.mesh: received in `own` (sp.block
+// matrices) from the reduce-scatter, else in place in x after the all-reduce
+// (or as they are when the mesh's ranks hold the same x already).
+float* reduce_slots(const Split& sp, float* x, int64_t T, int64_t e, float* own) {
   if (sp.scatter) {
-    // The padding slots are summed and never factored nor gathered; zeros
-    // keep them finite.
-    if (sp.slots > T) be.zero(x + T * e, sizeof(float) * static_cast<size_t>((sp.slots - T) * e));
     sp.mesh->reduce_scatter(x, own, sp.block * e, sp.op);
     return own;
   }
@@ -412,7 +416,8 @@ float* orth(Optimizer& opt, const Group& g, const Shape& s, const Dist& d, MatBa
     if (sp.mesh) {
       const int64_t kr = s.k * s.r;
       float* own = sp.scatter ? opt.ws.take(sp.block * kr) : nullptr;
-      float* mine = reduce_slots(be, sp, SP.p, T, kr, own);
+      zero_padding(be, sp, SP.p, T, kr);
+      float* mine = reduce_slots(sp, SP.p, T, kr, own);
       float* r1 = R1.p + sp.first * rr;  // gathered in place
       if (sp.count > 0)
         be.qr_r(MatBatch{mine, s.k, s.r, s.r, kr, sp.count}, MatBatch{r1, s.r, s.r, s.r, rr, sp.count});
@@ -435,7 +440,8 @@ float* orth(Optimizer& opt, const Group& g, const Shape& s, const Dist& d, MatBa
   be.gemm(true, false, 1.0f, P1, P1, 0.0f, G, prec == DION_MATMUL_FP32 ? DION_MATMUL_FP32 : DION_MATMUL_TF32);
   if (sp.mesh) {
     float* own = sp.scatter ? opt.ws.take(sp.block * rr) : nullptr;
-    float* mine = reduce_slots(be, sp, G.p, T, rr, own);
+    zero_padding(be, sp, G.p, T, rr);
+    float* mine = reduce_slots(sp, G.p, T, rr, own);
     // Each slot's flag is written by its owner only and summed over the
     // mesh (the others hold 0), so every rank learns every matrix's: the
     // fallback below is decided the same way on all of them.
@@ -480,7 +486,8 @@ float* orth(Optimizer& opt, const Group& g, const Shape& s, const Dist& d, MatBa
 void orth_split(Optimizer& opt, const Group& g, const Shape& s, const Dist& d, const Split& sp, MatBatch P,
                 float* own, int iter) {
   const int64_t ar = s.a * s.r, T = P.batch;
-  float* mine = reduce_slots(*opt.backend, sp, P.p, T, ar, own);
+  zero_padding(*opt.backend, sp, P.p, T, ar);
+  float* mine = reduce_slots(sp, P.p, T, ar, own);
   // The ranks of a replicate mesh sit at the same place of their outer
   // meshes, so they own the same slots.
   if (d.rep && sp.mesh != d.rep) d.rep->all_reduce(mine, sp.count * ar, ReduceOp::kAvg);
@@ -570,13 +577,19 @@ void r_product(Backend& be, const Batch& bt, bool in_state, bool lowp, bool bT, 
   m_product(be, bt, in_state, lowp, !bT, Mm, lowp ? ConstMatBatch(Pb) : P, R, prec);
 }
 
+// "All zero" over every mesh that shares the matrices (finish).
+void reduce_nz(const Dist& d, int32_t* nz, int64_t T) {
+  for (Collectives* c : {d.rep, d.outer, d.inner})
+    if (c) c->all_reduce(nz, T, ReduceOp::kMax);
+}
+
 // The end of a batch's step once P (orthonormal) and R = B^T P are known:
 // the zero / NaN handling, the error feedback into the momentum, Q =
 // colnorm(R) and its store, and the parameter update. M holds M + G (bf16
 // elements on the lowp path, with Pb and Rb the bf16 copies' room), or is
 // null where the state holds it (m_in_state).
 void finish(Optimizer& opt, Group& g, const Batch& bt, const Shape& s, const Dist& d, bool lowp, float* M,
-            int32_t* nz, MatBatch Qm, MatBatch P, MatBatch R, MatBatch Pb, MatBatch Rb) {
+            int32_t* nz, MatBatch Qm, MatBatch P, MatBatch R, MatBatch Pb, MatBatch Rb, bool nz_reduced = false) {
   Backend& be = *opt.backend;
   const dion_group_options_t& o = g.opt;
   const Tensor& t = bt.t;
@@ -590,8 +603,7 @@ void finish(Optimizer& opt, Group& g, const Batch& bt, const Shape& s, const Dis
   // same on every rank that shares them. In the same passes: the bf16
   // copies of P and R for the error feedback (lowp) and R's column sums of
   // squares for Q = colnorm(R).
-  for (Collectives* c : {d.rep, d.outer, d.inner})
-    if (c) c->all_reduce(nz, T, ReduceOp::kMax);
+  if (!nz_reduced) reduce_nz(d, nz, T);
   double* ss = reinterpret_cast<double*>(opt.ws.take(2 * T * s.r));
   be.finish_p(P, nz, lowp ? Pb.p : nullptr);
   be.finish_r(R, nz, Qm, lowp ? Rb.p : nullptr, ss);
@@ -754,7 +766,9 @@ struct PhasedRun {
   bool lowp = false, in_state = false;  // lowp_path; m_in_state (M is null then)
   float* M = nullptr;
   int32_t* nz = nullptr;
-  MatBatch Qm{}, Pall{}, P{}, P1{};  // Pall: the whole batch's P (sp.slots); P: this rank's slots of it
+  // Pall: the whole batch's P (sp.slots); P: this rank's slots of it; P1
+  // their preconditioned copy (RCQR); Y the orthonormal result
+  MatBatch Qm{}, Pall{}, P{}, P1{}, Y{};
   ConstMatBatch Qtb{nullptr, 0, 0, 0, 0, 0};
   int64_t first = 0;  // the bucket's first slot in the group's factorization arrays
 };
@@ -799,17 +813,16 @@ size_t phased_floats(const Optimizer& opt, const Group& g, const std::vector<Bat
     const bool lowp = !opt.backend->host_memory() && bf16_products(o, mdt);
     const auto half = [](int64_t n) { return ws_floats((n + 1) / 2); };
     // A..E: M (unless the state holds it), nz, Q, Q~ in bf16, P (the
-    // batch's slots), the reduce-scatter's slots, P1 (this rank's)
+    // batch's slots), the reduce-scatter's slots, P1 and Y (this rank's)
     const size_t m_copy = m_in_state(*opt.backend, bt, lowp, mdt, t.param_dtype) ? 0
                           : lowp                                              ? half(T * mn)
                                                                               : ws_floats(T * mn);
     sum += m_copy + ws_floats(T) + ws_floats(T * br) + half(T * br) + ws_floats(sp.slots * ar) +
-           ws_floats(sp.scatter ? sp.block * ar : 0) + ws_floats(c * ar);
-    // A: the sketch (one at a time); E: the result, R, bf16 P and R, column
-    // sums (double; and float over the outer mesh)
+           ws_floats(sp.scatter ? sp.block * ar : 0) + 2 * ws_floats(c * ar);
+    // A: the sketch (one at a time); E: R, bf16 P and R, column sums
+    // (double; and float over the outer mesh), one bucket at a time
     shared = std::max({shared, sketch_floats(c, s),
-                       ws_floats(c * ar) + ws_floats(T * br) + half(T * ar) + half(T * br) + ws_floats(2 * T * s.r) +
-                           ws_floats(T * s.r)});
+                       ws_floats(T * br) + half(T * ar) + half(T * br) + ws_floats(2 * T * s.r) + ws_floats(T * s.r)});
     slots += c;
   }
   // the group's S P, R1, Gram matrices and Cholesky info (this rank's slots)
@@ -825,6 +838,73 @@ size_t group_workspace(const Optimizer& opt, const Group& g) {
   const size_t need = phased_floats(opt, g, bs);
   return need <= 2 * opt.batch_workspace_floats ? need : 0;
 }
+
+// The phased step's collectives on the backend's communication stream, in
+// the order they are issued (one stream, so the GPU runs them in that order
+// on every rank), instead of on the compute stream. Every collective is
+// joined (StreamJoin: ordered with the compute stream as if enqueued there)
+// except those run through deferred(): phase A's reductions of P and phase
+// E's gathers, which wait for the compute stream's work so far but are not
+// waited for until wait(slot), so that they overlap the next bucket's
+// compute. Used on a device backend with a comm stream (made at
+// dion_add_group for any multi-rank mesh) unless DION_OVERLAP=0; otherwise
+// every call runs as issued, on the compute stream. The marks are the
+// backend's two (Backend::kCommMarks): a mark re-recorded by a later
+// collective is still after the earlier one (one stream), so a wait on it
+// only waits longer.
+class SideComm {
+ public:
+  explicit SideComm(Optimizer& opt)
+      : opt_(opt), on_(!opt.backend->host_memory() && opt.backend->comm_stream() && opt.overlap_allowed) {
+    if (!on_) return;
+    const auto m = opt.meshes();
+    for (size_t i = 0; i < m.size(); ++i)
+      if (m[i]) {
+        saved_[i] = {m[i]->stream(), m[i]->join()};
+        m[i]->set_stream(opt.backend->comm_stream());
+        m[i]->set_join(&opt.comm_join);
+      }
+  }
+  ~SideComm() {
+    if (!on_) return;
+    const auto m = opt_.meshes();
+    for (size_t i = 0; i < m.size(); ++i)
+      if (m[i]) {
+        m[i]->set_join(saved_[i].join);
+        m[i]->set_stream(saved_[i].stream);
+      }
+  }
+  SideComm(const SideComm&) = delete;
+  SideComm& operator=(const SideComm&) = delete;
+  template <class F>
+  void deferred(int slot, F&& f) {
+    if (!on_) {
+      f();
+      return;
+    }
+    opt_.backend->comm_wait_main();
+    set_joins(nullptr);
+    f();
+    set_joins(&opt_.comm_join);
+    opt_.backend->comm_mark(slot);
+  }
+  void wait(int slot) {
+    if (on_) opt_.backend->main_wait_mark(slot);
+  }
+
+ private:
+  void set_joins(StreamJoin* j) {
+    for (Collectives* c : opt_.meshes())
+      if (c) c->set_join(j);
+  }
+  struct Saved {
+    void* stream = nullptr;
+    StreamJoin* join = nullptr;
+  };
+  Optimizer& opt_;
+  const bool on_;
+  Saved saved_[3];
+};
 
 bool step_group(Optimizer& opt, Group& g) {
   // Host-side lists: their capacity is kept (thread_local), so a steady-state step allocates nothing.
@@ -843,6 +923,7 @@ bool step_group(Optimizer& opt, Group& g) {
   const int64_t r = s0.r, k = s0.k, rr = r * r;
   thread_local std::vector<PhasedRun> runs;
   runs.assign(batches.size(), PhasedRun{});
+  const int64_t nb = static_cast<int64_t>(runs.size());
   int64_t slots = 0;  // the slots this rank factors, over all buckets
   for (size_t i = 0; i < batches.size(); ++i) {
     PhasedRun& u = runs[i];
@@ -861,8 +942,17 @@ bool step_group(Optimizer& opt, Group& g) {
   auto slice = [](const MatBatch& m, int64_t first, int64_t count) {
     return MatBatch{m.p + first * m.stride, m.rows, m.cols, m.ld, m.stride, count};
   };
-  // A: M + G, P = B Q reduced to this rank's slots, their sketch.
-  for (PhasedRun& u : runs) {
+  SideComm side(opt);
+  // A: M + G, P = B Q, reduced to this rank's slots (deferred: bucket i's
+  // reduction overlaps bucket i + 1's momentum pass and product), their sketch.
+  auto sketch = [&](PhasedRun& u) {
+    if (method != DION_QR_RCQR || u.P.batch == 0) return;
+    const size_t m = opt.ws.mark();
+    sketch_product(opt, g, u.s, 0, u.P, slice(SP, u.first, u.P.batch), prec);
+    opt.ws.rewind(m);
+  };
+  for (int64_t i = 0; i < nb; ++i) {
+    PhasedRun& u = runs[static_cast<size_t>(i)];
     const Batch& bt = *u.bt;
     const Tensor& t = bt.t;
     const int64_t T = bt.count, n_el = t.numel_local, c = owned_count(u.sp, T);
@@ -877,6 +967,7 @@ bool step_group(Optimizer& opt, Group& g) {
     u.Pall = MatBatch{opt.ws.take(u.sp.slots * ar), u.s.a, u.s.r, u.s.r, ar, T};
     float* own = u.sp.scatter ? opt.ws.take(u.sp.block * ar) : nullptr;
     u.P1 = MatBatch{opt.ws.take(c * ar), u.s.a, u.s.r, u.s.r, ar, c};
+    u.Y = MatBatch{opt.ws.take(c * ar), u.s.a, u.s.r, u.s.r, ar, c};
     const MatBatch Mm{u.M, t.geom.srows, t.geom.scols, t.geom.scols, n_el, T};
     if (u.lowp) {
       u.Qtb = ConstMatBatch(half(T * br), u.s.b, u.s.r, u.s.r, br, T);
@@ -886,20 +977,25 @@ bool step_group(Optimizer& opt, Group& g) {
     // As step() and orth_split(): P is a partial sum over outer, and each
     // replica's own under compressed sync.
     float* mine = u.Pall.p;
-    if (!u.sp.mesh) {
-      if (u.d.outer) u.d.outer->all_reduce(mine, T * ar, ReduceOp::kSum);
-      if (u.d.rep) u.d.rep->all_reduce(mine, T * ar, ReduceOp::kAvg);
-    } else {
-      mine = reduce_slots(be, u.sp, u.Pall.p, T, ar, own);
-      if (u.d.rep && u.sp.mesh != u.d.rep) u.d.rep->all_reduce(mine, c * ar, ReduceOp::kAvg);
-    }
+    if (u.sp.mesh) zero_padding(be, u.sp, u.Pall.p, T, ar);
+    side.deferred(static_cast<int>(i % 2), [&] {
+      reduce_nz(u.d, u.nz, T);  // finish's, early: not between the next gather and this bucket's products
+      if (!u.sp.mesh) {
+        if (u.d.outer) u.d.outer->all_reduce(mine, T * ar, ReduceOp::kSum);
+        if (u.d.rep) u.d.rep->all_reduce(mine, T * ar, ReduceOp::kAvg);
+      } else {
+        mine = reduce_slots(u.sp, u.Pall.p, T, ar, own);
+        if (u.d.rep && u.sp.mesh != u.d.rep) u.d.rep->all_reduce(mine, c * ar, ReduceOp::kAvg);
+      }
+    });
     u.P = MatBatch{mine, u.s.a, u.s.r, u.s.r, ar, c};
-    if (method == DION_QR_RCQR && c > 0) {
-      const size_t m = opt.ws.mark();
-      sketch_product(opt, g, u.s, 0, u.P, slice(SP, u.first, c), prec);
-      opt.ws.rewind(m);
+    if (i > 0) {
+      side.wait(static_cast<int>((i - 1) % 2));
+      sketch(runs[static_cast<size_t>(i - 1)]);
     }
   }
+  side.wait(static_cast<int>((nb - 1) % 2));
+  sketch(runs.back());
   // B, C: R1 for all, then P1 = P R1^-1 (RCQR: the solves of all buckets in
   // one call, which may form all the inverses at once); the Gram matrices.
   if (method == DION_QR_RCQR && slots > 0) {
@@ -918,32 +1014,39 @@ bool step_group(Optimizer& opt, Group& g) {
   }
   // D: the Cholesky factors of all.
   if (slots > 0) be.cholesky_upper(G, info);
-  // E: per bucket, P = P1 U^-1 (or the fallback from P), the slots gathered,
-  // R = B^T P, and the rest.
-  for (PhasedRun& u : runs) {
+  // E: per bucket, P = P1 U^-1 (or the fallback from P) and the slots
+  // gathered (deferred: bucket i's gather overlaps bucket i - 1's rest), then
+  // R = B^T P and the rest.
+  auto rest = [&](PhasedRun& u) {
     const Batch& bt = *u.bt;
     const Tensor& t = bt.t;
-    const int64_t T = bt.count, n_el = t.numel_local, c = u.P.batch, ar = u.s.a * u.s.r, br = u.s.b * u.s.r;
+    const int64_t T = bt.count, n_el = t.numel_local, ar = u.s.a * u.s.r, br = u.s.b * u.s.r;
     const size_t m = opt.ws.mark();
-    MatBatch Y{opt.ws.take(c * ar), u.s.a, u.s.r, u.s.r, ar, c};
     MatBatch R{opt.ws.take(T * br), u.s.b, u.s.r, u.s.r, br, T};
     MatBatch Pb{u.lowp ? half(T * ar) : nullptr, u.s.a, u.s.r, u.s.r, ar, T};
     MatBatch Rb{u.lowp ? half(T * br) : nullptr, u.s.b, u.s.r, u.s.r, br, T};
-    if (c > 0) {
-      be.trsm_right_upper(slice(G, u.first, c), u.P1, Y, prec);
-      be.orth_fallback(Y, u.P, info + u.first);
-    }
-    MatBatch P = Y;  // the batch's orthonormal P
-    if (u.sp.mesh) {
-      gather_slots(opt, u.sp, T, ar, Y.p, u.Pall.p);
-      P = u.Pall;
-    }
+    const MatBatch P = u.sp.mesh ? u.Pall : u.Y;  // the batch's orthonormal P
     const MatBatch Mm{u.M, t.geom.srows, t.geom.scols, t.geom.scols, n_el, T};
     r_product(be, bt, u.in_state, u.lowp, u.s.bT, Mm, P, Pb, R, prec);
     if (u.d.rep) u.d.rep->all_reduce(R.p, T * br, ReduceOp::kAvg);
-    finish(opt, g, bt, u.s, u.d, u.lowp, u.M, u.nz, u.Qm, P, R, Pb, Rb);
+    finish(opt, g, bt, u.s, u.d, u.lowp, u.M, u.nz, u.Qm, P, R, Pb, Rb, true);
     opt.ws.rewind(m);
+  };
+  for (int64_t i = 0; i < nb; ++i) {
+    PhasedRun& u = runs[static_cast<size_t>(i)];
+    const int64_t T = u.bt->count, c = u.P.batch, ar = u.s.a * u.s.r;
+    if (c > 0) {
+      be.trsm_right_upper(slice(G, u.first, c), u.P1, u.Y, prec);
+      be.orth_fallback(u.Y, u.P, info + u.first);
+    }
+    if (u.sp.mesh) side.deferred(static_cast<int>(i % 2), [&] { gather_slots(opt, u.sp, T, ar, u.Y.p, u.Pall.p); });
+    if (i > 0) {
+      if (runs[static_cast<size_t>(i - 1)].sp.mesh) side.wait(static_cast<int>((i - 1) % 2));
+      rest(runs[static_cast<size_t>(i - 1)]);
+    }
   }
+  if (runs.back().sp.mesh) side.wait(static_cast<int>((nb - 1) % 2));
+  rest(runs.back());
   return true;
 }
 

@@ -87,7 +87,11 @@ class Collectives {
   // needs no CUDA) the following calls are enqueued on, until the next
   // set_stream; nullptr is the legacy default stream, the initial one. The
   // MPI transport works on host buffers and ignores it.
-  void set_stream(void* stream) { do_set_stream(stream); }
+  void set_stream(void* stream) {
+    stream_ = stream;
+    do_set_stream(stream);
+  }
+  void* stream() const { return stream_; }
   // Brackets every following call that communicates (all but
   // all_reduce_host, a setup-time call) with join->before() and
   // join->after(), until set_join(nullptr) (the initial state).
@@ -200,6 +204,7 @@ class Collectives {
   void joined(F&& hook);
 
   StreamJoin* join_ = nullptr;
+  void* stream_ = nullptr;  // set_stream's
   std::string mesh_;
   int32_t size_;
   int32_t rank_;

@@ -488,8 +488,12 @@ void Optimizer::add_group(const dion_group_options_t& go, const dion_tensor_t* d
     GroupScalars zero{};
     backend->copy_sync(g.scalars, &zero, sizeof(zero));
     upload_scalars(g);
-    // Overlapped steps need the backend's comm stream (made once).
+    // Overlapped steps need the backend's comm stream (made once); so does
+    // the overlap of an algorithm's own collectives with its compute (Dion's
+    // phased step) on any multi-rank mesh. DION_OVERLAP=0 turns both off.
     if (overlap_decided && overlap_allowed && !overlap) overlap = backend->make_comm_stream();
+    if (has_meshes() && overlap_allowed && !backend->host_memory() && !backend->comm_stream())
+      (void)backend->make_comm_stream();
     // The replicate averages stage one tensor at a time: in the workspace
     // for the states (dion_sync_for_checkpoint) and for the gradients of a
     // sequential step; an overlapped step averages fp32 gradients in place

@@ -15,7 +15,11 @@
 //          2 x (40, 40) fp32, 1 x (24, 56) fp32, 1 x (32, 32) bf16       -> 3 buckets
 //   dionc  rank_fraction 0.25 (compressed: P and R averaged inside the
 //          algorithm, interleaved with the pipeline's gradient averages)
-//          2 x (64, 64) fp32                                             -> 1 bucket
+//          2 x (64, 64), (96, 64), (64, 128) fp32, all r = 16            -> 3 buckets
+//          No gradient of this group is averaged, so the pipeline steps
+//          it as one unit: Dion's phased step, whose reductions of P and
+//          gathers run on the comm stream, deferred (src/algo/dion.cpp,
+//          SideComm), against the sequential step's on the caller's stream.
 //   adamw  (100), (7, 13), (256) bf16, (33), and one without a gradient  -> 1 bucket
 //   lion   (64), (5, 9) bf16, (128)                                      -> 1 bucket
 // bf16 gradients go through the comm stream's staging buffer, fp32 ones are
@@ -170,7 +174,11 @@ std::vector<GroupSpec> model() {
       {"dion", DION_ALGO_DION, 1.0,
        {{"dion.a0", 40, 40, F, true}, {"dion.b0", 24, 56, F, true}, {"dion.a1", 40, 40, F, true},
         {"dion.c0", 32, 32, B, true}}},
-      {"dionc", DION_ALGO_DION, 0.25, {{"dionc.a0", 64, 64, F, true}, {"dionc.a1", 64, 64, F, true}}},
+      {"dionc", DION_ALGO_DION, 0.25,
+       {{"dionc.a0", 64, 64, F, true},
+        {"dionc.b0", 96, 64, F, true},
+        {"dionc.a1", 64, 64, F, true},
+        {"dionc.c0", 64, 128, F, true}}},
       {"adamw", DION_ALGO_ADAMW, 1.0,
        {{"adamw.v0", 100, 0, F, true},
         {"adamw.m0", 7, 13, F, true},
