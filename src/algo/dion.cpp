@@ -589,7 +589,8 @@ void reduce_nz(const Dist& d, int32_t* nz, int64_t T) {
 // elements on the lowp path, with Pb and Rb the bf16 copies' room), or is
 // null where the state holds it (m_in_state).
 void finish(Optimizer& opt, Group& g, const Batch& bt, const Shape& s, const Dist& d, bool lowp, float* M,
-            int32_t* nz, MatBatch Qm, MatBatch P, MatBatch R, MatBatch Pb, MatBatch Rb, bool nz_reduced = false) {
+            int32_t* nz, MatBatch Qm, MatBatch P, MatBatch R, MatBatch Pb, MatBatch Rb, bool nz_reduced = false,
+            bool pb_final = false) {
   Backend& be = *opt.backend;
   const dion_group_options_t& o = g.opt;
   const Tensor& t = bt.t;
@@ -605,7 +606,9 @@ void finish(Optimizer& opt, Group& g, const Batch& bt, const Shape& s, const Dis
   // squares for Q = colnorm(R).
   if (!nz_reduced) reduce_nz(d, nz, T);
   double* ss = reinterpret_cast<double*>(opt.ws.take(2 * T * s.r));
-  be.finish_p(P, nz, lowp ? Pb.p : nullptr);
+  // pb_final (the phased step's bf16 gather, lowp only): the owners ran
+  // finish_p on their slots before gathering Pb, and P is not read again.
+  if (!pb_final) be.finish_p(P, nz, lowp ? Pb.p : nullptr);
   be.finish_r(R, nz, Qm, lowp ? Rb.p : nullptr, ss);
   // The error feedback's and the update's product is A B^T in storage
   // orientation: P R^T (then P Q^T), or R P^T when B is stored transposed;
@@ -769,6 +772,12 @@ struct PhasedRun {
   // Pall: the whole batch's P (sp.slots); P: this rank's slots of it; P1
   // their preconditioned copy (RCQR); Y the orthonormal result
   MatBatch Qm{}, Pall{}, P{}, P1{}, Y{};
+  // bf16 communication of P (bf16_comm): the batch's P in bf16 (sp.slots),
+  // the reduce-scatter's bf16 slots, this rank's reduced slots in bf16
+  // (before they are widened into P), and Pb: the bf16 P gathered
+  bool comm16 = false;
+  int64_t first_slot() const { return sp.mesh ? sp.first : 0; }  // this rank's first slot in the batch
+  void *Pallb = nullptr, *ownb = nullptr, *mineb = nullptr, *Pb = nullptr;
   ConstMatBatch Qtb{nullptr, 0, 0, 0, 0, 0};
   int64_t first = 0;  // the bucket's first slot in the group's factorization arrays
 };
@@ -784,6 +793,23 @@ bool group_steppable(const Optimizer& opt, const Group& g) {
   for (int32_t ti : g.tensors)
     if (opt.grad_averaged(opt.tensors[static_cast<size_t>(ti)], DION_ALGO_DION)) return false;
   return true;
+}
+
+// Whether the phased step communicates a bucket's P in bf16: on the lowp
+// path (bf16 momentum, BF16 products: P's bf16 copy is what every product
+// after the orthogonalization reads), for a batch split over a mesh that
+// reduces P (outer partial sums, or the replicas' own P under compressed
+// sync). P's partial sums are rounded to bf16 and summed in bf16 (as the
+// reference communicates P in the bf16 parameters' dtype), the owners widen
+// their reduced slots to fp32 for the orthogonalization, and the
+// orthonormal slots are gathered as the bf16 copy the products read (the
+// same bits as gathering fp32 and rounding after). Half the bytes of both
+// collectives. The gather moves pairs of bf16 as floats, so a matrix of P
+// must have an even number of elements.
+// DION_P_BF16_COMM=0 keeps P's collectives in fp32 (read once).
+bool bf16_comm(bool lowp, const Split& sp, const Shape& s) {
+  static const bool enabled = env_on("DION_P_BF16_COMM");
+  return enabled && lowp && sp.mesh && sp.reduce && (s.a * s.r) % 2 == 0;
 }
 
 // The slots of a batch of T that this rank factors: all T, or its share of
@@ -819,6 +845,8 @@ size_t phased_floats(const Optimizer& opt, const Group& g, const std::vector<Bat
                                                                               : ws_floats(T * mn);
     sum += m_copy + ws_floats(T) + ws_floats(T * br) + half(T * br) + ws_floats(sp.slots * ar) +
            ws_floats(sp.scatter ? sp.block * ar : 0) + 2 * ws_floats(c * ar);
+    if (bf16_comm(lowp, sp, s))  // P, the scatter's slots and the gathered P in bf16
+      sum += half(sp.slots * ar) + (sp.scatter ? half(sp.block * ar) : 0) + half(T * ar);
     // A: the sketch (one at a time); E: R, bf16 P and R, column sums
     // (double; and float over the outer mesh), one bucket at a time
     shared = std::max({shared, sketch_floats(c, s),
@@ -945,7 +973,8 @@ bool step_group(Optimizer& opt, Group& g) {
   SideComm side(opt);
   // A: M + G, P = B Q, reduced to this rank's slots (deferred: bucket i's
   // reduction overlaps bucket i + 1's momentum pass and product), their sketch.
-  auto sketch = [&](PhasedRun& u) {
+  auto sketch = [&](PhasedRun& u) {  // once this bucket's reduction is done
+    if (u.comm16 && u.P.batch > 0) be.load(u.P.p, u.mineb, DION_DTYPE_BF16, u.P.batch * u.s.a * u.s.r);
     if (method != DION_QR_RCQR || u.P.batch == 0) return;
     const size_t m = opt.ws.mark();
     sketch_product(opt, g, u.s, 0, u.P, slice(SP, u.first, u.P.batch), prec);
@@ -968,6 +997,12 @@ bool step_group(Optimizer& opt, Group& g) {
     float* own = u.sp.scatter ? opt.ws.take(u.sp.block * ar) : nullptr;
     u.P1 = MatBatch{opt.ws.take(c * ar), u.s.a, u.s.r, u.s.r, ar, c};
     u.Y = MatBatch{opt.ws.take(c * ar), u.s.a, u.s.r, u.s.r, ar, c};
+    u.comm16 = bf16_comm(u.lowp, u.sp, u.s);
+    if (u.comm16) {
+      u.Pallb = half(u.sp.slots * ar);
+      u.ownb = u.sp.scatter ? half(u.sp.block * ar) : nullptr;
+      u.Pb = half(T * ar);
+    }
     const MatBatch Mm{u.M, t.geom.srows, t.geom.scols, t.geom.scols, n_el, T};
     if (u.lowp) {
       u.Qtb = ConstMatBatch(half(T * br), u.s.b, u.s.r, u.s.r, br, T);
@@ -977,10 +1012,28 @@ bool step_group(Optimizer& opt, Group& g) {
     // As step() and orth_split(): P is a partial sum over outer, and each
     // replica's own under compressed sync.
     float* mine = u.Pall.p;
-    if (u.sp.mesh) zero_padding(be, u.sp, u.Pall.p, T, ar);
+    if (u.comm16) {
+      // this rank's slots land in `own` (fp32) after the widening, as reduce_slots would put them
+      mine = u.sp.scatter ? own : u.Pall.p + u.sp.first * ar;
+      to_bf16(be, static_cast<float*>(u.Pallb), u.Pall.p, T * ar);
+      if (u.sp.slots > T) be.zero(static_cast<uint16_t*>(u.Pallb) + T * ar, sizeof(uint16_t) * static_cast<size_t>((u.sp.slots - T) * ar));
+    } else if (u.sp.mesh) {
+      zero_padding(be, u.sp, u.Pall.p, T, ar);
+    }
     side.deferred(static_cast<int>(i % 2), [&] {
       reduce_nz(u.d, u.nz, T);  // finish's, early: not between the next gather and this bucket's products
-      if (!u.sp.mesh) {
+      if (u.comm16) {
+        uint16_t* all = static_cast<uint16_t*>(u.Pallb);
+        uint16_t* mb = all + u.sp.first * ar;
+        if (u.sp.scatter) {
+          mb = static_cast<uint16_t*>(u.ownb);
+          u.sp.mesh->reduce_scatter_bf16(all, mb, u.sp.block * ar, u.sp.op);
+        } else {
+          u.sp.mesh->all_reduce_bf16(all, T * ar, u.sp.op);
+        }
+        if (u.d.rep && u.sp.mesh != u.d.rep) u.d.rep->all_reduce_bf16(mb, c * ar, ReduceOp::kAvg);
+        u.mineb = mb;
+      } else if (!u.sp.mesh) {
         if (u.d.outer) u.d.outer->all_reduce(mine, T * ar, ReduceOp::kSum);
         if (u.d.rep) u.d.rep->all_reduce(mine, T * ar, ReduceOp::kAvg);
       } else {
@@ -1023,23 +1076,36 @@ bool step_group(Optimizer& opt, Group& g) {
     const int64_t T = bt.count, n_el = t.numel_local, ar = u.s.a * u.s.r, br = u.s.b * u.s.r;
     const size_t m = opt.ws.mark();
     MatBatch R{opt.ws.take(T * br), u.s.b, u.s.r, u.s.r, br, T};
-    MatBatch Pb{u.lowp ? half(T * ar) : nullptr, u.s.a, u.s.r, u.s.r, ar, T};
+    MatBatch Pb{u.comm16 ? static_cast<float*>(u.Pb) : u.lowp ? half(T * ar) : nullptr, u.s.a, u.s.r, u.s.r, ar, T};
     MatBatch Rb{u.lowp ? half(T * br) : nullptr, u.s.b, u.s.r, u.s.r, br, T};
-    const MatBatch P = u.sp.mesh ? u.Pall : u.Y;  // the batch's orthonormal P
+    const MatBatch P = u.sp.mesh ? u.Pall : u.Y;  // the batch's orthonormal P (not read with comm16)
     const MatBatch Mm{u.M, t.geom.srows, t.geom.scols, t.geom.scols, n_el, T};
-    r_product(be, bt, u.in_state, u.lowp, u.s.bT, Mm, P, Pb, R, prec);
+    if (u.comm16)
+      m_product(be, bt, u.in_state, true, !u.s.bT, Mm, ConstMatBatch(Pb), R, prec);  // Pb gathered, final
+    else
+      r_product(be, bt, u.in_state, u.lowp, u.s.bT, Mm, P, Pb, R, prec);
     if (u.d.rep) u.d.rep->all_reduce(R.p, T * br, ReduceOp::kAvg);
-    finish(opt, g, bt, u.s, u.d, u.lowp, u.M, u.nz, u.Qm, P, R, Pb, Rb, true);
+    finish(opt, g, bt, u.s, u.d, u.lowp, u.M, u.nz, u.Qm, P, R, Pb, Rb, true, u.comm16);
     opt.ws.rewind(m);
   };
   for (int64_t i = 0; i < nb; ++i) {
     PhasedRun& u = runs[static_cast<size_t>(i)];
     const int64_t T = u.bt->count, c = u.P.batch, ar = u.s.a * u.s.r;
+    uint16_t* own16 = u.comm16 ? static_cast<uint16_t*>(u.Pb) + u.first_slot() * ar : nullptr;
     if (c > 0) {
       be.trsm_right_upper(slice(G, u.first, c), u.P1, u.Y, prec);
       be.orth_fallback(u.Y, u.P, info + u.first);
+      if (u.comm16) {  // finish_p on this rank's slots (the flags are reduced), into their bf16 copy
+        to_bf16(be, reinterpret_cast<float*>(own16), u.Y.p, c * ar);
+        be.finish_p(u.Y, u.nz + u.first_slot(), own16);
+      }
     }
-    if (u.sp.mesh) side.deferred(static_cast<int>(i % 2), [&] { gather_slots(opt, u.sp, T, ar, u.Y.p, u.Pall.p); });
+    if (u.comm16)  // pairs of bf16 as floats (bf16_comm: a r even)
+      side.deferred(static_cast<int>(i % 2), [&] {
+        gather_slots(opt, u.sp, T, ar / 2, reinterpret_cast<const float*>(own16), static_cast<float*>(u.Pb));
+      });
+    else if (u.sp.mesh)
+      side.deferred(static_cast<int>(i % 2), [&] { gather_slots(opt, u.sp, T, ar, u.Y.p, u.Pall.p); });
     if (i > 0) {
       if (runs[static_cast<size_t>(i - 1)].sp.mesh) side.wait(static_cast<int>((i - 1) % 2));
       rest(runs[static_cast<size_t>(i - 1)]);

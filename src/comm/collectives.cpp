@@ -168,6 +168,41 @@ void Collectives::reduce_scatter(const float* send, float* recv, int64_t block, 
   count(CollKind::kReduceScatter, static_cast<uint64_t>(total) * sizeof(float));
 }
 
+void Collectives::all_reduce_bf16(uint16_t* buf, int64_t n, ReduceOp op) {
+  const char* what = "all_reduce(bf16)";
+  check_usable(what);
+  check_count(*this, what, "n", n);
+  check_ptr(*this, what, "buf", buf, n);
+  if (op == ReduceOp::kMax) throw Error(DION_ERROR_INTERNAL, format("%s mesh: %s: sum or avg only", mesh_.c_str(), what));
+  if (n == 0) return;
+  joined([&] { do_all_reduce_bf16(buf, n, op); });
+  count(CollKind::kAllReduce, static_cast<uint64_t>(n) * sizeof(uint16_t));
+}
+
+void Collectives::reduce_scatter_bf16(const uint16_t* send, uint16_t* recv, int64_t block, ReduceOp op) {
+  const char* what = "reduce_scatter(bf16)";
+  check_usable(what);
+  check_count(*this, what, "block", block);
+  check_blocks(*this, what, block);
+  const int64_t total = block * size_;
+  check_ptr(*this, what, "send", send, total);
+  check_ptr(*this, what, "recv", recv, block);
+  if (overlap(send, (total + 1) / 2, recv, (block + 1) / 2))  // in floats' bytes
+    throw Error(DION_ERROR_INTERNAL, format("%s mesh: %s: send and recv overlap", mesh_.c_str(), what));
+  if (block == 0) return;
+  joined([&] { do_reduce_scatter_bf16(send, recv, block, op); });
+  count(CollKind::kReduceScatter, static_cast<uint64_t>(total) * sizeof(uint16_t));
+}
+
+void Collectives::do_all_reduce_bf16(uint16_t*, int64_t, ReduceOp) {
+  throw Error(DION_ERROR_INTERNAL, format("%s mesh: all_reduce(bf16): this transport has no bf16 arithmetic", mesh_.c_str()));
+}
+
+void Collectives::do_reduce_scatter_bf16(const uint16_t*, uint16_t*, int64_t, ReduceOp) {
+  throw Error(DION_ERROR_INTERNAL,
+              format("%s mesh: reduce_scatter(bf16): this transport has no bf16 arithmetic", mesh_.c_str()));
+}
+
 void Collectives::all_gather(const float* send, float* recv, int64_t block) {
   const char* what = "all_gather";
   check_usable(what);

@@ -119,6 +119,14 @@ class Collectives {
   // kAvg. send and recv must not overlap.
   void reduce_scatter(const float* send, float* recv, int64_t block, ReduceOp op);
 
+  // The same two reductions on bf16 elements (uint16_t bit patterns, device
+  // memory), summed in the transport's bf16 arithmetic (NCCL: ncclBfloat16;
+  // each partial sum rounded to bf16), at half the bytes. kSum or kAvg.
+  // Transports without bf16 arithmetic (MPI; the host backend never asks)
+  // fail with DION_ERROR_INTERNAL.
+  void all_reduce_bf16(uint16_t* buf, int64_t n, ReduceOp op);
+  void reduce_scatter_bf16(const uint16_t* send, uint16_t* recv, int64_t block, ReduceOp op);
+
   // Each rank contributes block elements; recv (size()*block) holds them in
   // rank order. In place when send == recv + rank()*block.
   void all_gather(const float* send, float* recv, int64_t block);
@@ -151,7 +159,7 @@ class Collectives {
   // Convention: the bytes of payload this rank hands to a collective, i.e.
   // its send buffer, whatever the transport does on the wire (a ring
   // all-reduce moves about 2(P-1)/P of that per rank, a tree differs):
-  //   all_reduce      n * elem           reduce_scatter  size()*block * 4
+  //   all_reduce      n * elem           reduce_scatter  size()*block * elem
   //   all_gather      block * 4          all_gather_v    counts[rank()] * 4
   //   all_to_all_v    sum(send_counts) * 4 (own block included)
   //   broadcast       n * 4 on root, 0 on the other ranks
@@ -182,6 +190,8 @@ class Collectives {
   // Host buffer; transports on host memory need not override it.
   virtual void do_all_reduce_host(int32_t* buf, int64_t n, ReduceOp op) { do_all_reduce(buf, n, op); }
   virtual void do_reduce_scatter(const float* send, float* recv, int64_t block, ReduceOp op) = 0;
+  virtual void do_all_reduce_bf16(uint16_t* buf, int64_t n, ReduceOp op);
+  virtual void do_reduce_scatter_bf16(const uint16_t* send, uint16_t* recv, int64_t block, ReduceOp op);
   virtual void do_all_gather(const float* send, float* recv, int64_t block) = 0;
   virtual void do_all_gather_v(const float* send, float* recv, const int64_t* counts, const int64_t* displs) = 0;
   virtual void do_all_to_all_v(const float* send, const int64_t* send_counts, const int64_t* send_displs,

@@ -113,6 +113,17 @@ class NcclCollectives final : public Collectives {
           "ncclReduceScatter");
   }
 
+  void do_all_reduce_bf16(uint16_t* buf, int64_t n, ReduceOp op) override {
+    const char* what = "all_reduce(bf16)";
+    check(ncclAllReduce(buf, buf, elems(n), ncclBfloat16, nccl_op(op), nc_, stream_), what, "ncclAllReduce");
+  }
+
+  void do_reduce_scatter_bf16(const uint16_t* send, uint16_t* recv, int64_t block, ReduceOp op) override {
+    const char* what = "reduce_scatter(bf16)";
+    check(ncclReduceScatter(send, recv, elems(block), ncclBfloat16, nccl_op(op), nc_, stream_), what,
+          "ncclReduceScatter");
+  }
+
   void do_all_gather(const float* send, float* recv, int64_t block) override {
     all_gather_blocks(send, recv, block, "all_gather");
   }

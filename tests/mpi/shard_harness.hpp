@@ -347,6 +347,26 @@ void expect_same_updates(const OptRun& dist, const OptRun& ref, const std::vecto
   }
 }
 
+// Rank q's slots of a batch of T split over W ranks (src/algo/dion.cpp,
+// split_over): [q B, min(T, (q + 1) B)), B = ceil(T / W).
+uint64_t owned_slots(int64_t T, int W, int q) {
+  const int64_t B = (T + W - 1) / W, first = std::min<int64_t>(T, q * B);
+  return static_cast<uint64_t>(std::min<int64_t>(T, first + B) - first);
+}
+
+// The fp32 bytes rank q hands over when a batch of T e-float matrices is
+// reduced over a W-rank mesh (a batch of one all-reduced; else the
+// reduce-scatter of the batch padded to W B slots while that at most doubles
+// it, otherwise an all-reduce) and then the gather of its owned slots'
+// results (g floats each; none for a batch of one).
+uint64_t split_bytes(int64_t T, int W, int q, uint64_t e, uint64_t g) {
+  const uint64_t T4 = 4u * static_cast<uint64_t>(T);
+  if (T == 1) return T4 * e;
+  const uint64_t B = static_cast<uint64_t>((T + W - 1) / W), padded = W * B;
+  const uint64_t reduce = padded <= 2u * static_cast<uint64_t>(T) ? 4u * padded * e : T4 * e;
+  return reduce + 4u * owned_slots(T, W, q) * g;
+}
+
 // Spec §2.6 paths 1 and 2: each matrix of a batch of T is orthogonalized on
 // one rank of its mesh (the outer mesh for outer-sharded matrices, the
 // replicate mesh for matrices no shard mesh splits), which then all-gathers
@@ -425,18 +445,8 @@ TEST(ShardSplit, EachRankOrthogonalizesOnlyItsSlots) {
                            b = static_cast<uint64_t>(dist.loc[0].ext[1]), ar = a * r, T4 = 4u * T, sk = 128;
             const bool compressed = R > 1 && (m + n) * static_cast<int64_t>(r) < m * n;
             // This rank's slots of a split over W ranks (q its rank there).
-            auto owned = [T](int W, int q) {
-              const int64_t B = (T + W - 1) / W, first = std::min<int64_t>(T, q * B);
-              return static_cast<uint64_t>(std::min<int64_t>(T, first + B) - first);
-            };
-            // A batch of e-float matrices reduced over a W-rank mesh, then
-            // the gather of the owned slots' results (g floats each).
-            auto reduce_split = [&](int W, int q, uint64_t e, uint64_t g) -> uint64_t {
-              if (T == 1) return T4 * e;
-              const uint64_t B = static_cast<uint64_t>((T + W - 1) / W), padded = W * B;
-              const uint64_t reduce = padded <= 2u * static_cast<uint64_t>(T) ? 4u * padded * e : T4 * e;
-              return reduce + 4u * owned(W, q) * g;
-            };
+            auto owned = [T](int W, int q) { return owned_slots(T, W, q); };
+            auto reduce_split = [T](int W, int q, uint64_t e, uint64_t g) { return split_bytes(T, W, q, e, g); };
             uint64_t want[3] = {0, 0, 0};  // replicate, outer, inner
             if (O > 1) want[1] = 4 + (path3 ? T4 * ar : reduce_split(O, G.o, ar, ar)) + T4 + T4 * r;
             if (R > 1) {
@@ -544,7 +554,9 @@ TEST(ShardPhased, GroupFactoredOncePerKindEqualsBucketByBucket) {
       std::vector<std::vector<float>> x0[2];
       uint64_t ws[2] = {0, 0};
       for (int off = 0; off < 2; ++off) {
-        if (off) ASSERT_EQ(setenv("DION_PHASED", "0", 1), 0);
+        if (off) {
+          ASSERT_EQ(setenv("DION_PHASED", "0", 1), 0);
+        }
         build(dist[off], G, c, true, S);
         build(ref[off], G, c, false, S);
         if (!HasFatalFailure()) two_steps(dist[off], ref[off], G, S, &x0[off]);
@@ -576,6 +588,86 @@ TEST(ShardPhased, GroupFactoredOncePerKindEqualsBucketByBucket) {
             << "tensor " << k << ": phased and bucket-by-bucket Q differ";
       }
     }
+  }
+}
+
+// The phased step's bf16 communication of P (src/algo/dion.cpp, bf16_comm):
+// on the CUDA backend, with a bf16 momentum and BF16 products, the buckets
+// split over a mesh that reduces P reduce it in bf16 and gather the
+// orthonormal slots as the bf16 copy the products read. The shapes of
+// GroupFactoredOncePerKindEqualsBucketByBucket, every layout without an inner
+// mesh, 3 steps:
+//  - the updates and Q equal the single-process bf16 run's within the bf16
+//    configuration's bound (bf16_tolerance: P's bf16 sums are roundings of
+//    the same size as the momentum's, amplified the same way);
+//  - bytes: without a replicate mesh, the outer mesh moves exactly half of
+//    what an fp32-momentum run moves for the split buckets' P (their
+//    reduce-scatter and gather, split_bytes) and the same for the rest; on
+//    the host backend (no bf16 products) the two runs move the same bytes.
+TEST(ShardPhased, Bf16MomentumCommunicatesPInBf16) {
+  const std::vector<Spec> S = {{24, 16, 1, -1}, {24, 16, 1, -1}, {24, 16, 1, -1}, {40, 16, 1, -1},
+                               {40, 16, 1, -1}, {16, 48, 0, -1}, {32, 16, -1, -1}, {32, 16, -1, -1}};
+  for (const Layout& L : layouts()) {
+    if (L.I > 1) continue;
+    SCOPED_TRACE("layout R=" + std::to_string(L.R) + " O=" + std::to_string(L.O));
+    Grid G(L);
+    Config c16{"phased16", 0.5, DION_QR_RCQR, 1, true};
+    Config c32 = c16;
+    c32.bf16_products = false;
+    OptRun dist16, ref16, dist32, exact;
+    build(dist16, G, c16, true, S);
+    build(ref16, G, c16, false, S);
+    build(dist32, G, c32, true, S);
+    build(exact, G, c32, false, S);
+    if (HasFatalFailure()) return;
+    std::vector<std::vector<float>> x0;
+    for (const Local& l : dist16.loc) x0.push_back(l.x);
+    for (int step = 0; step < 3; ++step) {
+      fill_grads(dist16, ref16, G, step, S);
+      for (size_t k = 0; k < S.size(); ++k) {
+        dist32.loc[k].g = dist16.loc[k].g;
+        exact.loc[k].g = ref16.loc[k].g;
+      }
+      for (OptRun* run : {&dist16, &ref16, &dist32, &exact}) ASSERT_EQ(run->step(), DION_SUCCESS) << dion_last_error(run->opt);
+    }
+    for (size_t k = 0; k < S.size(); ++k) {
+      SCOPED_TRACE("tensor " + std::to_string(k));
+      const Local& l = dist16.loc[k];
+      if (l.numel() == 0) continue;
+      const std::vector<double> r1 = window(ref16.loc[k].x, S[k].n, l.off, l.ext),
+                                e1 = window(exact.loc[k].x, S[k].n, l.off, l.ext);
+      std::vector<double> du, dr, de;
+      for (int64_t e = 0; e < l.numel(); ++e) {
+        const size_t i = static_cast<size_t>(e);
+        du.push_back(static_cast<double>(l.x[i]) - x0[k][i]);
+        dr.push_back(r1[i] - x0[k][i]);
+        de.push_back(e1[i] - x0[k][i]);
+      }
+      EXPECT_LT(rel_diff(du, dr), bf16_tolerance(rel_diff(dr, de))) << "parameter update";
+      dion_state_info_t di, ri, ei;
+      const std::vector<float> dq = read_state(dist16.opt, static_cast<int32_t>(k), "Q", &di);
+      const std::vector<float> rq = read_state(ref16.opt, static_cast<int32_t>(k), "Q", &ri);
+      const std::vector<float> eq = read_state(exact.opt, static_cast<int32_t>(k), "Q", &ei);
+      const int64_t n_loc = di.local_shape[0] * di.local_shape[1];
+      if (n_loc == 0) continue;
+      const std::vector<double> want = window(rq, ri.global_shape[1], di.local_offset, di.local_shape),
+                                want_exact = window(eq, ei.global_shape[1], di.local_offset, di.local_shape);
+      EXPECT_LT(rel_diff(std::vector<double>(dq.begin(), dq.begin() + n_loc), want),
+                bf16_tolerance(rel_diff(want, want_exact)))
+          << "Q";
+    }
+    if (L.R > 1) continue;
+    uint64_t b16 = 0, b32 = 0;
+    ASSERT_EQ(dion_get_comm_bytes(dist16.opt, DION_MESH_OUTER, &b16, nullptr), DION_SUCCESS);
+    ASSERT_EQ(dion_get_comm_bytes(dist32.opt, DION_MESH_OUTER, &b32, nullptr), DION_SUCCESS);
+    if (g_env.backend == DION_BACKEND_HOST) {
+      EXPECT_EQ(b16, b32) << "the host backend has no bf16 products";
+      continue;
+    }
+    // The outer-sharded buckets of two or more (split over outer): 3 of
+    // 24 x 16 and 2 of 40 x 16, B = M (a = m), r = 8.
+    const uint64_t p32 = split_bytes(3, L.O, G.o, 24 * 8, 24 * 8) + split_bytes(2, L.O, G.o, 40 * 8, 40 * 8);
+    EXPECT_EQ(b16, b32 - p32 / 2) << "fp32 run " << b32 << " bytes, its split P " << p32;
   }
 }
 
