@@ -351,6 +351,26 @@ TEST(MpiCollectives, CountAboveIntMaxIsRefusedWithoutCommunicating) {
   EXPECT_EQ(x, static_cast<float>(P));
 }
 
+// The bf16 reductions (Dion's phased step on the CUDA backend's bf16 path)
+// have no MPI transport: a call fails with DION_ERROR_INTERNAL naming the
+// mesh and the operation, communicates nothing, and leaves the communicator
+// in step (the host backend never asks for them).
+TEST(MpiCollectives, Bf16ReductionsAreRefusedWithoutCommunicating) {
+  World w;
+  Collectives& c = *w.coll;
+  const int P = world_size();
+  std::vector<uint16_t> send(static_cast<size_t>(P) * 4, 0x3f80), recv(4, 0);
+  expect_error([&] { c.all_reduce_bf16(send.data(), 4, ReduceOp::kSum); }, DION_ERROR_INTERNAL,
+               {"replicate mesh", "all_reduce(bf16)", "no bf16 arithmetic"});
+  expect_error([&] { c.reduce_scatter_bf16(send.data(), recv.data(), 4, ReduceOp::kAvg); }, DION_ERROR_INTERNAL,
+               {"replicate mesh", "reduce_scatter(bf16)", "no bf16 arithmetic"});
+  expect_error([&] { c.all_reduce_bf16(send.data(), 4, ReduceOp::kMax); }, DION_ERROR_INTERNAL, {"sum or avg only"});
+  EXPECT_EQ(c.bytes_total(), 0u);
+  float x = 1.f;
+  c.all_reduce(&x, 1, ReduceOp::kSum);
+  EXPECT_EQ(x, static_cast<float>(P));
+}
+
 TEST(MpiCollectives, NcclCommunicatorsNeedAnNcclBuild) {
   // A stand-in for a wrapped NCCL communicator. This suite's copy of src/comm
   // (dion_comm_internal) is built without NCCL, so the factory refuses it by
