@@ -107,10 +107,12 @@ void check_vector(const Collectives& c, const char* what, const char* cname, con
   }
 }
 
-bool overlap(const void* a, int64_t na, const void* b, int64_t nb) {
+// Whether na and nb elements of `elem` bytes at a and b overlap (floats
+// unless said otherwise).
+bool overlap(const void* a, int64_t na, const void* b, int64_t nb, size_t elem = sizeof(float)) {
   if (na == 0 || nb == 0) return false;
   auto pa = reinterpret_cast<uintptr_t>(a), pb = reinterpret_cast<uintptr_t>(b);
-  return pa < pb + static_cast<uintptr_t>(nb) * sizeof(float) && pb < pa + static_cast<uintptr_t>(na) * sizeof(float);
+  return pa < pb + static_cast<uintptr_t>(nb) * elem && pb < pa + static_cast<uintptr_t>(na) * elem;
 }
 
 }  // namespace
@@ -153,16 +155,21 @@ void Collectives::all_reduce_int(int32_t* buf, int64_t n, ReduceOp op, bool host
   count(CollKind::kAllReduce, static_cast<uint64_t>(n) * sizeof(int32_t));
 }
 
-void Collectives::reduce_scatter(const float* send, float* recv, int64_t block, ReduceOp op) {
-  const char* what = "reduce_scatter";
+int64_t Collectives::check_reduce_scatter(const char* what, const void* send, const void* recv, int64_t block,
+                                          size_t elem) const {
   check_usable(what);
   check_count(*this, what, "block", block);
   check_blocks(*this, what, block);
   const int64_t total = block * size_;
   check_ptr(*this, what, "send", send, total);
   check_ptr(*this, what, "recv", recv, block);
-  if (overlap(send, total, recv, block))
+  if (overlap(send, total, recv, block, elem))
     throw Error(DION_ERROR_INTERNAL, format("%s mesh: %s: send and recv overlap", mesh_.c_str(), what));
+  return total;
+}
+
+void Collectives::reduce_scatter(const float* send, float* recv, int64_t block, ReduceOp op) {
+  const int64_t total = check_reduce_scatter("reduce_scatter", send, recv, block, sizeof(float));
   if (block == 0) return;
   joined([&] { do_reduce_scatter(send, recv, block, op); });
   count(CollKind::kReduceScatter, static_cast<uint64_t>(total) * sizeof(float));
@@ -180,15 +187,7 @@ void Collectives::all_reduce_bf16(uint16_t* buf, int64_t n, ReduceOp op) {
 }
 
 void Collectives::reduce_scatter_bf16(const uint16_t* send, uint16_t* recv, int64_t block, ReduceOp op) {
-  const char* what = "reduce_scatter(bf16)";
-  check_usable(what);
-  check_count(*this, what, "block", block);
-  check_blocks(*this, what, block);
-  const int64_t total = block * size_;
-  check_ptr(*this, what, "send", send, total);
-  check_ptr(*this, what, "recv", recv, block);
-  if (overlap(send, (total + 1) / 2, recv, (block + 1) / 2))  // in floats' bytes
-    throw Error(DION_ERROR_INTERNAL, format("%s mesh: %s: send and recv overlap", mesh_.c_str(), what));
+  const int64_t total = check_reduce_scatter("reduce_scatter(bf16)", send, recv, block, sizeof(uint16_t));
   if (block == 0) return;
   joined([&] { do_reduce_scatter_bf16(send, recv, block, op); });
   count(CollKind::kReduceScatter, static_cast<uint64_t>(total) * sizeof(uint16_t));
