@@ -212,9 +212,11 @@ Split inner_split(const Dist& d, int64_t T) {
 
 // The padding slots of a reduce-scatter (sp.slots > T) are summed and never
 // factored nor gathered; zeros keep them finite. Enqueued on the compute
-// stream before the collective (reduce_slots).
-void zero_padding(Backend& be, const Split& sp, float* x, int64_t T, int64_t e) {
-  if (sp.scatter && sp.slots > T) be.zero(x + T * e, sizeof(float) * static_cast<size_t>((sp.slots - T) * e));
+// stream before the collective (reduce_slots). x: T matrices of e elements
+// of `elem` bytes (fp32 unless said otherwise).
+void zero_padding(Backend& be, const Split& sp, void* x, int64_t T, int64_t e, size_t elem = sizeof(float)) {
+  if (sp.scatter && sp.slots > T)
+    be.zero(static_cast<char*>(x) + static_cast<size_t>(T * e) * elem, elem * static_cast<size_t>((sp.slots - T) * e));
 }
 
 // This rank's slots of the T matrices x (e floats each, room for sp.slots,
@@ -577,7 +579,8 @@ void r_product(Backend& be, const Batch& bt, bool in_state, bool lowp, bool bT, 
   m_product(be, bt, in_state, lowp, !bT, Mm, lowp ? ConstMatBatch(Pb) : P, R, prec);
 }
 
-// "All zero" over every mesh that shares the matrices (finish).
+// "All zero" over every mesh that shares the matrices: nz as finish reads
+// it (step() reduces it just before; the phased step with P in phase A).
 void reduce_nz(const Dist& d, int32_t* nz, int64_t T) {
   for (Collectives* c : {d.rep, d.outer, d.inner})
     if (c) c->all_reduce(nz, T, ReduceOp::kMax);
@@ -589,8 +592,7 @@ void reduce_nz(const Dist& d, int32_t* nz, int64_t T) {
 // elements on the lowp path, with Pb and Rb the bf16 copies' room), or is
 // null where the state holds it (m_in_state).
 void finish(Optimizer& opt, Group& g, const Batch& bt, const Shape& s, const Dist& d, bool lowp, float* M,
-            int32_t* nz, MatBatch Qm, MatBatch P, MatBatch R, MatBatch Pb, MatBatch Rb, bool nz_reduced = false,
-            bool pb_final = false) {
+            int32_t* nz, MatBatch Qm, MatBatch P, MatBatch R, MatBatch Pb, MatBatch Rb, bool pb_final = false) {
   Backend& be = *opt.backend;
   const dion_group_options_t& o = g.opt;
   const Tensor& t = bt.t;
@@ -604,7 +606,6 @@ void finish(Optimizer& opt, Group& g, const Batch& bt, const Shape& s, const Dis
   // same on every rank that shares them. In the same passes: the bf16
   // copies of P and R for the error feedback (lowp) and R's column sums of
   // squares for Q = colnorm(R).
-  if (!nz_reduced) reduce_nz(d, nz, T);
   double* ss = reinterpret_cast<double*>(opt.ws.take(2 * T * s.r));
   // pb_final (the phased step's bf16 gather, lowp only): the owners ran
   // finish_p on their slots before gathering Pb, and P is not read again.
@@ -724,6 +725,7 @@ void step(Optimizer& opt, Group& g, const Batch& bt) {
       }
     }
   }
+  reduce_nz(d, nz, T);
   finish(opt, g, bt, s, d, lowp, M, nz, Qm, P, R, Pb, Rb);
 }
 
@@ -789,10 +791,7 @@ bool phased_enabled() { return env_on("DION_PHASED"); }
 // buckets) only for a group none of whose gradients is averaged (every
 // tensor compressed), which the pipeline steps as one.
 bool group_steppable(const Optimizer& opt, const Group& g) {
-  if (!opt.steps_overlap()) return true;
-  for (int32_t ti : g.tensors)
-    if (opt.grad_averaged(opt.tensors[static_cast<size_t>(ti)], DION_ALGO_DION)) return false;
-  return true;
+  return !opt.steps_overlap() || !opt.group_grads_averaged(g);
 }
 
 // Whether the phased step communicates a bucket's P in bf16: on the lowp
@@ -1016,7 +1015,7 @@ bool step_group(Optimizer& opt, Group& g) {
       // this rank's slots land in `own` (fp32) after the widening, as reduce_slots would put them
       mine = u.sp.scatter ? own : u.Pall.p + u.sp.first * ar;
       to_bf16(be, static_cast<float*>(u.Pallb), u.Pall.p, T * ar);
-      if (u.sp.slots > T) be.zero(static_cast<uint16_t*>(u.Pallb) + T * ar, sizeof(uint16_t) * static_cast<size_t>((u.sp.slots - T) * ar));
+      zero_padding(be, u.sp, u.Pallb, T, ar, sizeof(uint16_t));
     } else if (u.sp.mesh) {
       zero_padding(be, u.sp, u.Pall.p, T, ar);
     }
@@ -1085,7 +1084,7 @@ bool step_group(Optimizer& opt, Group& g) {
     else
       r_product(be, bt, u.in_state, u.lowp, u.s.bT, Mm, P, Pb, R, prec);
     if (u.d.rep) u.d.rep->all_reduce(R.p, T * br, ReduceOp::kAvg);
-    finish(opt, g, bt, u.s, u.d, u.lowp, u.M, u.nz, u.Qm, P, R, Pb, Rb, true, u.comm16);
+    finish(opt, g, bt, u.s, u.d, u.lowp, u.M, u.nz, u.Qm, P, R, Pb, Rb, u.comm16);
     opt.ws.rewind(m);
   };
   for (int64_t i = 0; i < nb; ++i) {

@@ -908,6 +908,12 @@ Batch Optimizer::batch_of(const Bucket& b) const {
   return Batch{tensors[static_cast<size_t>(b.first_active)], b.active, b.table, b.max_n, b.aligned16, b.pre};
 }
 
+void Optimizer::step_whole_group(Group& g) {
+  const Algorithm& algo = algorithm_for(g.opt.algorithm);
+  if (algo.step_group && algo.step_group(*this, g)) return;
+  for (Bucket& b : g.buckets) step_bucket(g, b);
+}
+
 void Optimizer::step_bucket(Group& g, Bucket& b) {
   if (!b.active) return;
   ws.reset();
@@ -1045,11 +1051,7 @@ void Optimizer::step() {
     backend->count_skip(status);
     if (!overlapped) {
       if (rep && options.replicate_grad_sync) average_gradients(*this);
-      for (Group& g : groups) {
-        const Algorithm& algo = algorithm_for(g.opt.algorithm);
-        if (algo.step_group && algo.step_group(*this, g)) continue;
-        for (Bucket& b : g.buckets) step_bucket(g, b);
-      }
+      for (Group& g : groups) step_whole_group(g);
       return;
     }
     // The gradients are final (the caller's work before dion_step) and
@@ -1079,10 +1081,10 @@ void Optimizer::step() {
       const int cur = k % 2, nxt = (k + 1) % 2;
       if (ng < groups.size()) marked[nxt] = average_bucket_on_comm(groups[ng].buckets[nb], nxt);
       if (marked[cur]) backend->main_wait_mark(cur);
-      if (!whole)
+      if (whole)
+        step_whole_group(g);
+      else
         step_bucket(g, g.buckets[bi]);
-      else if (!algo.step_group(*this, g))
-        for (Bucket& b : g.buckets) step_bucket(g, b);
       gi = ng;
       bi = nb;
     }

@@ -258,6 +258,9 @@ struct Optimizer {
   // Runs one bucket's algorithm step on the compute stream (nothing if no
   // tensor of it has a gradient this step).
   void step_bucket(Group& g, Bucket& b);
+  // Every bucket of group g: by the algorithm's step_group where it takes
+  // the group (Dion's phased step), else bucket by bucket.
+  void step_whole_group(Group& g);
   Batch batch_of(const Bucket& b) const;  // a bucket's active set, as its step sees it
   void release_bucket(Bucket& b);         // its backend memory (table, pre-pass output)
   // A Dion tensor with a multi-rank replicate mesh and replicate_grad_sync:
