@@ -10,6 +10,8 @@
 // of the sums (far below fp32 resolution of the results).
 #include <cfloat>
 
+#include <type_traits>
+
 #include "kernels/common.cuh"
 
 namespace dion::kernels {
@@ -308,6 +310,15 @@ __device__ __forceinline__ void get_chunk(const At& p, int64_t i, int64_t j0, in
 // order. W = 1 is the column kernel of col_sums; W = 8 (slice_l1_of) reads
 // Dion2's M + G at close to the copy bandwidth (the one-element-per-thread
 // tiles reached about 40 % of it on bf16 buffers).
+// Sources whose accessor writes as it reads (FixupSrc) have rows4: four
+// rows' elements (i, i + step, ..., j) loaded before any is written, which
+// the compiler may not do itself across the writes (the loads would wait
+// one by one on the stores they may alias).
+template <class A, class = void>
+struct has_rows4 : std::false_type {};
+template <class A>
+struct has_rows4<A, std::void_t<decltype(&A::rows4)>> : std::true_type {};
+
 template <int OP, int W, class Src>
 __global__ void col_partial_kernel(Src src, int64_t batch, int64_t rows, int64_t cols, int64_t nr, double* partial) {
   __shared__ double sh[kTileY][kTileX * W + 1];
@@ -317,9 +328,22 @@ __global__ void col_partial_kernel(Src src, int64_t batch, int64_t rows, int64_t
   for (int64_t b = blockIdx.z; b < batch; b += gridDim.z) {
     const auto p = src.at(b);
     double s[W] = {};
+    int64_t i4 = r0 + ty;  // the rows done four at a time (rows4), in the same order
+    if constexpr (W == 1 && has_rows4<std::remove_cv_t<decltype(p)>>::value) {
+      if (j0 < cols)
+        for (; i4 + 3 * kTileY < r1; i4 += 4 * kTileY) {
+          float v[4];
+          p.rows4(i4, kTileY, j0, v);
+#pragma unroll
+          for (int k = 0; k < 4; ++k) {
+            const double d = v[k];
+            s[0] += OP == kSquares ? d * d : fabs(d);
+          }
+        }
+    }
     if (j0 < cols) {
 #pragma unroll 4
-      for (int64_t i = r0 + ty; i < r1; i += kTileY) {
+      for (int64_t i = i4; i < r1; i += kTileY) {
         float v[W];
         get_chunk<W>(p, i, j0, cols, v);
 #pragma unroll
@@ -365,7 +389,22 @@ __global__ void col_scale_store_kernel(MatBatch m, int64_t nr, const double* sum
     uint16_t* o = rb ? rb + b * m.rows * m.cols : nullptr;
     void* dst = store ? list[b].ptr[f] : nullptr;
     const dion_dtype_t dt = store ? static_cast<dion_dtype_t>(list[b].dtype[f]) : DION_DTYPE_FP32;
-    for (int64_t i = r0 + ty; i < r1; i += kTileY) {
+    // Four rows' loads before their stores (which they might alias), then one at a time.
+    int64_t i = r0 + ty;
+    for (; i + 3 * kTileY < r1; i += 4 * kTileY) {
+      float x[4];
+#pragma unroll
+      for (int k = 0; k < 4; ++k) x[k] = p[(i + k * kTileY) * m.ld + j];
+#pragma unroll
+      for (int k = 0; k < 4; ++k) {
+        const int64_t row = i + k * kTileY;
+        const float v = static_cast<float>(x[k] * inv);
+        p[row * m.ld + j] = v;
+        if (o) o[row * m.cols + j] = float_to_bf16(v);
+        if (dst) store_elem(dst, dt, row * m.cols + j, v);
+      }
+    }
+    for (; i < r1; i += kTileY) {
       const float v = static_cast<float>(p[i * m.ld + j] * inv);
       p[i * m.ld + j] = v;
       if (o) o[i * m.cols + j] = float_to_bf16(v);
@@ -645,11 +684,32 @@ struct FixupSrc {
       if (o) o[i * cols + j] = float_to_bf16(v);
       return v;
     }
+    // Rows i, i + step, i + 2 step, i + 3 step of column j: the same values
+    // and writes as four calls, the loads first.
+    __device__ __forceinline__ void rows4(int64_t i, int64_t step, int64_t j, float (&v)[4]) const {
+      float v0[4];
+#pragma unroll
+      for (int k = 0; k < 4; ++k) v0[k] = p[(i + k * step) * ld + j];
+      if (keep) {
+#pragma unroll
+        for (int k = 0; k < 4; ++k) v[k] = finite_or_clamped(v0[k]);
+      } else {
+#pragma unroll
+        for (int k = 0; k < 4; ++k) v[k] = qp[(i + k * step) * qld + j];
+      }
+#pragma unroll
+      for (int k = 0; k < 4; ++k) {
+        const int64_t row = i + k * step;
+        put_if_changed(p + row * ld + j, v0[k], v[k]);
+        if (o) o[row * cols + j] = float_to_bf16(v[k]);
+      }
+    }
   };
   __device__ __forceinline__ At at(int64_t b) const {
     return At{mat_at(r, b), mat_at(q, b), rb ? rb + b * r.rows * r.cols : nullptr, r.ld, q.ld, r.cols, flags[b] != 0};
   }
 };
+static_assert(has_rows4<FixupSrc::At>::value && !has_rows4<MatSrc::At>::value, "rows4 detection");
 
 }  // namespace
 
