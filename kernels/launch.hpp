@@ -153,6 +153,9 @@ void transpose(const Ctx& c, const float* in, int64_t rows, int64_t cols, int64_
 void extract_r(const Ctx& c, const float* cm, int64_t p, MatBatch r_out);
 // m[b] <- the identity.
 void fill_identity(const Ctx& c, MatBatch m);
+// out[b] = sum of parts[b S .. b S + S - 1] in that order (dense out.rows x
+// out.cols matrices): the Gram matrices' split sums (Backend::gram).
+void sum_parts(const Ctx& c, const float* parts, int64_t S, MatBatch out);
 // Backend::gemm_bf16_lower on an nb x nb grid of bs x bs blocks (bf16
 // elements): the pointer arrays of one pointer-array GEMM over the blocks on
 // and below the diagonal of every matrix, cnt = batch nb (nb + 1) / 2 each,

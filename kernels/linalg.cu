@@ -65,6 +65,21 @@ struct Identity {
   __device__ void operator()(int64_t b, int64_t i, int64_t j) const { mat_at(m, b)[i * m.ld + j] = i == j ? 1.0f : 0.0f; }
 };
 
+// c[b](i, j) = sum over q < S of parts[b S + q](i, j), in order q = 0, 1, ...
+// (parts dense: rows x cols per matrix).
+struct SumParts {
+  const float* parts;
+  int64_t S;
+  MatBatch c;
+  __device__ void operator()(int64_t b, int64_t i, int64_t j) const {
+    const int64_t per = c.rows * c.cols;
+    const float* x = parts + b * S * per + i * c.cols + j;
+    float s = 0.0f;
+    for (int64_t q = 0; q < S; ++q) s += x[q * per];
+    mat_at(c, b)[i * c.ld + j] = s;
+  }
+};
+
 struct ToDouble {
   ConstMatBatch m;
   double* out;
@@ -238,6 +253,10 @@ void transpose(const Ctx& c, const float* in, int64_t rows, int64_t cols, int64_
   transpose_kernel<<<grid, dim3(32, kTileY), 0, c.stream>>>(in, rows, cols, ld_in, stride_in, out, ld_out, stride_out,
                                                             batch);
   cuda::check_launch("transpose kernel");
+}
+
+void sum_parts(const Ctx& c, const float* parts, int64_t S, MatBatch out) {
+  for_each_2d(c, out.batch, out.rows, out.cols, SumParts{parts, S, out}, "sum_parts kernel");
 }
 
 void fill_identity(const Ctx& c, MatBatch m) {

@@ -200,6 +200,13 @@ class Backend {
   // C = alpha * op(A) * op(B) + beta * C, per matrix of the batch.
   virtual void gemm(bool trans_a, bool trans_b, float alpha, ConstMatBatch a, ConstMatBatch b, float beta,
                     MatBatch c, dion_matmul_precision_t precision) = 0;
+  // C = A^T A per matrix (c: a.cols x a.cols), at `precision`: the Gram
+  // matrix of (R)CQR's Cholesky step. A backend may split the sum over A's
+  // rows (the CUDA one does when the batch's products are too few to fill
+  // the device); the default is one gemm.
+  virtual void gram(ConstMatBatch a, MatBatch c, dion_matmul_precision_t precision) {
+    gemm(true, false, 1.0f, a, a, 0.0f, c, precision);
+  }
   // The same on bf16 matrices (p of each batch points to bf16 elements, ld and
   // stride count elements): fp32 accumulation, alpha and beta in fp32, C
   // rounded to bf16. The Muon family's iterations at matmul precision BF16.

@@ -459,6 +459,38 @@ class CudaBackend final : public Backend {
           "cublasGemmStridedBatchedEx");
   }
 
+  // A^T A as S products over row chunks of A, summed (kernels::sum_parts),
+  // when one product per matrix leaves the device mostly idle: an r x r
+  // output of r = 512 is 8 of cuBLAS's 256 x 128 tiles, so gpt-1.3b's 24
+  // Gram matrices of a class were 192 tiles on 132 SMs (1.45 rounds, the
+  // second half empty), and a rank's 6 under FSDP over 4 GPUs 48. S is the
+  // power of two (at most 16) that brings the tiles to about four rounds,
+  // with chunks of at least max(r, 256) rows that divide A's rows, so the
+  // chunks of all matrices are one strided batch of T S. fp32 partial sums
+  // (the products' own accumulation is fp32). DION_GRAM_SPLIT=0: one product.
+  void gram(ConstMatBatch a, MatBatch c, dion_matmul_precision_t precision) override {
+    const int64_t p = a.rows, r = a.cols, T = c.batch;
+    const int64_t S = gram_split_ ? gram_splits(p, r, T) : 1;
+    if (S <= 1 || a.ld != r || a.stride != p * r || c.rows != r || c.cols != r) {
+      gemm(true, false, 1.0f, a, a, 0.0f, c, precision);
+      return;
+    }
+    DeviceScope ds(device_);
+    ProfScope ps(prof_, "gram", stream_);
+    float* parts = static_cast<float*>(scratch(kGram, sizeof(float) * static_cast<size_t>(T * S * r * r)));
+    const ConstMatBatch chunks(a.p, p / S, r, r, (p / S) * r, T * S);
+    gemm(true, false, 1.0f, chunks, chunks, 0.0f, MatBatch{parts, r, r, r, r * r, T * S}, precision);
+    kernels::sum_parts(ctx(), parts, S, c);
+  }
+  int64_t gram_splits(int64_t p, int64_t r, int64_t T) const {
+    const int64_t tiles = ((r + 255) / 256) * ((r + 127) / 128) * T, want = 4 * static_cast<int64_t>(sms_);
+    if (T <= 0 || tiles >= want) return 1;
+    int64_t S = 1;
+    while (S < 16 && S * tiles < want) S *= 2;
+    while (S > 1 && (p % S != 0 || p / S < std::max<int64_t>(r, 256))) S /= 2;
+    return S;
+  }
+
   void gemm_bf16(bool ta, bool tb, float alpha, ConstMatBatch a, ConstMatBatch b, float beta, MatBatch c) override {
     gemm_bf16_to(ta, tb, alpha, a, b, beta, c, CUDA_R_16BF, "gemm_bf16");
   }
@@ -1107,7 +1139,7 @@ class CudaBackend final : public Backend {
  private:
   // Scratch buffers, one per purpose, so that one call can hold several.
   enum Slot {
-    kPtrA, kPtrB, kMat, kTau, kWork, kInfo, kReduce, kDblA, kDblG, kInv, kTmp, kPos, kPtrLevel, kPtrGemm, kSlotCount
+    kPtrA, kPtrB, kMat, kTau, kWork, kInfo, kReduce, kDblA, kDblG, kInv, kTmp, kPos, kPtrLevel, kPtrGemm, kGram, kSlotCount
   };
   enum LworkOp { kOpGeqrf, kOpOrgqr, kOpPotrf, kOpDpotrf };
   struct Buffer {
@@ -1362,6 +1394,8 @@ class CudaBackend final : public Backend {
   // Largest n factored by potrfBatched (larger: potrf per matrix);
   // DION_POTRF_BATCHED_MAX overrides it (a tuning knob for the benchmarks).
   int64_t potrf_batched_max_ = env_int("DION_POTRF_BATCHED_MAX", kPotrfBatchedMaxN);
+  // Gram matrices as split sums where that fills the device (gram).
+  bool gram_split_ = env_int("DION_GRAM_SPLIT", 1) != 0;
   // DION_TRSM_INVERSE=0 keeps cuBLAS's triangular solve for tall B too.
   bool trsm_via_inverse_ = env_int("DION_TRSM_INVERSE", 1) != 0;
   // The triangular inverse by levels where n allows it (tri_inverse_upper);
