@@ -334,10 +334,13 @@ void take_rows(Optimizer& opt, const Shape& s, int64_t T, const float* full, flo
 // dtype for bf16 parameters; R1 = qr_r(S P) only preconditions P (the
 // Cholesky step after it orthonormalizes P1 = P R1^-1 in fp32, and the
 // result is P's Q factor whatever R1 is), so the product's precision reaches
-// the result only through P1's conditioning.
+// the result only through P1's conditioning. P16 (nullable): P already in
+// bf16 (bf16(P) exactly: the bf16 slots the phased step's P was widened
+// from), which saves rounding P again. (A TF32 product of the fp32 S and P,
+// without P's bf16 copy, was slower: docs/benchmarks.md.)
 // Workspace: sketch_floats (the fp32 S, or the bf16 S and P).
 void sketch_product(Optimizer& opt, const Group& g, const Shape& s, int iter, ConstMatBatch P, MatBatch SP,
-                    dion_matmul_precision_t prec) {
+                    dion_matmul_precision_t prec, const void* P16 = nullptr) {
   Backend& be = *opt.backend;
   const int64_t T = SP.batch;
   const uint32_t shape_id = static_cast<uint32_t>(s.ag) * 0x9E3779B1u + static_cast<uint32_t>(s.k);
@@ -345,10 +348,15 @@ void sketch_product(Optimizer& opt, const Group& g, const Shape& s, int iter, Co
   const float scale = static_cast<float>(std::sqrt(1.0 / static_cast<double>(s.k)));
   if (prec == DION_MATMUL_BF16 && !be.host_memory() && P.ld == s.r && P.stride == s.a * s.r) {
     float* S = opt.ws.take((s.k * s.a + 1) / 2);
-    const ConstMatBatch Pb(opt.ws.take((T * s.a * s.r + 1) / 2), s.a, s.r, s.r, s.a * s.r, T);
     be.randn_bf16(S, 1, s.k, s.a, 0, s.a_off, s.ag, key, nullptr, &g.scalars->step, scale);
-    be.store(const_cast<float*>(Pb.p), DION_DTYPE_BF16, P.p, T * s.a * s.r);
-    be.gemm_bf16_f32(false, false, 1.0f, ConstMatBatch(S, s.k, s.a, s.a, 0, T), Pb, 0.0f, SP);
+    const float* pb = static_cast<const float*>(P16);
+    if (!pb) {
+      float* x = opt.ws.take((T * s.a * s.r + 1) / 2);
+      be.store(x, DION_DTYPE_BF16, P.p, T * s.a * s.r);
+      pb = x;
+    }
+    be.gemm_bf16_f32(false, false, 1.0f, ConstMatBatch(S, s.k, s.a, s.a, 0, T),
+                     ConstMatBatch(pb, s.a, s.r, s.r, s.a * s.r, T), 0.0f, SP);
     return;
   }
   float* S = opt.ws.take(s.k * s.a);
@@ -439,7 +447,7 @@ float* orth(Optimizer& opt, const Group& g, const Shape& s, const Dist& d, MatBa
   // an fp32 Gram matrix, while for TF32 and BF16 groups, whose P comes out
   // of products at that precision, TF32 (2^-11) adds less than they already
   // carry, at 8x the fp32 rate (the largest fp32 GEMM of their step before).
-  be.gemm(true, false, 1.0f, P1, P1, 0.0f, G, prec == DION_MATMUL_FP32 ? DION_MATMUL_FP32 : DION_MATMUL_TF32);
+  be.gram(P1, G, prec == DION_MATMUL_FP32 ? DION_MATMUL_FP32 : DION_MATMUL_TF32);
   if (sp.mesh) {
     float* own = sp.scatter ? opt.ws.take(sp.block * rr) : nullptr;
     zero_padding(be, sp, G.p, T, rr);
@@ -742,8 +750,8 @@ void step(Optimizer& opt, Group& g, const Batch& bt) {
 //                   of those slots (into one array for all)
 //   B (all)         R1 = qr_r(S P)                               (RCQR only)
 //   C (per bucket)  P1 = P R1^-1, G = P1^T P1 (into one array)
-//   D (all)         cholesky(G)
-//   E (per bucket)  P = P1 chol^-1 (the fallback from P), the slots gathered
+//   D (all)         cholesky(G), P = P1 chol^-1
+//   E (per bucket)  the fallback from P, the slots gathered
 //                   over the mesh, R = B^T P, finish()
 // (CQR: P1 is P.) Over the outer and replicate meshes each rank factors only
 // its slots of each bucket, all buckets' at once: under FSDP over W ranks a
@@ -976,7 +984,7 @@ bool step_group(Optimizer& opt, Group& g) {
     if (u.comm16 && u.P.batch > 0) be.load(u.P.p, u.mineb, DION_DTYPE_BF16, u.P.batch * u.s.a * u.s.r);
     if (method != DION_QR_RCQR || u.P.batch == 0) return;
     const size_t m = opt.ws.mark();
-    sketch_product(opt, g, u.s, 0, u.P, slice(SP, u.first, u.P.batch), prec);
+    sketch_product(opt, g, u.s, 0, u.P, slice(SP, u.first, u.P.batch), prec, u.comm16 ? u.mineb : nullptr);
     opt.ws.rewind(m);
   };
   for (int64_t i = 0; i < nb; ++i) {
@@ -1061,14 +1069,21 @@ bool step_group(Optimizer& opt, Group& g) {
   for (PhasedRun& u : runs) {
     if (method != DION_QR_RCQR) u.P1 = u.P;  // CQR factors P itself
     if (u.P.batch > 0)
-      be.gemm(true, false, 1.0f, u.P1, u.P1, 0.0f, slice(G, u.first, u.P.batch),
-              prec == DION_MATMUL_FP32 ? DION_MATMUL_FP32 : DION_MATMUL_TF32);
+      be.gram(u.P1, slice(G, u.first, u.P.batch), prec == DION_MATMUL_FP32 ? DION_MATMUL_FP32 : DION_MATMUL_TF32);
   }
-  // D: the Cholesky factors of all.
-  if (slots > 0) be.cholesky_upper(G, info);
-  // E: per bucket, P = P1 U^-1 (or the fallback from P) and the slots
-  // gathered (deferred: bucket i's gather overlaps bucket i - 1's rest), then
-  // R = B^T P and the rest.
+  // D: the Cholesky factors of all, and P = P1 U^-1 for all in one call
+  // (which may form all the inverses at once, as in C).
+  if (slots > 0) {
+    be.cholesky_upper(G, info);
+    thread_local std::vector<Backend::TrsmPart> parts;  // capacity kept: no allocation after the first step
+    parts.clear();
+    for (PhasedRun& u : runs)
+      if (u.P.batch > 0) parts.push_back(Backend::TrsmPart{u.P1, u.Y, u.first});
+    be.trsm_right_upper_many(G, parts.data(), static_cast<int64_t>(parts.size()), prec);
+  }
+  // E: per bucket, the fallback from P where the Cholesky failed and the
+  // slots gathered (deferred: bucket i's gather overlaps bucket i - 1's
+  // rest), then R = B^T P and the rest.
   auto rest = [&](PhasedRun& u) {
     const Batch& bt = *u.bt;
     const Tensor& t = bt.t;
@@ -1092,7 +1107,6 @@ bool step_group(Optimizer& opt, Group& g) {
     const int64_t T = u.bt->count, c = u.P.batch, ar = u.s.a * u.s.r;
     uint16_t* own16 = u.comm16 ? static_cast<uint16_t*>(u.Pb) + u.first_slot() * ar : nullptr;
     if (c > 0) {
-      be.trsm_right_upper(slice(G, u.first, c), u.P1, u.Y, prec);
       be.orth_fallback(u.Y, u.P, info + u.first);
       if (u.comm16) {  // finish_p on this rank's slots (the flags are reduced), into their bf16 copy
         to_bf16(be, reinterpret_cast<float*>(own16), u.Y.p, c * ar);
