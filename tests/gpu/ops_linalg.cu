@@ -357,7 +357,7 @@ double orthonormality_error(const std::vector<float>& q, const Mat& shape) {
 TEST_F(OpsTest, QrQAndR) {
   struct Shape {
     int64_t p, r, B;
-  } shapes[] = {{60, 20, 3}, {16, 16, 2}, {300, 40, 1}};
+  } shapes[] = {{60, 20, 3}, {16, 16, 2}, {300, 40, 1}, {700, 200, 3}};
   for (const Shape& s : shapes) {
     SCOPED_TRACE(testing::Message() << s.p << " x " << s.r << " batch " << s.B);
     Mat a = Mat::padded(s.p, s.r, s.B);
@@ -392,6 +392,37 @@ TEST_F(OpsTest, QrQAndR) {
   }
 }
 
+// Backend::gram: the CUDA backend sums S products over row chunks when the
+// batch's products are too few to fill the device (S = 16 for 4096 x 64, 2
+// for 1000 x 40 on an H100); a padded A and a large r are one product. Each
+// against the host's A^T A (one fp32 GEMM), relative to the largest entry
+// (a diagonal one, about p): fp32 sums of p terms (the split only reorders
+// them), whose rounding in sequential order is about eps sqrt(p) of the
+// diagonal (2e-6 at p = 4096; blocked sums less): 1e-5; TF32 inputs, each
+// term off by up to 2^-10 relative with a random sign, about 2^-10 / sqrt(p)
+// of the diagonal (6e-5 at p = 300): 2e-4.
+TEST_F(OpsTest, GramMatchesHost) {
+  struct Shape {
+    int64_t p, r, B;
+    bool padded;
+  } shapes[] = {{4096, 64, 2, false}, {1000, 40, 3, false}, {300, 40, 2, true}, {2048, 512, 1, false}};
+  for (const Shape& s : shapes) {
+    SCOPED_TRACE(testing::Message() << s.p << " x " << s.r << " batch " << s.B << (s.padded ? " padded" : ""));
+    Mat a = s.padded ? Mat::padded(s.p, s.r, s.B) : Mat(s.p, s.r, s.r, s.p * s.r, s.B);
+    a.fill([&] { return gauss(); });
+    for (dion_matmul_precision_t prec : {DION_MATMUL_FP32, DION_MATMUL_TF32}) {
+      Mat g = Mat::padded(s.r, s.r, s.B, 2, 1);
+      g.fill([] { return 5.0f; });
+      cuda->gram(a.D(), g.D(), prec);
+      host->gram(a.H(), g.H(), DION_MATMUL_FP32);
+      const std::vector<float> got = g.dev();
+      EXPECT_TRUE(close(g.h, got, 0.0, (prec == DION_MATMUL_FP32 ? 1e-5 : 2e-4) * max_abs(g.h)))
+          << (prec == DION_MATMUL_FP32 ? "fp32" : "tf32");
+      EXPECT_EQ(got[s.r], kPad) << "the padding after row 0 was written";
+    }
+  }
+}
+
 // SPD test matrices: X^T X / n + I, well conditioned.
 void fill_spd(Mat& m, std::mt19937& rng) {
   std::normal_distribution<float> g(0.0f, 1.0f);
@@ -410,10 +441,14 @@ void fill_spd(Mat& m, std::mt19937& rng) {
 }
 
 TEST_F(OpsTest, CholeskyAndFailures) {
-  // n = 12, batch 5: the batched cuSOLVER path; n = 150 or batch 1: potrf per matrix.
+  // The blocked Cholesky (blocked_cholesky, block columns of 64): one
+  // partial block (n = 12, 40), three with a partial last one (150), four
+  // with failures in the first and the last block (n = 200, batch 4: a later
+  // block column must keep the first failure and report a new one). With
+  // DION_OWN_CHOLESKY=0: cuSOLVER's potrfBatched, or potrf per matrix for one.
   struct Shape {
     int64_t n, B;
-  } shapes[] = {{12, 5}, {150, 3}, {40, 1}};
+  } shapes[] = {{12, 5}, {150, 3}, {40, 1}, {200, 4}};
   for (const Shape& s : shapes) {
     SCOPED_TRACE(testing::Message() << "n " << s.n << " batch " << s.B);
     Mat a = Mat::padded(s.n, s.n, s.B);
@@ -421,6 +456,10 @@ TEST_F(OpsTest, CholeskyAndFailures) {
     if (s.B >= 3) {
       a.at(1, 5, 5) = -1000.0f;  // indefinite
       a.at(2, 0, 0) = NAN;       // non-finite
+      if (s.n >= 100 && s.B >= 4) {
+        a.at(3, s.n - 60, s.n - 60) = -1000.0f;  // indefinite in the last block column
+        a.at(1, s.n - 60, s.n - 60) = -1000.0f;  // and after matrix 1's first failure
+      }
       a.sync();
     }
     Dev<int32_t> dinfo(std::vector<int32_t>(s.B, -7));
@@ -430,9 +469,14 @@ TEST_F(OpsTest, CholeskyAndFailures) {
     const std::vector<int32_t> di = dinfo.get();
     const std::vector<float> u = a.dev();
     for (int64_t b = 0; b < s.B; ++b) {
-      const bool bad = s.B >= 3 && (b == 1 || b == 2);
+      const bool bad = (s.B >= 3 && (b == 1 || b == 2)) || (s.n >= 100 && s.B >= 4 && b == 3);
       EXPECT_EQ(hinfo[b] != 0, bad) << "host, matrix " << b;
       EXPECT_EQ(di[b] != 0, bad) << "cuda, matrix " << b << " info " << di[b];
+      // The indefinite ones: potrf's index, 1 + the first pivot that is not
+      // positive, LAPACK's on the host (whose spotrf passes a NaN pivot, so
+      // the host flags the NaN matrix by its diagonal instead).
+      if (bad && b != 2) EXPECT_EQ(di[b], hinfo[b]) << "matrix " << b;
+      if (b == 2 && bad) EXPECT_EQ(di[b], 1) << "the NaN is the first pivot";
       for (int64_t i = 0; i < s.n; ++i)
         for (int64_t j = 0; j < i; ++j) EXPECT_EQ(u[b * a.stride + i * a.ld + j], 0.0f);
       if (bad) continue;
@@ -700,7 +744,7 @@ TEST_F(OpsTest, BatchedVersusLoopTimings) {
     cudaEventDestroy(t1);
     return ms;
   };
-  for (int64_t n : {32, 128, 256}) {
+  for (int64_t n : {32, 128, 256, 512}) {
     const int64_t rows = 8192, B = 24;
     Mat u(n, n, n, n * n, B);
     fill_spd(u, rng);
