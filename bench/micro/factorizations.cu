@@ -89,5 +89,24 @@ int main() {
     }
     cublasSetMathMode(h, CUBLAS_DEFAULT_MATH);
   }
+  // Householder QR of RCQR's sketch S P (k x r = 640 x 512, fp32) by cuBLAS's
+  // batched geqrf, a candidate for qr_r (whose R comes from an fp64 Gram
+  // matrix, DGEMM, and DpotrfBatched): Householder QR needs no fp64 for an
+  // ill-conditioned sketch. Not yet measured on a GPU.
+  {
+    const int k = 640;
+    float *Q, *Q0, *tau;
+    CK(cudaMalloc(&Q, 4L * k * n * B)); CK(cudaMalloc(&Q0, 4L * k * n * B)); CK(cudaMalloc(&tau, 4L * n * B));
+    spd<<<(k * n * B + 255) / 256, 256, 0, st>>>(Q0, n, (k * B) / n);  // any full-rank fill
+    for (int b : {24, 96}) {
+      auto rq = [&] { cudaMemcpyAsync(Q, Q0, 4L * k * n * b, cudaMemcpyDeviceToDevice, st); };
+      const float tq = timeit(rq);
+      fillp<<<1, 128, 0, st>>>(pa, (char*)Q, 4L * k * n, b);
+      fillp<<<1, 128, 0, st>>>(pb, (char*)tau, 4L * n, b);
+      int hinfo = 0;
+      const float t = timeit([&] { cublasSgeqrfBatched(h, k, n, (float**)pa, k, (float**)pb, &hinfo, b); }, rq) - tq;
+      printf("SgeqrfBatched %d x %d batch %d: %.3f ms (info %d)\n", k, n, b, t, hinfo);
+    }
+  }
   return 0;
 }
