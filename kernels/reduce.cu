@@ -304,12 +304,6 @@ __device__ __forceinline__ void get_chunk(const At& p, int64_t i, int64_t j0, in
     p.get8(i, j0, cols, v);
 }
 
-// partial[(b * nr + chunk) * cols + j] = sum over the chunk's rows of op(m[i, j]):
-// tiles of 32 W columns (thread x of row stride y reads columns W x .. W x + W -
-// 1 of its rows), the block's kTileY row strides summed in shared memory in
-// order. W = 1 is the column kernel of col_sums; W = 8 (slice_l1_of) reads
-// Dion2's M + G at close to the copy bandwidth (the one-element-per-thread
-// tiles reached about 40 % of it on bf16 buffers).
 // Sources whose accessor writes as it reads (FixupSrc) have rows4: four
 // rows' elements (i, i + step, ..., j) loaded before any is written, which
 // the compiler may not do itself across the writes (the loads would wait
@@ -319,6 +313,12 @@ struct has_rows4 : std::false_type {};
 template <class A>
 struct has_rows4<A, std::void_t<decltype(&A::rows4)>> : std::true_type {};
 
+// partial[(b * nr + chunk) * cols + j] = sum over the chunk's rows of op(m[i, j]):
+// tiles of 32 W columns (thread x of row stride y reads columns W x .. W x + W -
+// 1 of its rows), the block's kTileY row strides summed in shared memory in
+// order. W = 1 is the column kernel of col_sums; W = 8 (slice_l1_of) reads
+// Dion2's M + G at close to the copy bandwidth (the one-element-per-thread
+// tiles reached about 40 % of it on bf16 buffers).
 template <int OP, int W, class Src>
 __global__ void col_partial_kernel(Src src, int64_t batch, int64_t rows, int64_t cols, int64_t nr, double* partial) {
   __shared__ double sh[kTileY][kTileX * W + 1];

@@ -1056,30 +1056,29 @@ bool step_group(Optimizer& opt, Group& g) {
   }
   side.wait(static_cast<int>((nb - 1) % 2));
   sketch(runs.back());
-  // B, C: R1 for all, then P1 = P R1^-1 (RCQR: the solves of all buckets in
-  // one call, which may form all the inverses at once); the Gram matrices.
-  if (method == DION_QR_RCQR && slots > 0) {
-    be.qr_r(SP, R1);
+  // X U^-1 for every bucket's slots (in -> out) in one call, which may form
+  // all the inverses at once.
+  auto solve_all = [&](const MatBatch& U, MatBatch PhasedRun::*in, MatBatch PhasedRun::*out) {
     thread_local std::vector<Backend::TrsmPart> parts;  // capacity kept: no allocation after the first step
     parts.clear();
     for (PhasedRun& u : runs)
-      if (u.P.batch > 0) parts.push_back(Backend::TrsmPart{u.P, u.P1, u.first});
-    be.trsm_right_upper_many(R1, parts.data(), static_cast<int64_t>(parts.size()), prec);
+      if (u.P.batch > 0) parts.push_back(Backend::TrsmPart{u.*in, u.*out, u.first});
+    be.trsm_right_upper_many(U, parts.data(), static_cast<int64_t>(parts.size()), prec);
+  };
+  // B, C: R1 for all, then P1 = P R1^-1 (RCQR); the Gram matrices.
+  if (method == DION_QR_RCQR && slots > 0) {
+    be.qr_r(SP, R1);
+    solve_all(R1, &PhasedRun::P, &PhasedRun::P1);
   }
   for (PhasedRun& u : runs) {
     if (method != DION_QR_RCQR) u.P1 = u.P;  // CQR factors P itself
     if (u.P.batch > 0)
       be.gram(u.P1, slice(G, u.first, u.P.batch), prec == DION_MATMUL_FP32 ? DION_MATMUL_FP32 : DION_MATMUL_TF32);
   }
-  // D: the Cholesky factors of all, and P = P1 U^-1 for all in one call
-  // (which may form all the inverses at once, as in C).
+  // D: the Cholesky factors of all, and P = P1 U^-1 for all in one call.
   if (slots > 0) {
     be.cholesky_upper(G, info);
-    thread_local std::vector<Backend::TrsmPart> parts;  // capacity kept: no allocation after the first step
-    parts.clear();
-    for (PhasedRun& u : runs)
-      if (u.P.batch > 0) parts.push_back(Backend::TrsmPart{u.P1, u.Y, u.first});
-    be.trsm_right_upper_many(G, parts.data(), static_cast<int64_t>(parts.size()), prec);
+    solve_all(G, &PhasedRun::P1, &PhasedRun::Y);
   }
   // E: per bucket, the fallback from P where the Cholesky failed and the
   // slots gathered (deferred: bucket i's gather overlaps bucket i - 1's

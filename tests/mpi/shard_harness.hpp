@@ -444,30 +444,27 @@ TEST(ShardSplit, EachRankOrthogonalizesOnlyItsSlots) {
             const uint64_t a = static_cast<uint64_t>(dist.loc[0].ext[0]), r = static_cast<uint64_t>(frac * n),
                            b = static_cast<uint64_t>(dist.loc[0].ext[1]), ar = a * r, T4 = 4u * T, sk = 128;
             const bool compressed = R > 1 && (m + n) * static_cast<int64_t>(r) < m * n;
-            // This rank's slots of a split over W ranks (q its rank there).
-            auto owned = [T](int W, int q) { return owned_slots(T, W, q); };
-            auto reduce_split = [T](int W, int q, uint64_t e, uint64_t g) { return split_bytes(T, W, q, e, g); };
             uint64_t want[3] = {0, 0, 0};  // replicate, outer, inner
-            if (O > 1) want[1] = 4 + (path3 ? T4 * ar : reduce_split(O, G.o, ar, ar)) + T4 + T4 * r;
+            if (O > 1) want[1] = 4 + (path3 ? T4 * ar : split_bytes(T, O, G.o, ar, ar)) + T4 + T4 * r;
             if (R > 1) {
               want[0] = 4;
               if (compressed) {
                 if (path3)
                   want[0] += T4 * ar;
                 else if (O > 1)
-                  want[0] += 4u * (T == 1 ? 1u : owned(O, G.o)) * ar;
+                  want[0] += 4u * (T == 1 ? 1u : owned_slots(T, O, G.o)) * ar;
                 else
-                  want[0] += reduce_split(R, G.r, ar, ar);
+                  want[0] += split_bytes(T, R, G.r, ar, ar);
                 want[0] += T4 * b * r + T4;
               } else {
                 want[0] += T4 * a * b;
-                if (!path3 && O == 1 && T >= 2) want[0] += 4u * owned(R, G.r) * ar;
+                if (!path3 && O == 1 && T >= 2) want[0] += 4u * owned_slots(T, R, G.r) * ar;
               }
             }
             if (I > 1) {
               want[2] = 4;
               if (path3) {
-                want[2] += reduce_split(I, G.i, sk * r, r * r) + reduce_split(I, G.i, r * r, r * r);
+                want[2] += split_bytes(T, I, G.i, sk * r, r * r) + split_bytes(T, I, G.i, r * r, r * r);
                 if (T >= 2) want[2] += T4;
                 if (g_env.backend == DION_BACKEND_CUDA) want[2] += 2u * T4 * ar;
                 want[2] += T4 * b * r + T4;

@@ -482,14 +482,6 @@ class CudaBackend final : public Backend {
     gemm(true, false, 1.0f, chunks, chunks, 0.0f, MatBatch{parts, r, r, r, r * r, T * S}, precision);
     kernels::sum_parts(ctx(), parts, S, c);
   }
-  int64_t gram_splits(int64_t p, int64_t r, int64_t T) const {
-    const int64_t tiles = ((r + 255) / 256) * ((r + 127) / 128) * T, want = 4 * static_cast<int64_t>(sms_);
-    if (T <= 0 || tiles >= want) return 1;
-    int64_t S = 1;
-    while (S < 16 && S * tiles < want) S *= 2;
-    while (S > 1 && (p % S != 0 || p / S < std::max<int64_t>(r, 256))) S /= 2;
-    return S;
-  }
 
   void gemm_bf16(bool ta, bool tb, float alpha, ConstMatBatch a, ConstMatBatch b, float beta, MatBatch c) override {
     gemm_bf16_to(ta, tb, alpha, a, b, beta, c, CUDA_R_16BF, "gemm_bf16");
@@ -747,6 +739,16 @@ class CudaBackend final : public Backend {
   }
 
  private:
+  // gram's chunk count S for T products of p x r (1: one product).
+  int64_t gram_splits(int64_t p, int64_t r, int64_t T) const {
+    const int64_t tiles = ((r + 255) / 256) * ((r + 127) / 128) * T, want = 4 * static_cast<int64_t>(sms_);
+    if (T <= 0 || tiles >= want) return 1;
+    int64_t S = 1;
+    while (S < 16 && S * tiles < want) S *= 2;
+    while (S > 1 && (p % S != 0 || p / S < std::max<int64_t>(r, 256))) S /= 2;
+    return S;
+  }
+
   // bf16 A and B, fp32 accumulation, C of type ctype (bf16 or fp32).
   void gemm_bf16_to(bool ta, bool tb, float alpha, ConstMatBatch a, ConstMatBatch b, float beta, MatBatch c,
                     cudaDataType_t ctype, const char* name) {
