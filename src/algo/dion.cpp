@@ -272,6 +272,10 @@ size_t workspace_floats(const Group& g, const Tensor& t, int64_t count) {
     m_part = std::max(m_part, lowp);
   }
   size_t w = m_part + ws_floats(p.slots * s.a * s.r) + ws_floats(p.own * s.a * s.r) + 2 * ws_floats(T * s.b * s.r);
+  // P communicated in bf16 (bf16_comm, orth_split_bf16): its bf16 copy for
+  // the reduction and the reduce-scatter's bf16 slots
+  if (T >= 2 && !inner && g.opt.power_iters == 1 && bf16_products(g.opt, momentum_dtype_of(g.opt, t)))
+    w += ws_floats((p.slots * s.a * s.r + 1) / 2) + ws_floats((p.own * s.a * s.r + 1) / 2);
   // Inner sharding: S P and the Gram matrix padded for the reduce-scatter
   // over the inner mesh, and its receive buffers (inner_split).
   const SlotPad f = inner ? slot_pad(T, static_cast<int64_t>(t.shard_ext[1].size())) : SlotPad{T, 0};
@@ -335,8 +339,8 @@ void take_rows(Optimizer& opt, const Shape& s, int64_t T, const float* full, flo
 // Cholesky step after it orthonormalizes P1 = P R1^-1 in fp32, and the
 // result is P's Q factor whatever R1 is), so the product's precision reaches
 // the result only through P1's conditioning. P16 (nullable): P already in
-// bf16 (bf16(P) exactly: the bf16 slots the phased step's P was widened
-// from), which saves rounding P again. (A TF32 product of the fp32 S and P,
+// bf16 (bf16(P) exactly: the reduced bf16 slots P was widened from,
+// bf16_comm), which saves rounding P again. (A TF32 product of the fp32 S and P,
 // without P's bf16 copy, was slower: docs/benchmarks.md.)
 // Workspace: sketch_floats (the fp32 S, or the bf16 S and P).
 void sketch_product(Optimizer& opt, const Group& g, const Shape& s, int iter, ConstMatBatch P, MatBatch SP,
@@ -388,7 +392,8 @@ int qr_method_now(const Group& g) {
 // of one is factored on every rank. Either way every rank then solves its
 // rows with the same factors. The Householder cases (square P, a failed
 // Cholesky) gather the whole P.
-float* orth(Optimizer& opt, const Group& g, const Shape& s, const Dist& d, MatBatch P, int iter) {
+float* orth(Optimizer& opt, const Group& g, const Shape& s, const Dist& d, MatBatch P, int iter,
+           const void* P16 = nullptr) {
   Backend& be = *opt.backend;
   const dion_group_options_t& o = g.opt;
   const dion_matmul_precision_t prec = o.matmul_precision;
@@ -422,7 +427,7 @@ float* orth(Optimizer& opt, const Group& g, const Shape& s, const Dist& d, MatBa
     // Randomized Cholesky QR: R1 = qr_r(S P); P1 = P R1^-1; P2 = P1 chol(P1^T P1)^-1.
     MatBatch SP{opt.ws.take(sp.slots * s.k * s.r), s.k, s.r, s.r, s.k * s.r, T};
     MatBatch R1{opt.ws.take(T * rr), s.r, s.r, s.r, rr, T};
-    sketch_product(opt, g, s, iter, P, SP, prec);
+    sketch_product(opt, g, s, iter, P, SP, prec, P16);
     if (sp.mesh) {
       const int64_t kr = s.k * s.r;
       float* own = sp.scatter ? opt.ws.take(sp.block * kr) : nullptr;
@@ -487,6 +492,50 @@ float* orth(Optimizer& opt, const Group& g, const Shape& s, const Dist& d, MatBa
   return Y.p;
 }
 
+// Whether a batch's P is communicated in bf16: on the lowp path (bf16
+// momentum, BF16 products: P's bf16 copy is what every product after the
+// orthogonalization reads), for a batch split over a mesh that reduces P
+// (outer partial sums, or the replicas' own P under compressed sync). P's
+// partial sums are rounded to bf16 and summed in bf16 (as the reference
+// communicates P in the bf16 parameters' dtype; reduce_slots_bf16), the
+// owners widen their reduced slots to fp32 for the orthogonalization, and
+// the orthonormal slots, finished by their owners (finish_own_bf16), are
+// gathered as the bf16 copy the products read (the same bits as gathering
+// fp32 and rounding after). Half the bytes of both collectives. The gather
+// moves pairs of bf16 as floats, so a matrix of P must have an even number
+// of elements. The phased step does this for every such bucket, step() for
+// one power iteration (orth_split_bf16).
+// DION_P_BF16_COMM=0 keeps P's collectives in fp32 (read once).
+bool bf16_comm(bool lowp, const Split& sp, const Shape& s) {
+  static const bool enabled = env_on("DION_P_BF16_COMM");
+  return enabled && lowp && sp.mesh && sp.reduce && (s.a * s.r) % 2 == 0;
+}
+
+// bf16_comm's reduction: the batch's bf16 P (all: sp.slots matrices of e
+// elements, the padding zeroed) reduced to this rank's slots over sp.mesh
+// (the reduce-scatter into ownb, else the all-reduce in place), then
+// averaged over the replicas where the split mesh is not the replicate one.
+// Returns this rank's sp.count reduced matrices.
+uint16_t* reduce_slots_bf16(const Split& sp, const Dist& d, uint16_t* all, uint16_t* ownb, int64_t T, int64_t e) {
+  uint16_t* mb = all + sp.first * e;
+  if (sp.scatter) {
+    mb = ownb;
+    sp.mesh->reduce_scatter_bf16(all, mb, sp.block * e, sp.op);
+  } else {
+    sp.mesh->all_reduce_bf16(all, T * e, sp.op);
+  }
+  if (d.rep && sp.mesh != d.rep) d.rep->all_reduce_bf16(mb, sp.count * e, ReduceOp::kAvg);
+  return mb;
+}
+
+// bf16_comm's owners: their orthonormal slots Y rounded into their bf16 copy
+// own16 and finished there (finish_p; nz: their all-zero flags, reduced
+// over the meshes), ready to be gathered.
+void finish_own_bf16(Backend& be, MatBatch Y, const int32_t* nz, uint16_t* own16) {
+  be.store(own16, DION_DTYPE_BF16, Y.p, Y.batch * Y.rows * Y.cols);
+  be.finish_p(Y, nz, own16);
+}
+
 // P <- orth(P) with the batch split over sp.mesh (spec §2.6 paths 1 and 2):
 // P is reduced over the mesh (the outer partial sums; the replicas' P under
 // compressed sync), each rank orthogonalizes its slots, and the mesh gathers
@@ -504,6 +553,31 @@ void orth_split(Optimizer& opt, const Group& g, const Shape& s, const Dist& d, c
   const float* res = sp.count > 0 ? orth(opt, g, s, d, MatBatch{mine, s.a, s.r, s.r, ar, sp.count}, iter) : mine;
   // In place when the slots were orthogonalized in P itself.
   gather_slots(opt, sp, T, ar, res, P.p);
+}
+
+// orth_split with P communicated in bf16 (bf16_comm): P's partial sums
+// reduced in bf16, this rank's slots widened into P (or `own`),
+// orthogonalized, finished into their bf16 copy in Pb (finish_own_bf16; nz
+// reduced over the meshes already) and gathered into Pb, which then holds
+// the batch's final P for every product (P's fp32 values only at this
+// rank's slots). Workspace: the bf16 P and the reduce-scatter's bf16 slots.
+void orth_split_bf16(Optimizer& opt, const Group& g, const Shape& s, const Dist& d, const Split& sp, MatBatch P,
+                     float* own, const int32_t* nz, MatBatch Pb, int iter) {
+  Backend& be = *opt.backend;
+  const int64_t ar = s.a * s.r, T = P.batch, c = sp.count;
+  uint16_t* all = reinterpret_cast<uint16_t*>(opt.ws.take((sp.slots * ar + 1) / 2));
+  uint16_t* ownb = sp.scatter ? reinterpret_cast<uint16_t*>(opt.ws.take((sp.block * ar + 1) / 2)) : nullptr;
+  be.store(all, DION_DTYPE_BF16, P.p, T * ar);
+  zero_padding(be, sp, all, T, ar, sizeof(uint16_t));
+  const uint16_t* mb = reduce_slots_bf16(sp, d, all, ownb, T, ar);
+  uint16_t* own16 = reinterpret_cast<uint16_t*>(Pb.p) + sp.first * ar;
+  if (c > 0) {
+    float* mine = sp.scatter ? own : P.p + sp.first * ar;
+    be.load(mine, mb, DION_DTYPE_BF16, c * ar);
+    float* res = orth(opt, g, s, d, MatBatch{mine, s.a, s.r, s.r, ar, c}, iter, mb);
+    finish_own_bf16(be, MatBatch{res, s.a, s.r, s.r, ar, c}, nz + sp.first, own16);
+  }
+  gather_slots(opt, sp, T, ar / 2, reinterpret_cast<const float*>(own16), Pb.p);
 }
 
 // bf16_products on the CUDA backend: M + G is formed in bf16 (the momentum's own rounding,
@@ -706,6 +780,10 @@ void step(Optimizer& opt, Group& g, const Batch& bt) {
   MatBatch Rb{lowp ? half(T * br) : nullptr, s.b, s.r, s.r, br, T};
   ConstMatBatch Qtb{lowp ? half(T * br) : nullptr, s.b, s.r, s.r, br, T};
   if (lowp) to_bf16(be, const_cast<float*>(Qtb.p), Q, T * br);
+  // P in bf16 over the split mesh (one power iteration: Pb is then final,
+  // finished by the slots' owners, which need the all-zero flags first).
+  const bool comm16 = o.power_iters == 1 && bf16_comm(lowp, sp, s);
+  if (comm16) reduce_nz(d, nz, T);
   for (int it = 0; it < o.power_iters; ++it) {
     P.p = p_buf;
     m_product(be, bt, in_state, lowp, s.bT, Mm, lowp ? Qtb : Qt, P, prec);  // P = B Q (partial over outer)
@@ -715,10 +793,15 @@ void step(Optimizer& opt, Group& g, const Batch& bt) {
       // over the replicas instead of the gradient.
       if (d.rep) d.rep->all_reduce(P.p, T * ar, ReduceOp::kAvg);
       P.p = orth(opt, g, s, d, P, it);
+    } else if (comm16) {
+      orth_split_bf16(opt, g, s, d, sp, P, own, nz, Pb, it);
     } else {
       orth_split(opt, g, s, d, sp, P, own, it);
     }
-    r_product(be, bt, in_state, lowp, s.bT, Mm, P, Pb, R, prec);
+    if (comm16)
+      m_product(be, bt, in_state, true, !s.bT, Mm, ConstMatBatch(Pb), R, prec);  // R = B^T P from the final Pb
+    else
+      r_product(be, bt, in_state, lowp, s.bT, Mm, P, Pb, R, prec);
     if (d.inner) d.inner->all_reduce(R.p, T * br, ReduceOp::kSum);
     if (d.rep) d.rep->all_reduce(R.p, T * br, ReduceOp::kAvg);
     if (it + 1 < o.power_iters) {
@@ -733,8 +816,8 @@ void step(Optimizer& opt, Group& g, const Batch& bt) {
       }
     }
   }
-  reduce_nz(d, nz, T);
-  finish(opt, g, bt, s, d, lowp, M, nz, Qm, P, R, Pb, Rb);
+  if (!comm16) reduce_nz(d, nz, T);
+  finish(opt, g, bt, s, d, lowp, M, nz, Qm, P, R, Pb, Rb, comm16);
 }
 
 // ---- The phased step of a group ----
@@ -800,23 +883,6 @@ bool phased_enabled() { return env_on("DION_PHASED"); }
 // tensor compressed), which the pipeline steps as one.
 bool group_steppable(const Optimizer& opt, const Group& g) {
   return !opt.steps_overlap() || !opt.group_grads_averaged(g);
-}
-
-// Whether the phased step communicates a bucket's P in bf16: on the lowp
-// path (bf16 momentum, BF16 products: P's bf16 copy is what every product
-// after the orthogonalization reads), for a batch split over a mesh that
-// reduces P (outer partial sums, or the replicas' own P under compressed
-// sync). P's partial sums are rounded to bf16 and summed in bf16 (as the
-// reference communicates P in the bf16 parameters' dtype), the owners widen
-// their reduced slots to fp32 for the orthogonalization, and the
-// orthonormal slots are gathered as the bf16 copy the products read (the
-// same bits as gathering fp32 and rounding after). Half the bytes of both
-// collectives. The gather moves pairs of bf16 as floats, so a matrix of P
-// must have an even number of elements.
-// DION_P_BF16_COMM=0 keeps P's collectives in fp32 (read once).
-bool bf16_comm(bool lowp, const Split& sp, const Shape& s) {
-  static const bool enabled = env_on("DION_P_BF16_COMM");
-  return enabled && lowp && sp.mesh && sp.reduce && (s.a * s.r) % 2 == 0;
 }
 
 // The slots of a batch of T that this rank factors: all T, or its share of
@@ -1030,16 +1096,7 @@ bool step_group(Optimizer& opt, Group& g) {
     side.deferred(static_cast<int>(i % 2), [&] {
       reduce_nz(u.d, u.nz, T);  // finish's, early: not between the next gather and this bucket's products
       if (u.comm16) {
-        uint16_t* all = static_cast<uint16_t*>(u.Pallb);
-        uint16_t* mb = all + u.sp.first * ar;
-        if (u.sp.scatter) {
-          mb = static_cast<uint16_t*>(u.ownb);
-          u.sp.mesh->reduce_scatter_bf16(all, mb, u.sp.block * ar, u.sp.op);
-        } else {
-          u.sp.mesh->all_reduce_bf16(all, T * ar, u.sp.op);
-        }
-        if (u.d.rep && u.sp.mesh != u.d.rep) u.d.rep->all_reduce_bf16(mb, c * ar, ReduceOp::kAvg);
-        u.mineb = mb;
+        u.mineb = reduce_slots_bf16(u.sp, u.d, static_cast<uint16_t*>(u.Pallb), static_cast<uint16_t*>(u.ownb), T, ar);
       } else if (!u.sp.mesh) {
         if (u.d.outer) u.d.outer->all_reduce(mine, T * ar, ReduceOp::kSum);
         if (u.d.rep) u.d.rep->all_reduce(mine, T * ar, ReduceOp::kAvg);
@@ -1107,10 +1164,7 @@ bool step_group(Optimizer& opt, Group& g) {
     uint16_t* own16 = u.comm16 ? static_cast<uint16_t*>(u.Pb) + u.first_slot() * ar : nullptr;
     if (c > 0) {
       be.orth_fallback(u.Y, u.P, info + u.first);
-      if (u.comm16) {  // finish_p on this rank's slots (the flags are reduced), into their bf16 copy
-        to_bf16(be, reinterpret_cast<float*>(own16), u.Y.p, c * ar);
-        be.finish_p(u.Y, u.nz + u.first_slot(), own16);
-      }
+      if (u.comm16) finish_own_bf16(be, u.Y, u.nz + u.first_slot(), own16);  // the flags are reduced
     }
     if (u.comm16)  // pairs of bf16 as floats (bf16_comm: a r even)
       side.deferred(static_cast<int>(i % 2), [&] {

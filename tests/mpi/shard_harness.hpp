@@ -588,12 +588,13 @@ TEST(ShardPhased, GroupFactoredOncePerKindEqualsBucketByBucket) {
   }
 }
 
-// The phased step's bf16 communication of P (src/algo/dion.cpp, bf16_comm):
-// on the CUDA backend, with a bf16 momentum and BF16 products, the buckets
-// split over a mesh that reduces P reduce it in bf16 and gather the
-// orthonormal slots as the bf16 copy the products read. The shapes of
-// GroupFactoredOncePerKindEqualsBucketByBucket, every layout without an inner
-// mesh, 3 steps:
+// The bf16 communication of P (src/algo/dion.cpp, bf16_comm): on the CUDA
+// backend, with a bf16 momentum and BF16 products, the buckets split over a
+// mesh that reduces P reduce it in bf16 and gather the orthonormal slots as
+// the bf16 copy the products read, in the phased step and in the
+// bucket-by-bucket one (DION_PHASED=0: step() through orth_split_bf16). The
+// shapes of GroupFactoredOncePerKindEqualsBucketByBucket, every layout
+// without an inner mesh, 3 steps, phased and not:
 //  - the updates and Q equal the single-process bf16 run's within the bf16
 //    configuration's bound (bf16_tolerance: P's bf16 sums are roundings of
 //    the same size as the momentum's, amplified the same way);
@@ -606,65 +607,74 @@ TEST(ShardPhased, Bf16MomentumCommunicatesPInBf16) {
                                {40, 16, 1, -1}, {16, 48, 0, -1}, {32, 16, -1, -1}, {32, 16, -1, -1}};
   for (const Layout& L : layouts()) {
     if (L.I > 1) continue;
-    SCOPED_TRACE("layout R=" + std::to_string(L.R) + " O=" + std::to_string(L.O));
-    Grid G(L);
-    Config c16{"phased16", 0.5, DION_QR_RCQR, 1, true};
-    Config c32 = c16;
-    c32.bf16_products = false;
-    OptRun dist16, ref16, dist32, exact;
-    build(dist16, G, c16, true, S);
-    build(ref16, G, c16, false, S);
-    build(dist32, G, c32, true, S);
-    build(exact, G, c32, false, S);
-    if (HasFatalFailure()) return;
-    std::vector<std::vector<float>> x0;
-    for (const Local& l : dist16.loc) x0.push_back(l.x);
-    for (int step = 0; step < 3; ++step) {
-      fill_grads(dist16, ref16, G, step, S);
+    for (const bool phased : {true, false}) {
+      SCOPED_TRACE("layout R=" + std::to_string(L.R) + " O=" + std::to_string(L.O) +
+                   (phased ? " phased" : " bucket by bucket"));
+      if (!phased) {
+        ASSERT_EQ(setenv("DION_PHASED", "0", 1), 0);
+      }
+      struct Unset {
+        ~Unset() { unsetenv("DION_PHASED"); }
+      } unset;
+      Grid G(L);
+      Config c16{"phased16", 0.5, DION_QR_RCQR, 1, true};
+      Config c32 = c16;
+      c32.bf16_products = false;
+      OptRun dist16, ref16, dist32, exact;
+      build(dist16, G, c16, true, S);
+      build(ref16, G, c16, false, S);
+      build(dist32, G, c32, true, S);
+      build(exact, G, c32, false, S);
+      if (HasFatalFailure()) return;
+      std::vector<std::vector<float>> x0;
+      for (const Local& l : dist16.loc) x0.push_back(l.x);
+      for (int step = 0; step < 3; ++step) {
+        fill_grads(dist16, ref16, G, step, S);
+        for (size_t k = 0; k < S.size(); ++k) {
+          dist32.loc[k].g = dist16.loc[k].g;
+          exact.loc[k].g = ref16.loc[k].g;
+        }
+        for (OptRun* run : {&dist16, &ref16, &dist32, &exact}) ASSERT_EQ(run->step(), DION_SUCCESS) << dion_last_error(run->opt);
+      }
       for (size_t k = 0; k < S.size(); ++k) {
-        dist32.loc[k].g = dist16.loc[k].g;
-        exact.loc[k].g = ref16.loc[k].g;
+        SCOPED_TRACE("tensor " + std::to_string(k));
+        const Local& l = dist16.loc[k];
+        if (l.numel() == 0) continue;
+        const std::vector<double> r1 = window(ref16.loc[k].x, S[k].n, l.off, l.ext),
+                                  e1 = window(exact.loc[k].x, S[k].n, l.off, l.ext);
+        std::vector<double> du, dr, de;
+        for (int64_t e = 0; e < l.numel(); ++e) {
+          const size_t i = static_cast<size_t>(e);
+          du.push_back(static_cast<double>(l.x[i]) - x0[k][i]);
+          dr.push_back(r1[i] - x0[k][i]);
+          de.push_back(e1[i] - x0[k][i]);
+        }
+        EXPECT_LT(rel_diff(du, dr), bf16_tolerance(rel_diff(dr, de))) << "parameter update";
+        dion_state_info_t di, ri, ei;
+        const std::vector<float> dq = read_state(dist16.opt, static_cast<int32_t>(k), "Q", &di);
+        const std::vector<float> rq = read_state(ref16.opt, static_cast<int32_t>(k), "Q", &ri);
+        const std::vector<float> eq = read_state(exact.opt, static_cast<int32_t>(k), "Q", &ei);
+        const int64_t n_loc = di.local_shape[0] * di.local_shape[1];
+        if (n_loc == 0) continue;
+        const std::vector<double> want = window(rq, ri.global_shape[1], di.local_offset, di.local_shape),
+                                  want_exact = window(eq, ei.global_shape[1], di.local_offset, di.local_shape);
+        EXPECT_LT(rel_diff(std::vector<double>(dq.begin(), dq.begin() + n_loc), want),
+                  bf16_tolerance(rel_diff(want, want_exact)))
+            << "Q";
       }
-      for (OptRun* run : {&dist16, &ref16, &dist32, &exact}) ASSERT_EQ(run->step(), DION_SUCCESS) << dion_last_error(run->opt);
-    }
-    for (size_t k = 0; k < S.size(); ++k) {
-      SCOPED_TRACE("tensor " + std::to_string(k));
-      const Local& l = dist16.loc[k];
-      if (l.numel() == 0) continue;
-      const std::vector<double> r1 = window(ref16.loc[k].x, S[k].n, l.off, l.ext),
-                                e1 = window(exact.loc[k].x, S[k].n, l.off, l.ext);
-      std::vector<double> du, dr, de;
-      for (int64_t e = 0; e < l.numel(); ++e) {
-        const size_t i = static_cast<size_t>(e);
-        du.push_back(static_cast<double>(l.x[i]) - x0[k][i]);
-        dr.push_back(r1[i] - x0[k][i]);
-        de.push_back(e1[i] - x0[k][i]);
+      if (L.R > 1) continue;
+      uint64_t b16 = 0, b32 = 0;
+      ASSERT_EQ(dion_get_comm_bytes(dist16.opt, DION_MESH_OUTER, &b16, nullptr), DION_SUCCESS);
+      ASSERT_EQ(dion_get_comm_bytes(dist32.opt, DION_MESH_OUTER, &b32, nullptr), DION_SUCCESS);
+      if (g_env.backend == DION_BACKEND_HOST) {
+        EXPECT_EQ(b16, b32) << "the host backend has no bf16 products";
+        continue;
       }
-      EXPECT_LT(rel_diff(du, dr), bf16_tolerance(rel_diff(dr, de))) << "parameter update";
-      dion_state_info_t di, ri, ei;
-      const std::vector<float> dq = read_state(dist16.opt, static_cast<int32_t>(k), "Q", &di);
-      const std::vector<float> rq = read_state(ref16.opt, static_cast<int32_t>(k), "Q", &ri);
-      const std::vector<float> eq = read_state(exact.opt, static_cast<int32_t>(k), "Q", &ei);
-      const int64_t n_loc = di.local_shape[0] * di.local_shape[1];
-      if (n_loc == 0) continue;
-      const std::vector<double> want = window(rq, ri.global_shape[1], di.local_offset, di.local_shape),
-                                want_exact = window(eq, ei.global_shape[1], di.local_offset, di.local_shape);
-      EXPECT_LT(rel_diff(std::vector<double>(dq.begin(), dq.begin() + n_loc), want),
-                bf16_tolerance(rel_diff(want, want_exact)))
-          << "Q";
+      // The outer-sharded buckets of two or more (split over outer): 3 of
+      // 24 x 16 and 2 of 40 x 16, B = M (a = m), r = 8.
+      const uint64_t p32 = split_bytes(3, L.O, G.o, 24 * 8, 24 * 8) + split_bytes(2, L.O, G.o, 40 * 8, 40 * 8);
+      EXPECT_EQ(b16, b32 - p32 / 2) << "fp32 run " << b32 << " bytes, its split P " << p32;
     }
-    if (L.R > 1) continue;
-    uint64_t b16 = 0, b32 = 0;
-    ASSERT_EQ(dion_get_comm_bytes(dist16.opt, DION_MESH_OUTER, &b16, nullptr), DION_SUCCESS);
-    ASSERT_EQ(dion_get_comm_bytes(dist32.opt, DION_MESH_OUTER, &b32, nullptr), DION_SUCCESS);
-    if (g_env.backend == DION_BACKEND_HOST) {
-      EXPECT_EQ(b16, b32) << "the host backend has no bf16 products";
-      continue;
-    }
-    // The outer-sharded buckets of two or more (split over outer): 3 of
-    // 24 x 16 and 2 of 40 x 16, B = M (a = m), r = 8.
-    const uint64_t p32 = split_bytes(3, L.O, G.o, 24 * 8, 24 * 8) + split_bytes(2, L.O, G.o, 40 * 8, 40 * 8);
-    EXPECT_EQ(b16, b32 - p32 / 2) << "fp32 run " << b32 << " bytes, its split P " << p32;
   }
 }
 
