@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "common.hpp"
+#include "side_comm.hpp"
 
 namespace dion {
 
@@ -939,73 +940,6 @@ size_t group_workspace(const Optimizer& opt, const Group& g) {
   const size_t need = phased_floats(opt, g, bs);
   return need <= 2 * opt.batch_workspace_floats ? need : 0;
 }
-
-// The phased step's collectives on the backend's communication stream, in
-// the order they are issued (one stream, so the GPU runs them in that order
-// on every rank), instead of on the compute stream. Every collective is
-// joined (StreamJoin: ordered with the compute stream as if enqueued there)
-// except those run through deferred(): phase A's reductions of P and phase
-// E's gathers, which wait for the compute stream's work so far but are not
-// waited for until wait(slot), so that they overlap the next bucket's
-// compute. Used on a device backend with a comm stream (made at
-// dion_add_group for any multi-rank mesh) unless DION_OVERLAP=0; otherwise
-// every call runs as issued, on the compute stream. The marks are the
-// backend's two (Backend::kCommMarks): a mark re-recorded by a later
-// collective is still after the earlier one (one stream), so a wait on it
-// only waits longer.
-class SideComm {
- public:
-  explicit SideComm(Optimizer& opt)
-      : opt_(opt), on_(!opt.backend->host_memory() && opt.backend->comm_stream() && opt.overlap_allowed) {
-    if (!on_) return;
-    const auto m = opt.meshes();
-    for (size_t i = 0; i < m.size(); ++i)
-      if (m[i]) {
-        saved_[i] = {m[i]->stream(), m[i]->join()};
-        m[i]->set_stream(opt.backend->comm_stream());
-        m[i]->set_join(&opt.comm_join);
-      }
-  }
-  ~SideComm() {
-    if (!on_) return;
-    const auto m = opt_.meshes();
-    for (size_t i = 0; i < m.size(); ++i)
-      if (m[i]) {
-        m[i]->set_join(saved_[i].join);
-        m[i]->set_stream(saved_[i].stream);
-      }
-  }
-  SideComm(const SideComm&) = delete;
-  SideComm& operator=(const SideComm&) = delete;
-  template <class F>
-  void deferred(int slot, F&& f) {
-    if (!on_) {
-      f();
-      return;
-    }
-    opt_.backend->comm_wait_main();
-    set_joins(nullptr);
-    f();
-    set_joins(&opt_.comm_join);
-    opt_.backend->comm_mark(slot);
-  }
-  void wait(int slot) {
-    if (on_) opt_.backend->main_wait_mark(slot);
-  }
-
- private:
-  void set_joins(StreamJoin* j) {
-    for (Collectives* c : opt_.meshes())
-      if (c) c->set_join(j);
-  }
-  struct Saved {
-    void* stream = nullptr;
-    StreamJoin* join = nullptr;
-  };
-  Optimizer& opt_;
-  const bool on_;
-  Saved saved_[3];
-};
 
 bool step_group(Optimizer& opt, Group& g) {
   // Host-side lists: their capacity is kept (thread_local), so a steady-state step allocates nothing.

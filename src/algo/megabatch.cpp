@@ -157,13 +157,13 @@ MbSizes megabatch_sizes(const MbPlan& plan, const MbPiece& piece, int64_t slots)
   return s;
 }
 
-float* Unshard::forward(float* local) {
-  Backend& be = *opt_.backend;
+void Unshard::send(float* local) {
   std::vector<int64_t>& cd = opt_.coll_idx;  // capacity reserved at dion_create
   whole_ = piece_;
   float* in = local;
   int64_t slots = slots_;
   for (int l = 0; l < plan_.levels; ++l) {
+    if (l > 0) in = paste_level(l - 1);
     const MbLevel& L = plan_.lv[l];
     const int a = piece_.axis[l];
     DION_REQUIRE(a < 0 || whole_.dims[a] == piece_.extent(l, L.rank), DION_ERROR_INTERNAL,
@@ -197,58 +197,104 @@ float* Unshard::forward(float* local) {
         off += piece_.extent(l, q);
       }
       L.comm->all_to_all_v(in, cd.data(), cd.data() + W, v.stage, cd.data() + 2 * W, cd.data() + 3 * W);
-      // Paste rank q's pieces at its offset along the sharded dim: the
-      // count * P rows of each piece are ext * Q wide, full * Q apart.
-      off = 0;
-      for (int32_t q = 0; q < W; ++q) {
-        const int64_t e = piece_.extent(l, q);
-        be.copy2d(v.out + off * g.Q, sizeof(float) * static_cast<size_t>(g.full * g.Q),
-                  v.stage + g.count * g.P * off * g.Q, sizeof(float) * static_cast<size_t>(e * g.Q),
-                  sizeof(float) * static_cast<size_t>(e * g.Q), static_cast<size_t>(g.count * g.P));
-        off += e;
-      }
     }
-    in = v.out;
     slots = g.count;
   }
   owned_ = slots;
-  return in;
 }
 
-void Unshard::backward(float* local) {
-  Backend& be = *opt_.backend;
+float* Unshard::paste_level(int l) {
+  const Lv& v = lv_[l];
+  if (piece_.axis[l] < 0) return v.out;
+  // Paste rank q's pieces at its offset along the sharded dim: the count * P
+  // rows of each piece are ext * Q wide, full * Q apart.
+  int64_t off = 0;
+  for (int32_t q = 0; q < plan_.lv[l].size; ++q) {
+    const int64_t e = piece_.extent(l, q);
+    opt_.backend->copy2d(v.out + off * v.Q, sizeof(float) * static_cast<size_t>(v.full * v.Q),
+                         v.stage + v.count * v.P * off * v.Q, sizeof(float) * static_cast<size_t>(e * v.Q),
+                         sizeof(float) * static_cast<size_t>(e * v.Q), static_cast<size_t>(v.count * v.P));
+    off += e;
+  }
+  return v.out;
+}
+
+float* Unshard::paste() { return plan_.levels > 0 ? paste_level(plan_.levels - 1) : nullptr; }
+
+float* Unshard::forward(float* local) {
+  send(local);
+  return plan_.levels > 0 ? paste() : local;
+}
+
+// Level l's counts for the way back: cd[0..W) and cd[W..2W) this rank's
+// pieces of every owner's slots (counts, displacements in the level's
+// input), cd[2W..3W) and cd[3W..4W) the owned slots' pieces by destination.
+void Unshard::back_counts(int l) {
   std::vector<int64_t>& cd = opt_.coll_idx;
-  for (int l = plan_.levels - 1; l >= 0; --l) {
-    const MbLevel& L = plan_.lv[l];
-    const Lv& v = lv_[l];
-    float* dst = l == 0 ? local : lv_[l - 1].out;
-    const int32_t W = L.size;
-    cd.assign(4 * static_cast<size_t>(W), 0);
-    for (int32_t q = 0; q < W; ++q) {
-      const size_t i = static_cast<size_t>(q);
-      cd[i] = (first_slot(v.slots, W, q + 1) - first_slot(v.slots, W, q)) * v.in_piece;
-      cd[W + i] = first_slot(v.slots, W, q) * v.in_piece;
-    }
-    if (piece_.axis[l] < 0) {
-      float* mine = dst + v.first * v.in_piece;
-      if (mine != v.out) be.copy(mine, v.out, sizeof(float) * static_cast<size_t>(v.count * v.in_piece));
-      L.comm->all_gather_v(mine, dst, cd.data(), cd.data() + W);
-      continue;
-    }
-    // Cut each owned slot back into the ranks' pieces, staged by destination.
-    int64_t off = 0;
-    for (int32_t q = 0; q < W; ++q) {
-      const size_t i = static_cast<size_t>(q);
+  const Lv& v = lv_[l];
+  const int32_t W = plan_.lv[l].size;
+  cd.assign(4 * static_cast<size_t>(W), 0);
+  int64_t off = 0;
+  for (int32_t q = 0; q < W; ++q) {
+    const size_t i = static_cast<size_t>(q);
+    cd[i] = (first_slot(v.slots, W, q + 1) - first_slot(v.slots, W, q)) * v.in_piece;
+    cd[W + i] = first_slot(v.slots, W, q) * v.in_piece;
+    if (piece_.axis[l] >= 0) {
       const int64_t e = piece_.extent(l, q);
       cd[2 * W + i] = v.count * v.P * e * v.Q;
       cd[3 * W + i] = v.count * v.P * off * v.Q;
-      be.copy2d(v.stage + cd[3 * W + i], sizeof(float) * static_cast<size_t>(e * v.Q), v.out + off * v.Q,
-                sizeof(float) * static_cast<size_t>(v.full * v.Q), sizeof(float) * static_cast<size_t>(e * v.Q),
-                static_cast<size_t>(v.count * v.P));
       off += e;
     }
-    L.comm->all_to_all_v(v.stage, cd.data() + 2 * W, cd.data() + 3 * W, dst, cd.data(), cd.data() + W);
   }
+}
+
+void Unshard::cut_level(int l, float* local) {
+  Backend& be = *opt_.backend;
+  const Lv& v = lv_[l];
+  if (piece_.axis[l] < 0) {
+    float* dst = l == 0 ? local : lv_[l - 1].out;
+    float* mine = dst + v.first * v.in_piece;
+    if (mine != v.out) be.copy(mine, v.out, sizeof(float) * static_cast<size_t>(v.count * v.in_piece));
+    return;
+  }
+  // Cut each owned slot back into the ranks' pieces, staged by destination.
+  int64_t off = 0;
+  for (int32_t q = 0; q < plan_.lv[l].size; ++q) {
+    const int64_t e = piece_.extent(l, q);
+    be.copy2d(v.stage + v.count * v.P * off * v.Q, sizeof(float) * static_cast<size_t>(e * v.Q), v.out + off * v.Q,
+              sizeof(float) * static_cast<size_t>(v.full * v.Q), sizeof(float) * static_cast<size_t>(e * v.Q),
+              static_cast<size_t>(v.count * v.P));
+    off += e;
+  }
+}
+
+void Unshard::send_level_back(int l, float* local) {
+  std::vector<int64_t>& cd = opt_.coll_idx;
+  const MbLevel& L = plan_.lv[l];
+  const Lv& v = lv_[l];
+  float* dst = l == 0 ? local : lv_[l - 1].out;
+  const int32_t W = L.size;
+  back_counts(l);
+  if (piece_.axis[l] < 0)
+    L.comm->all_gather_v(dst + v.first * v.in_piece, dst, cd.data(), cd.data() + W);
+  else
+    L.comm->all_to_all_v(v.stage, cd.data() + 2 * W, cd.data() + 3 * W, dst, cd.data(), cd.data() + W);
+}
+
+void Unshard::cut(float* local) {
+  if (plan_.levels > 0) cut_level(plan_.levels - 1, local);
+}
+
+void Unshard::send_back(float* local) {
+  for (int l = plan_.levels - 1; l >= 0; --l) {
+    if (l < plan_.levels - 1) cut_level(l, local);
+    send_level_back(l, local);
+  }
+}
+
+void Unshard::backward(float* local) {
+  cut(local);
+  send_back(local);
 }
 
 }  // namespace dion

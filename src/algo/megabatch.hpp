@@ -123,8 +123,24 @@ class Unshard {
   // buffer than forward's). May be called more than once (with the owned
   // slots rewritten in between). Collective.
   void backward(float* local);
+  // forward() and backward() in two parts each, for a step that defers the
+  // collectives (SideComm): send() takes the workspace and runs every level
+  // but the last one's paste, paste() pastes the last level's pieces and
+  // returns the owned slots (forward = send + paste); cut() stages the last
+  // level's pieces for the way back, send_back() runs its collective and the
+  // other levels whole (backward = cut + send_back). With one level, send()
+  // and send_back() issue collectives only; paste() and cut() compute only.
+  void send(float* local);
+  float* paste();
+  void cut(float* local);
+  void send_back(float* local);
+  int levels() const { return plan_.levels; }
 
  private:
+  float* paste_level(int l);
+  void back_counts(int l);
+  void cut_level(int l, float* local);
+  void send_level_back(int l, float* local);
   struct Lv {
     float* out = nullptr;    // the owned slots after this level
     float* stage = nullptr;  // the all_to_all_v receive / send buffer
