@@ -79,6 +79,10 @@ namespace dion {
 // normalisation with the "variance_neuron" state (state slot 1).
 void muon_family_step(Optimizer& opt, Group& g, const Batch& b, bool normalize);
 size_t muon_family_workspace(const Group& g, const Tensor& t, int64_t count);
+// Their pipelined group step (muon.cpp): false when the group is stepped
+// bucket by bucket instead; its workspace (0: not pipelined).
+bool muon_family_step_group(Optimizer& opt, Group& g, bool normalize);
+size_t muon_group_workspace(const Optimizer& opt, const Group& g);
 // Dion2 and NorDion2 share theirs (dion2.cpp).
 void dion2_family_step(Optimizer& opt, Group& g, const Batch& b, bool normalize);
 size_t dion2_family_workspace(const Group& g, const Tensor& t, int64_t count);

@@ -4,7 +4,11 @@
 //   X = (1 - lr wd) X - lr_adj O   (cautious: decay only where X O >= 0)
 // Leading dims of a tensor are a batch of independent matrices (flatten=1
 // makes each tensor one shape[0] x prod(rest) matrix, per tensor).
+#include <optional>
+#include <vector>
+
 #include "megabatch.hpp"
+#include "side_comm.hpp"
 
 namespace dion {
 
@@ -29,6 +33,37 @@ size_t muon_family_workspace(const Group& g, const Tensor& t, int64_t count) {
   }
   return w;
 }
+
+namespace {
+
+// NorMuon's neuron-wise normalisation of the owned matrices Um, with the
+// "variance_neuron" state exchanged like them (plan): on the owner, over
+// whole rows and the whole matrix, the single-device statistics (the
+// reference normalizes each rank's row shard after the return, with a
+// per-shard Frobenius rescale, spec §4.2).
+void normalize_owned(Optimizer& opt, const dion_group_options_t& o, const Batch& bt, const MbPlan& plan, MatBatch Um) {
+  const Tensor& t = bt.t;
+  const bool flatten = o.flatten != 0;
+  const StateBuf& Vs = state_of(opt, t, 1);
+  float* V = load_ws(opt, bt, kState1, Vs.numel);
+  Unshard uv(opt, plan, neuron_piece(t, plan, flatten), t.geom.batch * bt.count);
+  float* Vo = uv.forward(V);
+  opt.backend->neuron_normalize(Um, logical_rows_axis(t), Vo, t.geom.m, static_cast<float>(o.muon_beta2), nullptr);
+  uv.backward(V);
+  store_ws(opt, bt, kState1, V, Vs.numel);
+}
+
+// X = (1 - lr wd) X - lr_adj O for the batch, O (the batch's local pieces)
+// of dtype `dt`.
+void update(Optimizer& opt, const Group& g, const Batch& bt, const void* O, dion_dtype_t dt) {
+  const dion_group_options_t& o = g.opt;
+  const Tensor& t = bt.t;
+  const double lr_mult = adjusted_lr(o, 1.0, t.geom.m, t.geom.n);
+  opt.backend->apply_update_multi(bt.list, bt.count, t.numel_local, O, dt, g.scalars, static_cast<float>(lr_mult),
+                                  o.cautious_wd != 0, opt.skip_flag());
+}
+
+}  // namespace
 
 // Each rank orthogonalizes whole matrices: those of its share of the batch
 // when they are sharded or replicated over a multi-rank mesh (megabatch.hpp),
@@ -81,21 +116,131 @@ void muon_family_step(Optimizer& opt, Group& g, const Batch& bt, bool normalize)
       Um.p = U;
       Ob = nullptr;
     }
-    // On the owner, over whole rows and the whole matrix: the single-device
-    // statistics (the reference normalizes each rank's row shard after the
-    // return, with a per-shard Frobenius rescale, spec §4.2).
-    const StateBuf& Vs = state_of(opt, t, 1);
-    float* V = load_ws(opt, bt, kState1, Vs.numel);
-    Unshard uv(opt, plan, neuron_piece(t, plan, flatten), B);
-    float* Vo = uv.forward(V);
-    be.neuron_normalize(Um, logical_rows_axis(t), Vo, t.geom.m, static_cast<float>(o.muon_beta2), nullptr);
-    uv.backward(V);
-    store_ws(opt, bt, kState1, V, Vs.numel);
+    normalize_owned(opt, o, bt, plan, Um);
   }
   uu.backward(U);
-  const double lr_mult = adjusted_lr(o, 1.0, t.geom.m, t.geom.n);
-  be.apply_update_multi(bt.list, T, n, Ob ? Ob : U, Ob ? DION_DTYPE_BF16 : DION_DTYPE_FP32, g.scalars,
-                        static_cast<float>(lr_mult), o.cautious_wd != 0, opt.skip_flag());
+  update(opt, g, bt, Ob ? Ob : U, Ob ? DION_DTYPE_BF16 : DION_DTYPE_FP32);
+}
+
+// ---- The pipelined group step ----
+//
+// With the batch's matrices exchanged over one mesh (a one-level plan:
+// FSDP or TP sharding, or replicated matrices split over the replicate
+// mesh), a bucket's step is: A the momentum pass (U), S the exchange's
+// collective, O the paste of the owned matrices, their orthogonalization
+// (and NorMuon's normalisation) and the staging of the way back, K the
+// collective back, X the update. The group's buckets are stepped as
+//   A0 S0 | A1 S1 O0 K0 | A2 S2 O1 K1 X0 | ... | O(n-1) K(n-1) X(n-2) | X(n-1)
+// with S and K on the backend's comm stream, deferred (SideComm): bucket
+// i + 1's exchange runs while bucket i is orthogonalized, and bucket i's way
+// back while bucket i + 1 is (the reference pipelines its batches the same
+// way). A bucket without exactly one level (no exchange, or FSDP x TP,
+// where a level's paste must precede the next level's collective) is
+// stepped whole where A would run. Each bucket's operations and collectives
+// are the bucket-by-bucket step's, so the results are the same bits. Every
+// bucket's buffers stay alive to the end of the step: muon_group_workspace
+// bounds the sum, and the pipeline is used only while it is at most twice
+// the batch workspace cap, for two or more one-level buckets, and not for a
+// group whose gradients the overlapped replicate sync averages (the
+// optimizer pipelines those bucket by bucket). DION_MUON_PIPELINE=0 steps
+// bucket by bucket.
+
+namespace {
+
+bool pipeline_enabled() { return env_on("DION_MUON_PIPELINE"); }
+
+// The workspace of the pipelined step of g (0: not pipelined).
+size_t pipeline_floats(const Optimizer& opt, const Group& g, const Batch* bs, size_t nb) {
+  if (nb < 2 || !pipeline_enabled() || (opt.steps_overlap() && opt.group_grads_averaged(g))) return 0;
+  const bool flatten = g.opt.flatten != 0;
+  size_t sum = 0, piped = 0;
+  for (size_t i = 0; i < nb; ++i) {
+    const Tensor& t = bs[i].t;
+    piped += megabatch_plan(&opt, t, flatten, t.geom.batch * bs[i].count).levels == 1;
+    sum += muon_family_workspace(g, t, bs[i].count);
+  }
+  return piped >= 2 ? sum : 0;
+}
+
+}  // namespace
+
+size_t muon_group_workspace(const Optimizer& opt, const Group& g) {
+  std::vector<Batch> bs;
+  for (const Bucket& b : g.buckets)
+    bs.push_back(Batch{opt.tensors[static_cast<size_t>(b.tensors[0])], static_cast<int64_t>(b.tensors.size()), nullptr,
+                       0, b.aligned16});
+  const size_t need = pipeline_floats(opt, g, bs.data(), bs.size());
+  return need <= 2 * opt.batch_workspace_floats ? need : 0;
+}
+
+bool muon_family_step_group(Optimizer& opt, Group& g, bool normalize) {
+  // Host-side lists: their capacity is kept (thread_local), so a steady-state step allocates nothing.
+  thread_local std::vector<Batch> batches;
+  batches.clear();
+  for (Bucket& b : g.buckets)
+    if (b.active) batches.push_back(opt.batch_of(b));
+  const size_t nb = batches.size();
+  const size_t need = pipeline_floats(opt, g, batches.data(), nb);
+  if (need == 0 || need > opt.ws.capacity_floats()) return false;
+  Backend& be = *opt.backend;
+  const dion_group_options_t& o = g.opt;
+  const bool flatten = o.flatten != 0;
+  opt.ws.reset();
+  struct Run {
+    MbPlan plan;
+    float* U = nullptr;
+    bool piped = false;  // a one-level exchange; else stepped whole in start()
+  };
+  thread_local std::vector<Run> runs;
+  thread_local std::vector<std::optional<Unshard>> ex;
+  runs.assign(nb, Run{});
+  ex.clear();
+  ex.resize(nb);
+  SideComm side(opt);
+  auto start = [&](size_t i) {  // A, then S deferred
+    const Batch& bt = batches[i];
+    const Tensor& t = bt.t;
+    const int64_t n = t.numel_local, T = bt.count, B = t.geom.batch * T;
+    Run& u = runs[i];
+    u.plan = megabatch_plan(&opt, t, flatten, B);
+    u.piped = u.plan.levels == 1;
+    if (!u.piped) {
+      muon_family_step(opt, g, bt, normalize);
+      return;
+    }
+    u.U = opt.ws.take(n * T);
+    be.momentum_multi(bt.list, T, n, static_cast<float>(o.mu), 1.0f, o.nesterov != 0, true, u.U, DION_DTYPE_FP32,
+                      opt.skip_flag(), nullptr);
+    ex[i].emplace(opt, u.plan, matrix_piece(t, u.plan, flatten), B);
+    side.deferred(static_cast<int>(i % 2), [&] { ex[i]->send(u.U); });
+  };
+  auto middle = [&](size_t i) {  // O, then K deferred
+    if (!runs[i].piped) return;
+    side.wait(static_cast<int>(i % 2));
+    Unshard& uu = *ex[i];
+    const MbPiece& w = uu.whole();
+    MatBatch Um{uu.paste(), w.rows(), w.cols(), w.cols(), w.rows() * w.cols(), uu.count()};
+    orthogonalize(opt, o, Um, nullptr);
+    if (normalize) normalize_owned(opt, o, batches[i], runs[i].plan, Um);
+    uu.cut(runs[i].U);
+    side.deferred(static_cast<int>(i % 2), [&] { uu.send_back(runs[i].U); });
+  };
+  auto finish = [&](size_t i) {  // X, once K is done
+    if (!runs[i].piped) return;
+    side.wait(static_cast<int>(i % 2));
+    update(opt, g, batches[i], runs[i].U, DION_DTYPE_FP32);
+  };
+  start(0);
+  for (size_t i = 1; i < nb; ++i) {
+    start(i);
+    middle(i - 1);
+    if (i >= 2) finish(i - 2);
+  }
+  middle(nb - 1);
+  if (nb >= 2) finish(nb - 2);
+  finish(nb - 1);
+  ex.clear();  // no Unshard outlives the step (they refer to opt)
+  return true;
 }
 
 namespace {
@@ -103,8 +248,10 @@ void init_state(Optimizer& opt, Group& g, Tensor& t) {
   add_momentum(opt, g, t);
 }
 void step(Optimizer& opt, Group& g, const Batch& b) { muon_family_step(opt, g, b, false); }
+bool step_group(Optimizer& opt, Group& g) { return muon_family_step_group(opt, g, false); }
 }  // namespace
 
-extern const Algorithm kMuon = {"muon", false, init_state, muon_family_workspace, step};
+extern const Algorithm kMuon = {"muon", false, init_state, muon_family_workspace, step, step_group,
+                                muon_group_workspace};
 
 }  // namespace dion

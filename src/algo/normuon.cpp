@@ -39,8 +39,10 @@ void init_state(Optimizer& opt, Group& g, Tensor& t) {
   add_variance_neuron(opt, g, t);
 }
 void step(Optimizer& opt, Group& g, const Batch& b) { muon_family_step(opt, g, b, true); }
+bool step_group(Optimizer& opt, Group& g) { return muon_family_step_group(opt, g, true); }
 }  // namespace
 
-extern const Algorithm kNorMuon = {"normuon", false, init_state, muon_family_workspace, step};
+extern const Algorithm kNorMuon = {"normuon", false, init_state, muon_family_workspace, step, step_group,
+                                   muon_group_workspace};
 
 }  // namespace dion
