@@ -86,6 +86,8 @@ size_t muon_group_workspace(const Optimizer& opt, const Group& g);
 // Dion2 and NorDion2 share theirs (dion2.cpp).
 void dion2_family_step(Optimizer& opt, Group& g, const Batch& b, bool normalize);
 size_t dion2_family_workspace(const Group& g, const Tensor& t, int64_t count);
+bool dion2_family_step_group(Optimizer& opt, Group& g, bool normalize);
+size_t dion2_group_workspace(const Optimizer& opt, const Group& g);
 size_t dion2_family_prepass_floats(const Optimizer& opt, const Group& g, const Tensor& t, int64_t count);
 void dion2_family_prepass(Optimizer& opt, Group& g, const Batch& b, float* out, int32_t* nonfinite);
 // Refuses (NOT_SUPPORTED) a tensor whose sharding the selection cannot follow.

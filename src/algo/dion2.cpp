@@ -36,7 +36,10 @@
 #include <cstdlib>
 #include <cstring>
 
+#include <optional>
+
 #include "megabatch.hpp"
+#include "pipeline.hpp"
 
 namespace dion {
 
@@ -143,6 +146,81 @@ MbPiece selected_neuron_piece(const Dion2Plan& p, const Tensor& t, const Sel& s)
 
 MatBatch mat(float* p, int64_t rows, int64_t cols, int64_t batch) { return {p, rows, cols, cols, rows * cols, batch}; }
 
+// The local path's selection (on this rank's shard, or on whole matrices),
+// on the typed M and G (no fp32 copy of M + G): local_scores takes the
+// scores (the pre-pass's, dion2_family_prepass, where it ran, else the
+// slices' L1 norms of M + G), the indices and S from the workspace, and
+// reduces the norms over the other mesh where a matrix is sharded over both
+// (every piece of a slice must see the slice's whole norm, so that the
+// ranks of that mesh select alike); local_select takes the top k and, in
+// one more pass, M <- M + G with the selected slices decayed (error
+// feedback on them only) and S <- those slices before the decay (of dtype
+// sdt; sums: their squares' parts, nullable).
+struct LocalSel {
+  float* scores;
+  int32_t* idx;
+  MatBatch S;
+};
+LocalSel local_scores(Optimizer& opt, const Batch& bt, const Dion2Plan& p, const Sel& s) {
+  const Tensor& t = bt.t;
+  const int64_t B = t.geom.batch * bt.count;
+  LocalSel ls;
+  ls.scores = bt.pre ? const_cast<float*>(bt.pre) : opt.ws.take(B * s.N);
+  ls.idx = reinterpret_cast<int32_t*>(opt.ws.take(B * s.k));
+  ls.S = s.axis == kRows ? mat(opt.ws.take(B * s.k * s.len), s.k, s.len, B)
+                         : mat(opt.ws.take(B * s.k * s.len), s.len, s.k, B);
+  if (!bt.pre)
+    opt.backend->momentum_l1_multi(bt.list, bt.count, t.geom.batch, t.geom.srows, t.geom.scols, s.axis, ls.scores,
+                                   nullptr);
+  if (p.sel >= 0 && p.mb.levels == 2) p.mb.lv[1 - p.sel].comm->all_reduce(ls.scores, B * s.N, ReduceOp::kSum);
+  return ls;
+}
+void local_select(Optimizer& opt, const dion_group_options_t& o, const Batch& bt, const Sel& s, const LocalSel& ls,
+                  dion_dtype_t sdt, double* sums) {
+  const Tensor& t = bt.t;
+  const int64_t B = t.geom.batch * bt.count;
+  if (B <= 0 || s.k <= 0) return;
+  const float decay = static_cast<float>(o.algorithm == DION_ALGO_NORDION2 ? o.mu : o.ef_decay);
+  opt.backend->topk(ls.scores, B, s.N, s.k, ls.idx);
+  opt.backend->select_momentum_multi(bt.list, bt.count, t.geom.batch, t.geom.srows, t.geom.scols, s.axis, ls.idx,
+                                     s.k, decay, ls.S, sdt, opt.skip_flag(), sums);
+}
+
+// NorDion2 on the local path: the selected rows' variances travel with them
+// (compact) to the owners of the slices Sw, which normalize them, and are
+// written back in place: V[I] = 0, then V[I] += the new values (exact).
+void normalize_selected(Optimizer& opt, const dion_group_options_t& o, const Batch& bt, const Dion2Plan& p,
+                        const Sel& s, const int32_t* idx, MatBatch Sw) {
+  Backend& be = *opt.backend;
+  const Tensor& t = bt.t;
+  const int64_t B = t.geom.batch * bt.count;
+  const StateBuf& Vs = state_of(opt, t, 1);
+  float* V = load_ws(opt, bt, kState1, Vs.numel);
+  MatBatch Vm = mat(V, s.N, 1, B), Vsel = mat(opt.ws.take(B * s.k), s.k, 1, B);
+  if (B > 0 && s.k > 0) be.gather_slices(Vm, kRows, idx, s.k, Vsel);
+  Unshard uv(opt, p.mb, selected_neuron_piece(p, t, s), B);
+  float* Vo = uv.forward(Vsel.p);
+  be.neuron_normalize(Sw, s.axis, Vo, uv.whole().dims[0], static_cast<float>(o.muon_beta2), nullptr);
+  uv.backward(Vsel.p);
+  if (B > 0 && s.k > 0) {
+    be.scale_slices(Vm, kRows, idx, s.k, 0.0f);
+    be.add_slices(Vm, kRows, idx, s.k, Vsel, nullptr, 1.0f);
+  }
+  store_ws(opt, bt, kState1, V, Vs.numel);
+}
+
+// The local path's update: X = (1 - lr wd) X; X[I] -= lr lr_mult S on the
+// typed params, in one pass (S of dtype dt: fp32, or the iteration's bf16).
+void update_selected(Optimizer& opt, const Group& g, const Batch& bt, const Sel& s, const int32_t* idx,
+                     ConstMatBatch S, dion_dtype_t dt) {
+  const Tensor& t = bt.t;
+  const int64_t B = t.geom.batch * bt.count;
+  const double lr_mult = adjusted_lr(g.opt, 1.0, t.geom.m, t.geom.n);  // from the FULL matrix shape
+  opt.backend->decay_add_slices_multi(bt.list, bt.count, t.geom.batch, t.geom.srows, t.geom.scols, s.axis, idx,
+                                      B > 0 ? s.k : 0, S, dt, g.scalars, static_cast<float>(-lr_mult),
+                                      opt.skip_flag());
+}
+
 }  // namespace
 
 size_t dion2_family_workspace(const Group& g, const Tensor& t, int64_t count) {
@@ -234,15 +312,9 @@ void dion2_family_step(Optimizer& opt, Group& g, const Batch& bt, bool nor) {
   // them only), and S <- those slices before the decay.
   const int64_t per = t.geom.batch, srows = t.geom.srows, scols = t.geom.scols;
   const Sel s = selection(o, p, t, srows, scols);
-  // The norms from the pre-pass (dion2_family_prepass) where it ran.
-  float* scores = bt.pre ? const_cast<float*>(bt.pre) : opt.ws.take(B * s.N);
-  int32_t* idx = reinterpret_cast<int32_t*>(opt.ws.take(B * s.k));
-  MatBatch S = s.axis == kRows ? mat(opt.ws.take(B * s.k * s.len), s.k, s.len, B)
-                               : mat(opt.ws.take(B * s.k * s.len), s.len, s.k, B);
-  if (!bt.pre) be.momentum_l1_multi(bt.list, T, per, srows, scols, s.axis, scores, nullptr);
-  // A matrix sharded over the other mesh too: every piece of a slice must
-  // see the slice's whole norm (the ranks of that mesh then select alike).
-  if (p.sel >= 0 && p.mb.levels == 2) p.mb.lv[1 - p.sel].comm->all_reduce(scores, B * s.N, ReduceOp::kSum);
+  LocalSel ls = local_scores(opt, bt, p, s);
+  int32_t* idx = ls.idx;
+  MatBatch S = ls.S;
   // Without meshes S is orthogonalized where it is selected: the selection
   // pass also sums its squares (so the bf16 iteration's normalisation reads S
   // once, not twice).
@@ -259,12 +331,7 @@ void dion2_family_step(Optimizer& opt, Group& g, const Batch& bt, bool nor) {
   // keeps S in fp32 (read at each step).
   const bool bf16_slices = !nor && sums.nparts > 0 && o.matmul_precision == DION_MATMUL_BF16 &&
                            !be.host_memory() && env_on("DION_DION2_BF16_SLICES");
-  if (B > 0 && s.k > 0) {
-    be.topk(scores, B, s.N, s.k, idx);
-    be.select_momentum_multi(bt.list, T, per, srows, scols, s.axis, idx, s.k, decay, S,
-                             bf16_slices ? DION_DTYPE_BF16 : DION_DTYPE_FP32, opt.skip_flag(),
-                             const_cast<double*>(sums.parts));
-  }
+  local_select(opt, o, bt, s, ls, bf16_slices ? DION_DTYPE_BF16 : DION_DTYPE_FP32, const_cast<double*>(sums.parts));
   Unshard us(opt, p.mb, selected_piece(p, t, flatten, s), B);
   float* So = us.forward(S.p);
   MatBatch Sw = mat(So, us.whole().rows(), us.whole().cols(), us.count());
@@ -276,30 +343,91 @@ void dion2_family_step(Optimizer& opt, Group& g, const Batch& bt, bool nor) {
     orthogonalize_bf16_unnormalised(opt, o, Sw, sums, &Sb);
   else
     orthogonalize(opt, o, Sw, !nor && p.mb.levels == 0 ? &Sb : nullptr, sums);
-  if (nor) {
-    // The selected rows' variances travel with them (compact), and are
-    // written back in place: V[I] = 0, then V[I] += the new values (exact).
-    const StateBuf& Vs = state_of(opt, t, 1);
-    float* V = load_ws(opt, bt, kState1, Vs.numel);
-    MatBatch Vm = mat(V, s.N, 1, B), Vsel = mat(opt.ws.take(B * s.k), s.k, 1, B);
-    if (B > 0 && s.k > 0) be.gather_slices(Vm, kRows, idx, s.k, Vsel);
-    Unshard uv(opt, p.mb, selected_neuron_piece(p, t, s), B);
-    float* Vo = uv.forward(Vsel.p);
-    be.neuron_normalize(Sw, s.axis, Vo, uv.whole().dims[0], static_cast<float>(o.muon_beta2), nullptr);
-    uv.backward(Vsel.p);
-    if (B > 0 && s.k > 0) {
-      be.scale_slices(Vm, kRows, idx, s.k, 0.0f);
-      be.add_slices(Vm, kRows, idx, s.k, Vsel, nullptr, 1.0f);
-    }
-    store_ws(opt, bt, kState1, V, Vs.numel);
-  }
+  if (nor) normalize_selected(opt, o, bt, p, s, idx, Sw);
   us.backward(S.p);
-  // X = (1 - lr wd) X; X[I] -= lr lr_mult S on the typed params, in one pass.
   const ConstMatBatch Su = Sb ? ConstMatBatch(static_cast<const float*>(Sb), S.rows, S.cols, S.cols, S.rows * S.cols, B)
                               : ConstMatBatch(S);
-  be.decay_add_slices_multi(bt.list, T, t.geom.batch, t.geom.srows, t.geom.scols, s.axis, idx, B > 0 ? s.k : 0, Su,
-                            Sb ? DION_DTYPE_BF16 : DION_DTYPE_FP32, g.scalars, static_cast<float>(-lr_mult),
-                            opt.skip_flag());
+  update_selected(opt, g, bt, s, idx, Su, Sb ? DION_DTYPE_BF16 : DION_DTYPE_FP32);
+}
+
+// ---- The pipelined group step (pipeline.hpp) ----
+// On the local path with one exchange level: A the selection (S), S and K
+// the selected slices' exchange and way back, O their orthogonalization
+// (and NorDion2's normalisation, its variances exchanged inside), X the
+// update of the selected slices. The whole-matrix path (global scope) and
+// two-level plans are stepped whole.
+
+namespace {
+
+bool dion2_piped(const Optimizer& opt, const Group& g, const Batch& bt) {
+  const Dion2Plan p = dion2_plan(&opt, g, bt.t, bt.t.geom.batch * bt.count);
+  return !p.whole && p.mb.levels == 1;
+}
+
+const PipelineKind kDion2Pipeline{dion2_piped, dion2_family_workspace};
+
+}  // namespace
+
+size_t dion2_group_workspace(const Optimizer& opt, const Group& g) {
+  return pipeline_group_workspace(opt, g, kDion2Pipeline);
+}
+
+bool dion2_family_step_group(Optimizer& opt, Group& g, bool nor) {
+  const std::vector<Batch>* bs = pipeline_begin(opt, g, kDion2Pipeline);
+  if (!bs) return false;
+  const std::vector<Batch>& batches = *bs;
+  const size_t nb = batches.size();
+  const dion_group_options_t& o = g.opt;
+  const bool flatten = o.flatten != 0;
+  struct Run {
+    Dion2Plan p;
+    Sel s{};
+    LocalSel ls{};
+    bool piped = false;  // else stepped whole in start()
+  };
+  thread_local std::vector<Run> runs;
+  thread_local std::vector<std::optional<Unshard>> ex;
+  runs.assign(nb, Run{});
+  ex.clear();
+  ex.resize(nb);
+  SideComm side(opt);
+  auto start = [&](size_t i) {  // A, then S deferred
+    const Batch& bt = batches[i];
+    const Tensor& t = bt.t;
+    const int64_t B = t.geom.batch * bt.count;
+    Run& u = runs[i];
+    u.p = dion2_plan(&opt, g, t, B);
+    u.piped = !u.p.whole && u.p.mb.levels == 1;
+    if (!u.piped) {
+      dion2_family_step(opt, g, bt, nor);
+      return;
+    }
+    u.s = selection(o, u.p, t, t.geom.srows, t.geom.scols);
+    u.ls = local_scores(opt, bt, u.p, u.s);
+    local_select(opt, o, bt, u.s, u.ls, DION_DTYPE_FP32, nullptr);
+    ex[i].emplace(opt, u.p.mb, selected_piece(u.p, t, flatten, u.s), B);
+    side.deferred(static_cast<int>(i % 2), [&] { ex[i]->send(u.ls.S.p); });
+  };
+  auto middle = [&](size_t i) {  // O, then K deferred
+    Run& u = runs[i];
+    if (!u.piped) return;
+    side.wait(static_cast<int>(i % 2));
+    Unshard& us = *ex[i];
+    MatBatch Sw = mat(us.paste(), us.whole().rows(), us.whole().cols(), us.count());
+    orthogonalize(opt, o, Sw);
+    if (nor) normalize_selected(opt, o, batches[i], u.p, u.s, u.ls.idx, Sw);
+    us.cut(u.ls.S.p);
+    side.deferred(static_cast<int>(i % 2), [&] { us.send_back(u.ls.S.p); });
+  };
+  auto finish = [&](size_t i) {  // X, once K is done
+    Run& u = runs[i];
+    if (!u.piped) return;
+    side.wait(static_cast<int>(i % 2));
+    update_selected(opt, g, batches[i], u.s, u.ls.idx, ConstMatBatch(u.ls.S), DION_DTYPE_FP32);
+  };
+  run_pipeline(nb, start, middle, finish);
+  ex.clear();  // no Unshard outlives the step (they refer to opt)
+  return true;
 }
 
 void dion2_family_check(const Group& g, const Tensor& t) { dion2_plan(nullptr, g, t, 1); }
@@ -331,9 +459,10 @@ void init_state(Optimizer& opt, Group& g, Tensor& t) {
   add_momentum(opt, g, t);
 }
 void step(Optimizer& opt, Group& g, const Batch& b) { dion2_family_step(opt, g, b, false); }
+bool step_group(Optimizer& opt, Group& g) { return dion2_family_step_group(opt, g, false); }
 }  // namespace
 
-extern const Algorithm kDion2 = {"dion2", false, init_state, dion2_family_workspace, step, nullptr, nullptr,
-                                 dion2_family_prepass_floats, dion2_family_prepass};
+extern const Algorithm kDion2 = {"dion2", false, init_state, dion2_family_workspace, step, step_group,
+                                 dion2_group_workspace, dion2_family_prepass_floats, dion2_family_prepass};
 
 }  // namespace dion

@@ -8,7 +8,7 @@
 #include <vector>
 
 #include "megabatch.hpp"
-#include "side_comm.hpp"
+#include "pipeline.hpp"
 
 namespace dion {
 
@@ -122,70 +122,34 @@ void muon_family_step(Optimizer& opt, Group& g, const Batch& bt, bool normalize)
   update(opt, g, bt, Ob ? Ob : U, Ob ? DION_DTYPE_BF16 : DION_DTYPE_FP32);
 }
 
-// ---- The pipelined group step ----
-//
-// With the batch's matrices exchanged over one mesh (a one-level plan:
-// FSDP or TP sharding, or replicated matrices split over the replicate
-// mesh), a bucket's step is: A the momentum pass (U), S the exchange's
-// collective, O the paste of the owned matrices, their orthogonalization
-// (and NorMuon's normalisation) and the staging of the way back, K the
-// collective back, X the update. The group's buckets are stepped as
-//   A0 S0 | A1 S1 O0 K0 | A2 S2 O1 K1 X0 | ... | O(n-1) K(n-1) X(n-2) | X(n-1)
-// with S and K on the backend's comm stream, deferred (SideComm): bucket
-// i + 1's exchange runs while bucket i is orthogonalized, and bucket i's way
-// back while bucket i + 1 is (the reference pipelines its batches the same
-// way). A bucket without exactly one level (no exchange, or FSDP x TP,
-// where a level's paste must precede the next level's collective) is
-// stepped whole where A would run. Each bucket's operations and collectives
-// are the bucket-by-bucket step's, so the results are the same bits. Every
-// bucket's buffers stay alive to the end of the step: muon_group_workspace
-// bounds the sum, and the pipeline is used only while it is at most twice
-// the batch workspace cap, for two or more one-level buckets, and not for a
-// group whose gradients the overlapped replicate sync averages (the
-// optimizer pipelines those bucket by bucket). DION_MUON_PIPELINE=0 steps
-// bucket by bucket.
+// ---- The pipelined group step (pipeline.hpp) ----
+// A: the momentum pass (U); S, K: U's exchange and its way back; O: the
+// orthogonalization (and NorMuon's normalisation); X: the update. Buckets
+// with one exchange level are pipelined (two levels, FSDP x TP: a level's
+// paste must precede the next level's collective).
 
 namespace {
 
-bool pipeline_enabled() { return env_on("DION_MUON_PIPELINE"); }
-
-// The workspace of the pipelined step of g (0: not pipelined).
-size_t pipeline_floats(const Optimizer& opt, const Group& g, const Batch* bs, size_t nb) {
-  if (nb < 2 || !pipeline_enabled() || (opt.steps_overlap() && opt.group_grads_averaged(g))) return 0;
-  const bool flatten = g.opt.flatten != 0;
-  size_t sum = 0, piped = 0;
-  for (size_t i = 0; i < nb; ++i) {
-    const Tensor& t = bs[i].t;
-    piped += megabatch_plan(&opt, t, flatten, t.geom.batch * bs[i].count).levels == 1;
-    sum += muon_family_workspace(g, t, bs[i].count);
-  }
-  return piped >= 2 ? sum : 0;
+bool muon_piped(const Optimizer& opt, const Group& g, const Batch& bt) {
+  return megabatch_plan(&opt, bt.t, g.opt.flatten != 0, bt.t.geom.batch * bt.count).levels == 1;
 }
+
+const PipelineKind kMuonPipeline{muon_piped, muon_family_workspace};
 
 }  // namespace
 
 size_t muon_group_workspace(const Optimizer& opt, const Group& g) {
-  std::vector<Batch> bs;
-  for (const Bucket& b : g.buckets)
-    bs.push_back(Batch{opt.tensors[static_cast<size_t>(b.tensors[0])], static_cast<int64_t>(b.tensors.size()), nullptr,
-                       0, b.aligned16});
-  const size_t need = pipeline_floats(opt, g, bs.data(), bs.size());
-  return need <= 2 * opt.batch_workspace_floats ? need : 0;
+  return pipeline_group_workspace(opt, g, kMuonPipeline);
 }
 
 bool muon_family_step_group(Optimizer& opt, Group& g, bool normalize) {
-  // Host-side lists: their capacity is kept (thread_local), so a steady-state step allocates nothing.
-  thread_local std::vector<Batch> batches;
-  batches.clear();
-  for (Bucket& b : g.buckets)
-    if (b.active) batches.push_back(opt.batch_of(b));
+  const std::vector<Batch>* bs = pipeline_begin(opt, g, kMuonPipeline);
+  if (!bs) return false;
+  const std::vector<Batch>& batches = *bs;
   const size_t nb = batches.size();
-  const size_t need = pipeline_floats(opt, g, batches.data(), nb);
-  if (need == 0 || need > opt.ws.capacity_floats()) return false;
   Backend& be = *opt.backend;
   const dion_group_options_t& o = g.opt;
   const bool flatten = o.flatten != 0;
-  opt.ws.reset();
   struct Run {
     MbPlan plan;
     float* U = nullptr;
@@ -230,15 +194,7 @@ bool muon_family_step_group(Optimizer& opt, Group& g, bool normalize) {
     side.wait(static_cast<int>(i % 2));
     update(opt, g, batches[i], runs[i].U, DION_DTYPE_FP32);
   };
-  start(0);
-  for (size_t i = 1; i < nb; ++i) {
-    start(i);
-    middle(i - 1);
-    if (i >= 2) finish(i - 2);
-  }
-  middle(nb - 1);
-  if (nb >= 2) finish(nb - 2);
-  finish(nb - 1);
+  run_pipeline(nb, start, middle, finish);
   ex.clear();  // no Unshard outlives the step (they refer to opt)
   return true;
 }

@@ -13,9 +13,10 @@ void init_state(Optimizer& opt, Group& g, Tensor& t) {
   add_variance_neuron(opt, g, t);
 }
 void step(Optimizer& opt, Group& g, const Batch& b) { dion2_family_step(opt, g, b, true); }
+bool step_group(Optimizer& opt, Group& g) { return dion2_family_step_group(opt, g, true); }
 }  // namespace
 
-extern const Algorithm kNorDion2 = {"nordion2", false, init_state, dion2_family_workspace, step, nullptr, nullptr,
-                                    dion2_family_prepass_floats, dion2_family_prepass};
+extern const Algorithm kNorDion2 = {"nordion2", false, init_state, dion2_family_workspace, step, step_group,
+                                    dion2_group_workspace, dion2_family_prepass_floats, dion2_family_prepass};
 
 }  // namespace dion

@@ -530,21 +530,24 @@ const Config kConfigs[] = {
 INSTANTIATE_TEST_SUITE_P(All, Megabatch, ::testing::ValuesIn(kConfigs),
                          [](const ::testing::TestParamInfo<Config>& i) { return std::string(i.param.name); });
 
-// The Muon family's pipelined group step (src/algo/muon.cpp,
-// muon_family_step_group): the buckets with one exchange level stepped as
-// momentum + exchange | orthogonalization + way back | update, bucket i + 1's
-// exchange and bucket i's way back deferred on the comm stream while bucket
-// i is orthogonalized; the others stepped whole in between. For Muon and
-// NorMuon (its neuron statistics exchanged inside the pipeline) on every
-// layout, 3 steps: the same parameters and states as the bucket-by-bucket
-// step (DION_MUON_PIPELINE=0), bit for bit on the host backend (each bucket
+// The Muon family's pipelined group step (src/algo/pipeline.hpp): the
+// buckets with one exchange level stepped as momentum or selection +
+// exchange | orthogonalization + way back | update, bucket i + 1's exchange
+// and bucket i's way back deferred on the comm stream while bucket i is
+// orthogonalized; the others stepped whole in between. For Muon, NorMuon,
+// and Dion2 and NorDion2 with local selection (their neuron statistics
+// exchanged inside the pipeline) on every layout, 3 steps: the same
+// parameters and states as the bucket-by-bucket step
+// (DION_MEGABATCH_PIPELINE=0), bit for bit on the host backend (each bucket
 // sees the same operations and collectives, only in another order between
 // buckets) and within 1e-6 relative on the GPU (the same kernels, on other
 // workspace addresses); and, where two or more buckets have one level (the
 // pipeline runs), more workspace reserved than bucket by bucket.
 TEST(MegabatchPipeline, EqualsBucketByBucket) {
   for (const Config& c : {Config{"Muon", DION_ALGO_MUON, 1, DION_SELECTION_LOCAL, 0},
-                          Config{"NorMuon", DION_ALGO_NORMUON, 1, DION_SELECTION_LOCAL, 0}}) {
+                          Config{"NorMuon", DION_ALGO_NORMUON, 1, DION_SELECTION_LOCAL, 0},
+                          Config{"Dion2_local", DION_ALGO_DION2, 0, DION_SELECTION_LOCAL, 0},
+                          Config{"NorDion2_local", DION_ALGO_NORDION2, 0, DION_SELECTION_LOCAL, 0}}) {
     const auto& S = specs(false);
     for (const Layout& L : layouts()) {
       SCOPED_TRACE(std::string(c.name) + ", layout " + layout_name(L));
@@ -553,14 +556,14 @@ TEST(MegabatchPipeline, EqualsBucketByBucket) {
       uint64_t ws[2] = {0, 0};
       for (int off = 0; off < 2; ++off) {
         if (off) {
-          ASSERT_EQ(setenv("DION_MUON_PIPELINE", "0", 1), 0);
+          ASSERT_EQ(setenv("DION_MEGABATCH_PIPELINE", "0", 1), 0);
         }
         build(run[off], G, c, true);
         for (int s = 0; s < 3 && !HasFatalFailure(); ++s) {
           fill_grads(run[off], G, c, s, true);
           ASSERT_EQ(run[off].step(), DION_SUCCESS) << dion_last_error(run[off].opt);
         }
-        unsetenv("DION_MUON_PIPELINE");
+        unsetenv("DION_MEGABATCH_PIPELINE");
         if (HasFatalFailure()) return;
         uint64_t state_bytes = 0;
         ASSERT_EQ(dion_get_memory_usage(run[off].opt, &state_bytes, &ws[off]), DION_SUCCESS);
@@ -575,7 +578,8 @@ TEST(MegabatchPipeline, EqualsBucketByBucket) {
           EXPECT_LT(rel_diff(std::vector<double>(a.begin(), a.end()), std::vector<double>(b.begin(), b.end())), 1e-6);
         }
         for (const char* name : {"momentum", "variance_neuron"}) {
-          if (c.algo == DION_ALGO_MUON && std::string(name) == "variance_neuron") continue;
+          const bool normalizes = c.algo == DION_ALGO_NORMUON || c.algo == DION_ALGO_NORDION2;
+          if (!normalizes && std::string(name) == "variance_neuron") continue;
           dion_state_info_t i0, i1;
           const std::vector<float> s0 = read_state(run[0].opt, static_cast<int32_t>(k), name, &i0);
           const std::vector<float> s1 = read_state(run[1].opt, static_cast<int32_t>(k), name, &i1);
