@@ -594,9 +594,15 @@ TEST(MegabatchPipeline, EqualsBucketByBucket) {
       }
       // One-level buckets: the 2-D tensors sharded over the one shard mesh
       // (with a single shard mesh), or the replicated ones split over the
-      // replicate mesh (several of a shape).
+      // replicate mesh (several of a shape). On a device backend with a
+      // replicate mesh the replicate gradient average is overlapped with the
+      // buckets (replicate_grad_sync is on by default), and that pipeline
+      // steps these groups bucket by bucket instead (src/algo/pipeline.hpp),
+      // so no pipeline workspace is reserved there.
       const bool one_shard_mesh = (L.O > 1) != (L.I > 1);
-      if (one_shard_mesh) {
+      const char* ov = std::getenv("DION_OVERLAP");
+      const bool overlapped_sync = !host && L.R > 1 && !(ov && std::string(ov) == "0");
+      if (one_shard_mesh && !overlapped_sync) {
         EXPECT_GT(ws[0], ws[1]) << "the pipelined step's workspace was not reserved";
       }
     }
