@@ -441,11 +441,11 @@ void fill_spd(Mat& m, std::mt19937& rng) {
 }
 
 TEST_F(OpsTest, CholeskyAndFailures) {
-  // The blocked Cholesky (blocked_cholesky, block columns of 64): one
-  // partial block (n = 12, 40), three with a partial last one (150), four
-  // with failures in the first and the last block (n = 200, batch 4: a later
-  // block column must keep the first failure and report a new one). With
-  // DION_OWN_CHOLESKY=0: cuSOLVER's potrfBatched, or potrf per matrix for one.
+  // cuSOLVER's potrfBatched (potrf per matrix for a batch of one) and the
+  // fix-up after it, on n = 12, 40 and 150, and n = 200 with failures both
+  // early and late (a blocked factorization, cuSOLVER's or one of 64-column
+  // blocks, meets them in its first and last block column: the first
+  // failure must be the one reported).
   struct Shape {
     int64_t n, B;
   } shapes[] = {{12, 5}, {150, 3}, {40, 1}, {200, 4}};
