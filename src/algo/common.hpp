@@ -4,6 +4,7 @@
 #pragma once
 #include <cstdlib>
 #include <cstring>
+#include <vector>
 
 #include "../core/error.hpp"
 #include "../core/optimizer.hpp"
@@ -71,6 +72,36 @@ inline void add_momentum(Optimizer& opt, const Group& g, Tensor& t) {
 
 // Matrix algorithms: the storage axis holding the logical rows.
 inline Axis logical_rows_axis(const Tensor& t) { return t.geom.storage_transposed ? kCols : kRows; }
+
+// A group step (Algorithm::step_group: Dion's phased step, the Muon
+// family's pipelined one) works on all of a group's buckets at once and
+// keeps every bucket's buffers to the end of the step. At dion_add_group it
+// sizes its workspace on every bucket with all its tensors
+// (bucket_batches), and reserves it only up to twice the batch workspace cap
+// (group_reservation: 0, stepped bucket by bucket, above it). At a step it
+// runs on the active buckets (active_batches, into a list whose capacity the
+// caller keeps: a steady-state step allocates nothing) when the workspace
+// holds what it needs (group_step_fits, which then resets the workspace).
+inline std::vector<Batch> bucket_batches(const Optimizer& opt, const Group& g) {
+  std::vector<Batch> bs;
+  for (const Bucket& b : g.buckets)
+    bs.push_back(Batch{opt.tensors[static_cast<size_t>(b.tensors[0])], static_cast<int64_t>(b.tensors.size()), nullptr,
+                       0, b.aligned16});
+  return bs;
+}
+inline size_t group_reservation(const Optimizer& opt, size_t need) {
+  return need <= 2 * opt.batch_workspace_floats ? need : 0;
+}
+inline void active_batches(Optimizer& opt, Group& g, std::vector<Batch>& out) {
+  out.clear();
+  for (Bucket& b : g.buckets)
+    if (b.active) out.push_back(opt.batch_of(b));
+}
+inline bool group_step_fits(Optimizer& opt, size_t need) {
+  if (need == 0 || need > opt.ws.capacity_floats()) return false;
+  opt.ws.reset();
+  return true;
+}
 
 }  // namespace dion
 

@@ -933,27 +933,18 @@ size_t phased_floats(const Optimizer& opt, const Group& g, const std::vector<Bat
 }
 
 size_t group_workspace(const Optimizer& opt, const Group& g) {
-  std::vector<Batch> bs;
-  for (const Bucket& b : g.buckets)
-    bs.push_back(Batch{opt.tensors[static_cast<size_t>(b.tensors[0])], static_cast<int64_t>(b.tensors.size()), nullptr,
-                       0, b.aligned16});
-  const size_t need = phased_floats(opt, g, bs);
-  return need <= 2 * opt.batch_workspace_floats ? need : 0;
+  return group_reservation(opt, phased_floats(opt, g, bucket_batches(opt, g)));
 }
 
 bool step_group(Optimizer& opt, Group& g) {
   // Host-side lists: their capacity is kept (thread_local), so a steady-state step allocates nothing.
   thread_local std::vector<Batch> batches;
-  batches.clear();
-  for (Bucket& b : g.buckets)
-    if (b.active) batches.push_back(opt.batch_of(b));
-  const size_t need = phased_floats(opt, g, batches);
-  if (need == 0 || need > opt.ws.capacity_floats()) return false;
+  active_batches(opt, g, batches);
+  if (!group_step_fits(opt, phased_floats(opt, g, batches))) return false;
   Backend& be = *opt.backend;
   const dion_group_options_t& o = g.opt;
   const dion_matmul_precision_t prec = o.matmul_precision;
   const int method = qr_method_now(g);  // orth's choice (P is never square here)
-  opt.ws.reset();
   const Shape s0 = shape_of(o, batches[0].t);
   const int64_t r = s0.r, k = s0.k, rr = r * r;
   thread_local std::vector<PhasedRun> runs;

@@ -36,8 +36,6 @@
 #include <cstdlib>
 #include <cstring>
 
-#include <optional>
-
 #include "megabatch.hpp"
 #include "pipeline.hpp"
 
@@ -373,60 +371,47 @@ size_t dion2_group_workspace(const Optimizer& opt, const Group& g) {
 }
 
 bool dion2_family_step_group(Optimizer& opt, Group& g, bool nor) {
-  const std::vector<Batch>* bs = pipeline_begin(opt, g, kDion2Pipeline);
-  if (!bs) return false;
-  const std::vector<Batch>& batches = *bs;
-  const size_t nb = batches.size();
+  const PipelineBuckets* pb = pipeline_begin(opt, g, kDion2Pipeline);
+  if (!pb) return false;
+  const std::vector<Batch>& batches = pb->batches;
   const dion_group_options_t& o = g.opt;
   const bool flatten = o.flatten != 0;
   struct Run {
     Dion2Plan p;
     Sel s{};
     LocalSel ls{};
-    bool piped = false;  // else stepped whole in start()
   };
   thread_local std::vector<Run> runs;
-  thread_local std::vector<std::optional<Unshard>> ex;
-  runs.assign(nb, Run{});
-  ex.clear();
-  ex.resize(nb);
-  SideComm side(opt);
-  auto start = [&](size_t i) {  // A, then S deferred
+  runs.assign(batches.size(), Run{});
+  PipelineExchanges ex(opt, batches.size());
+  auto start = [&](size_t i, bool piped) {  // A, then S deferred
     const Batch& bt = batches[i];
+    if (!piped) {
+      dion2_family_step(opt, g, bt, nor);
+      return;
+    }
     const Tensor& t = bt.t;
     const int64_t B = t.geom.batch * bt.count;
     Run& u = runs[i];
     u.p = dion2_plan(&opt, g, t, B);
-    u.piped = !u.p.whole && u.p.mb.levels == 1;
-    if (!u.piped) {
-      dion2_family_step(opt, g, bt, nor);
-      return;
-    }
     u.s = selection(o, u.p, t, t.geom.srows, t.geom.scols);
     u.ls = local_scores(opt, bt, u.p, u.s);
     local_select(opt, o, bt, u.s, u.ls, DION_DTYPE_FP32, nullptr);
-    ex[i].emplace(opt, u.p.mb, selected_piece(u.p, t, flatten, u.s), B);
-    side.deferred(static_cast<int>(i % 2), [&] { ex[i]->send(u.ls.S.p); });
+    ex.send(i, u.p.mb, selected_piece(u.p, t, flatten, u.s), B, u.ls.S.p);
   };
   auto middle = [&](size_t i) {  // O, then K deferred
     Run& u = runs[i];
-    if (!u.piped) return;
-    side.wait(static_cast<int>(i % 2));
-    Unshard& us = *ex[i];
-    MatBatch Sw = mat(us.paste(), us.whole().rows(), us.whole().cols(), us.count());
+    const MatBatch Sw = ex.received(i);
     orthogonalize(opt, o, Sw);
     if (nor) normalize_selected(opt, o, batches[i], u.p, u.s, u.ls.idx, Sw);
-    us.cut(u.ls.S.p);
-    side.deferred(static_cast<int>(i % 2), [&] { us.send_back(u.ls.S.p); });
+    ex.send_back(i, u.ls.S.p);
   };
   auto finish = [&](size_t i) {  // X, once K is done
     Run& u = runs[i];
-    if (!u.piped) return;
-    side.wait(static_cast<int>(i % 2));
+    ex.wait_back(i);
     update_selected(opt, g, batches[i], u.s, u.ls.idx, ConstMatBatch(u.ls.S), DION_DTYPE_FP32);
   };
-  run_pipeline(nb, start, middle, finish);
-  ex.clear();  // no Unshard outlives the step (they refer to opt)
+  run_pipeline(*pb, start, middle, finish);
   return true;
 }
 

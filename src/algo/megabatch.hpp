@@ -134,7 +134,6 @@ class Unshard {
   float* paste();
   void cut(float* local);
   void send_back(float* local);
-  int levels() const { return plan_.levels; }
 
  private:
   float* paste_level(int l);

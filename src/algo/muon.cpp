@@ -4,7 +4,6 @@
 //   X = (1 - lr wd) X - lr_adj O   (cautious: decay only where X O >= 0)
 // Leading dims of a tensor are a batch of independent matrices (flatten=1
 // makes each tensor one shape[0] x prod(rest) matrix, per tensor).
-#include <optional>
 #include <vector>
 
 #include "megabatch.hpp"
@@ -143,59 +142,45 @@ size_t muon_group_workspace(const Optimizer& opt, const Group& g) {
 }
 
 bool muon_family_step_group(Optimizer& opt, Group& g, bool normalize) {
-  const std::vector<Batch>* bs = pipeline_begin(opt, g, kMuonPipeline);
-  if (!bs) return false;
-  const std::vector<Batch>& batches = *bs;
-  const size_t nb = batches.size();
+  const PipelineBuckets* pb = pipeline_begin(opt, g, kMuonPipeline);
+  if (!pb) return false;
+  const std::vector<Batch>& batches = pb->batches;
   Backend& be = *opt.backend;
   const dion_group_options_t& o = g.opt;
   const bool flatten = o.flatten != 0;
   struct Run {
     MbPlan plan;
     float* U = nullptr;
-    bool piped = false;  // a one-level exchange; else stepped whole in start()
   };
   thread_local std::vector<Run> runs;
-  thread_local std::vector<std::optional<Unshard>> ex;
-  runs.assign(nb, Run{});
-  ex.clear();
-  ex.resize(nb);
-  SideComm side(opt);
-  auto start = [&](size_t i) {  // A, then S deferred
+  runs.assign(batches.size(), Run{});
+  PipelineExchanges ex(opt, batches.size());
+  auto start = [&](size_t i, bool piped) {  // A, then S deferred
     const Batch& bt = batches[i];
+    if (!piped) {
+      muon_family_step(opt, g, bt, normalize);
+      return;
+    }
     const Tensor& t = bt.t;
     const int64_t n = t.numel_local, T = bt.count, B = t.geom.batch * T;
     Run& u = runs[i];
     u.plan = megabatch_plan(&opt, t, flatten, B);
-    u.piped = u.plan.levels == 1;
-    if (!u.piped) {
-      muon_family_step(opt, g, bt, normalize);
-      return;
-    }
     u.U = opt.ws.take(n * T);
     be.momentum_multi(bt.list, T, n, static_cast<float>(o.mu), 1.0f, o.nesterov != 0, true, u.U, DION_DTYPE_FP32,
                       opt.skip_flag(), nullptr);
-    ex[i].emplace(opt, u.plan, matrix_piece(t, u.plan, flatten), B);
-    side.deferred(static_cast<int>(i % 2), [&] { ex[i]->send(u.U); });
+    ex.send(i, u.plan, matrix_piece(t, u.plan, flatten), B, u.U);
   };
   auto middle = [&](size_t i) {  // O, then K deferred
-    if (!runs[i].piped) return;
-    side.wait(static_cast<int>(i % 2));
-    Unshard& uu = *ex[i];
-    const MbPiece& w = uu.whole();
-    MatBatch Um{uu.paste(), w.rows(), w.cols(), w.cols(), w.rows() * w.cols(), uu.count()};
+    const MatBatch Um = ex.received(i);
     orthogonalize(opt, o, Um, nullptr);
     if (normalize) normalize_owned(opt, o, batches[i], runs[i].plan, Um);
-    uu.cut(runs[i].U);
-    side.deferred(static_cast<int>(i % 2), [&] { uu.send_back(runs[i].U); });
+    ex.send_back(i, runs[i].U);
   };
   auto finish = [&](size_t i) {  // X, once K is done
-    if (!runs[i].piped) return;
-    side.wait(static_cast<int>(i % 2));
+    ex.wait_back(i);
     update(opt, g, batches[i], runs[i].U, DION_DTYPE_FP32);
   };
-  run_pipeline(nb, start, middle, finish);
-  ex.clear();  // no Unshard outlives the step (they refer to opt)
+  run_pipeline(*pb, start, middle, finish);
   return true;
 }
 

@@ -19,8 +19,10 @@
 // replicate sync averages (the optimizer pipelines those bucket by bucket).
 // DION_MEGABATCH_PIPELINE=0 steps bucket by bucket (docs/ENV.md).
 #pragma once
+#include <optional>
 #include <vector>
 
+#include "megabatch.hpp"
 #include "side_comm.hpp"
 
 namespace dion {
@@ -35,58 +37,111 @@ struct PipelineKind {
 };
 
 // The workspace of the pipelined step of the nb buckets bs of g (0: not
-// pipelined).
-inline size_t pipeline_floats(const Optimizer& opt, const Group& g, const Batch* bs, size_t nb, PipelineKind k) {
+// pipelined); piped (nullable) receives each bucket's k.piped.
+inline size_t pipeline_floats(const Optimizer& opt, const Group& g, const Batch* bs, size_t nb, PipelineKind k,
+                              std::vector<char>* piped = nullptr) {
   if (nb < 2 || !megabatch_pipeline_enabled() || (opt.steps_overlap() && opt.group_grads_averaged(g))) return 0;
+  if (piped) piped->clear();
   size_t sum = 0, n = 0;
   for (size_t i = 0; i < nb; ++i) {
-    n += k.piped(opt, g, bs[i]) ? 1 : 0;
+    const bool p = k.piped(opt, g, bs[i]);
+    if (piped) piped->push_back(p ? 1 : 0);
+    n += p ? 1 : 0;
     sum += k.floats(g, bs[i].t, bs[i].count);
   }
   return n >= 2 ? sum : 0;
 }
 
-// pipeline_floats over all of g's buckets, for dion_add_group's reservation
-// (0 above twice the batch workspace cap).
+// pipeline_floats over all of g's buckets, for dion_add_group's reservation.
 inline size_t pipeline_group_workspace(const Optimizer& opt, const Group& g, PipelineKind k) {
-  std::vector<Batch> bs;
-  for (const Bucket& b : g.buckets)
-    bs.push_back(Batch{opt.tensors[static_cast<size_t>(b.tensors[0])], static_cast<int64_t>(b.tensors.size()), nullptr,
-                       0, b.aligned16});
-  const size_t need = pipeline_floats(opt, g, bs.data(), bs.size(), k);
-  return need <= 2 * opt.batch_workspace_floats ? need : 0;
+  const std::vector<Batch> bs = bucket_batches(opt, g);
+  return group_reservation(opt, pipeline_floats(opt, g, bs.data(), bs.size(), k));
 }
 
-// The step's start: g's active buckets (in a list whose capacity is kept:
-// a steady-state step allocates nothing) with the workspace reset, or null
-// when the group is not pipelined this step.
-inline const std::vector<Batch>* pipeline_begin(Optimizer& opt, Group& g, PipelineKind k) {
-  thread_local std::vector<Batch> batches;
-  batches.clear();
-  for (Bucket& b : g.buckets)
-    if (b.active) batches.push_back(opt.batch_of(b));
-  const size_t need = pipeline_floats(opt, g, batches.data(), batches.size(), k);
-  if (need == 0 || need > opt.ws.capacity_floats()) return nullptr;
-  opt.ws.reset();
-  return &batches;
+// A step's buckets: the active ones and whether each is pipelined (lists
+// whose capacity is kept: a steady-state step allocates nothing).
+struct PipelineBuckets {
+  std::vector<Batch> batches;
+  std::vector<char> piped;
+};
+
+// The step's start: g's buckets with the workspace reset, or null when the
+// group is not pipelined this step.
+inline const PipelineBuckets* pipeline_begin(Optimizer& opt, Group& g, PipelineKind k) {
+  thread_local PipelineBuckets pb;
+  active_batches(opt, g, pb.batches);
+  if (!group_step_fits(opt, pipeline_floats(opt, g, pb.batches.data(), pb.batches.size(), k, &pb.piped)))
+    return nullptr;
+  return &pb;
 }
 
-// The schedule above: start(i) runs A and defers S (or steps bucket i
-// whole), middle(i) waits for S and runs O and defers K, finish(i) waits
-// for K and runs X (middle and finish do nothing for a bucket start()
-// stepped whole).
+// The schedule above: start(i, piped) runs A and defers S, or steps bucket
+// i whole where it is not pipelined; middle(i) waits for S, runs O and
+// defers K; finish(i) waits for K and runs X (middle and finish for the
+// pipelined buckets only).
 template <class Start, class Middle, class Finish>
-void run_pipeline(size_t nb, Start start, Middle middle, Finish finish) {
+void run_pipeline(const PipelineBuckets& pb, Start start, Middle middle, Finish finish) {
+  const size_t nb = pb.batches.size();
+  const auto mid = [&](size_t i) {
+    if (pb.piped[i]) middle(i);
+  };
+  const auto fin = [&](size_t i) {
+    if (pb.piped[i]) finish(i);
+  };
   if (nb == 0) return;
-  start(0);
+  start(0, pb.piped[0] != 0);
   for (size_t i = 1; i < nb; ++i) {
-    start(i);
-    middle(i - 1);
-    if (i >= 2) finish(i - 2);
+    start(i, pb.piped[i] != 0);
+    mid(i - 1);
+    if (i >= 2) fin(i - 2);
   }
-  middle(nb - 1);
-  if (nb >= 2) finish(nb - 2);
-  finish(nb - 1);
+  mid(nb - 1);
+  if (nb >= 2) fin(nb - 2);
+  fin(nb - 1);
 }
+
+// The exchanges of a pipelined step: bucket i's Unshard, with its
+// collectives (S, K) on the comm stream, deferred (SideComm; the two marks
+// alternate between buckets). The Unshards are dropped with the step (they
+// refer to the optimizer).
+class PipelineExchanges {
+ public:
+  PipelineExchanges(Optimizer& opt, size_t nb) : opt_(opt), side_(opt), ex_(storage()) {
+    ex_.clear();
+    ex_.resize(nb);
+  }
+  ~PipelineExchanges() { ex_.clear(); }
+  PipelineExchanges(const PipelineExchanges&) = delete;
+  PipelineExchanges& operator=(const PipelineExchanges&) = delete;
+  // End of A: bucket i's `slots` pieces in buf sent to their owners (S).
+  void send(size_t i, const MbPlan& plan, const MbPiece& piece, int64_t slots, float* buf) {
+    ex_[i].emplace(opt_, plan, piece, slots);
+    side_.deferred(mark(i), [&] { ex_[i]->send(buf); });
+  }
+  // Start of O: the owned slots, once S is done.
+  MatBatch received(size_t i) {
+    side_.wait(mark(i));
+    Unshard& u = *ex_[i];
+    const MbPiece& w = u.whole();
+    return MatBatch{u.paste(), w.rows(), w.cols(), w.cols(), w.rows() * w.cols(), u.count()};
+  }
+  // End of O: the owned slots sent back into buf (K).
+  void send_back(size_t i, float* buf) {
+    ex_[i]->cut(buf);
+    side_.deferred(mark(i), [&] { ex_[i]->send_back(buf); });
+  }
+  // Start of X: once K is done.
+  void wait_back(size_t i) { side_.wait(mark(i)); }
+
+ private:
+  static int mark(size_t i) { return static_cast<int>(i % 2); }
+  static std::vector<std::optional<Unshard>>& storage() {
+    thread_local std::vector<std::optional<Unshard>> v;  // capacity kept
+    return v;
+  }
+  Optimizer& opt_;
+  SideComm side_;
+  std::vector<std::optional<Unshard>>& ex_;
+};
 
 }  // namespace dion
