@@ -177,6 +177,44 @@ void extract_r_double(const Ctx& c, const double* l, MatBatch r_out);
 // row-major part, and turn info[b] into a failure index when a diagonal entry
 // is non-finite or not positive.
 void cholesky_fixup(const Ctx& c, MatBatch a, int32_t* info);
+// One diagonal block of the backend's right-looking blocked Cholesky
+// (column-major lower factor, A = L L^T) of every matrix of a batch, one
+// CTA per matrix: block (o, o) of size nb <= kCholBlock, already updated by
+// the trailing GEMMs, is factored in shared memory and, where a panel
+// follows (inv not null), its inverse L_oo^-1 written to inv (kCholBlock x
+// kCholBlock per matrix, column-major, zeros above the diagonal). info[b]:
+// at the first block the 1-based column of the first pivot that is not
+// positive (NaN included), 0 if none; at later blocks set only while still
+// 0 (the first failure, as LAPACK's potrf reports it).
+constexpr int kCholBlock = 64;
+template <class T>
+struct CholBlock {
+  T* a;
+  int64_t ld, stride, batch;
+  int64_t o;
+  int nb;
+  T* inv;
+  int32_t* info;
+  bool first;
+};
+template <class T>
+void chol_block(const Ctx& c, const CholBlock<T>& g);
+// The blocked Cholesky's panels (block column q's rows below its diagonal
+// block, (n - 64 (q + 1)) x 64, column-major, dense), kept out of place
+// while the factorization runs: q's offset in a matrix's panel buffer, and
+// that buffer's size (elements).
+__host__ __device__ constexpr int64_t chol_panel_offset(int64_t n, int64_t q) {
+  return kCholBlock * (q * (n - kCholBlock) - kCholBlock * q * (q - 1) / 2);
+}
+__host__ __device__ constexpr int64_t chol_panels_size(int64_t n) {
+  return n > kCholBlock ? chol_panel_offset(n, (n + kCholBlock - 1) / kCholBlock - 1) : 0;
+}
+// Copies every panel (panels: chol_panels_size(n) elements per matrix) to
+// its place in the n x n column-major factors of a (ld, stride), one
+// launch for the batch.
+template <class T>
+void chol_place_panels(const Ctx& c, T* a, int64_t n, int64_t ld, int64_t stride, int64_t batch, const T* panels);
+void chol_block_init();
 size_t orth_fallback_scratch(const Ctx& c, const MatBatch& p);
 void orth_fallback(const Ctx& c, MatBatch p, ConstMatBatch p0, const int32_t* info, void* scratch);
 

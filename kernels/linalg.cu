@@ -366,6 +366,209 @@ void extract_r(const Ctx& c, const float* cm, int64_t p, MatBatch r_out) {
   for_each_2d(c, r_out.batch, r_out.rows, r_out.cols, ExtractR{cm, p, r_out}, "qr_r extract kernel");
 }
 
+// ---- the blocked Cholesky's diagonal blocks (chol_block) ----
+
+namespace {
+
+constexpr int kCholThreads = 256;
+constexpr int kCholLd = kCholBlock + 1;  // shared-memory column stride
+constexpr int kCholTile = 4;             // each thread's rows and columns of the block
+constexpr int kCholSpan = kCholBlock / kCholTile;  // 16: rows ty + 16 a, columns tx + 16 b
+static_assert(kCholSpan * kCholSpan == kCholThreads, "one 4 x 4 tile per thread");
+
+__device__ inline float chol_fma(float a, float b, float c) { return __fmaf_rn(a, b, c); }
+__device__ inline double chol_fma(double a, double b, double c) { return __fma_rn(a, b, c); }
+
+// The CTA factors the 64 x 64 block of s (column-major, ld kCholLd; the
+// whole symmetric square) in place into its lower Cholesky factor and,
+// with Inv, writes the factor's inverse to x (zeros above the diagonal).
+// Each thread keeps a 4 x 4 tile of the block (rows ty + 16 a, columns tx +
+// 16 b) and of Y, the inverse's rows before their scaling, in registers.
+// Step k (a rolled loop: unrolled steps are fetched from memory once each,
+// and that, not the arithmetic, bounded earlier versions): the owners of
+// column k of the block and of row k of Y put them in shared memory (two
+// buffers by step parity, so one barrier per step), then every thread
+// applies the unscaled right-looking recurrence a_ij -= a_ik a_kj / a_kk
+// for i, j > k (a_kj = a_jk: the square stays symmetric) and the forward
+// elimination y_ic -= a_ik y_kc / a_kk (y_kc = 0 for c > k). Rows at or
+// above k take a zero multiplier and columns at or left of k a zero
+// factor, so every update is one fused multiply-add. At the end L_ij =
+// a_ij / sqrt(a_jj) (a_ij as it was at step j) and L^-1 = diag(L)^-1 Y.
+// Returns 1 + the first pivot that is not positive (NaN included), 0 if
+// none, on every thread.
+template <class T, bool Inv>
+__device__ int cta_chol64(T* s, T* x, T* col, T* yrow, T* piv) {
+  const int t = static_cast<int>(threadIdx.x), tx = t % kCholSpan, ty = t / kCholSpan;
+  T a[kCholTile][kCholTile], y[kCholTile][kCholTile];
+#pragma unroll
+  for (int u = 0; u < kCholTile; ++u)
+#pragma unroll
+    for (int v = 0; v < kCholTile; ++v) {
+      const int i = ty + kCholSpan * u, j = tx + kCholSpan * v;
+      a[u][v] = s[j * kCholLd + i];
+      y[u][v] = i == j ? T(1) : T(0);
+    }
+  int fail = 0;
+#pragma unroll 1
+  for (int k = 0; k < kCholBlock; ++k) {
+    T* c = col + (k & 1) * kCholBlock;
+    T* yr = yrow + (k & 1) * kCholBlock;
+    const int kb = k / kCholSpan;
+    if (tx == k % kCholSpan) {  // column k: 4 of its entries here
+#pragma unroll
+      for (int u = 0; u < kCholTile; ++u) {
+        T v = a[u][0];
+#pragma unroll
+        for (int w = 1; w < kCholTile; ++w) v = kb == w ? a[u][w] : v;
+        c[ty + kCholSpan * u] = v;
+      }
+    }
+    if (Inv && ty == k % kCholSpan) {  // row k of Y
+#pragma unroll
+      for (int v = 0; v < kCholTile; ++v) {
+        T e = y[0][v];
+#pragma unroll
+        for (int w = 1; w < kCholTile; ++w) e = kb == w ? y[w][v] : e;
+        yr[tx + kCholSpan * v] = e;
+      }
+    }
+    __syncthreads();
+    const T d = c[k];
+    if (t == 0) piv[k] = d;
+    fail = fail == 0 && !(d > T(0)) ? k + 1 : fail;
+    const T rd = T(1) / d;
+    T m[kCholTile], f[kCholTile];
+#pragma unroll
+    for (int u = 0; u < kCholTile; ++u) {
+      const int i = ty + kCholSpan * u;
+      m[u] = i > k ? -(c[i] * rd) : T(0);
+    }
+#pragma unroll
+    for (int v = 0; v < kCholTile; ++v) {
+      const int j = tx + kCholSpan * v;
+      f[v] = j > k ? c[j] : T(0);
+    }
+#pragma unroll
+    for (int u = 0; u < kCholTile; ++u)
+#pragma unroll
+      for (int v = 0; v < kCholTile; ++v) a[u][v] = chol_fma(m[u], f[v], a[u][v]);
+    if (Inv) {
+#pragma unroll
+      for (int v = 0; v < kCholTile; ++v) {
+        const T e = yr[tx + kCholSpan * v];
+#pragma unroll
+        for (int u = 0; u < kCholTile; ++u) y[u][v] = chol_fma(m[u], e, y[u][v]);
+      }
+    }
+  }
+  __syncthreads();  // piv complete
+#pragma unroll
+  for (int u = 0; u < kCholTile; ++u) {
+    const int i = ty + kCholSpan * u;
+    const T ri = T(1) / sqrt(piv[i]);
+#pragma unroll
+    for (int v = 0; v < kCholTile; ++v) {
+      const int j = tx + kCholSpan * v;
+      if (i > j) s[j * kCholLd + i] = a[u][v] / sqrt(piv[j]);
+      if (i == j) s[j * kCholLd + i] = sqrt(piv[i]);
+      if (Inv) x[j * kCholLd + i] = i >= j ? y[u][v] * ri : T(0);
+    }
+  }
+  return fail;
+}
+
+// The diagonal block (CholBlock): the block loaded (a block of nb < 64 padded with the identity), factored
+// and inverted by cta_chol64, and written back.
+template <class T>
+__global__ void __launch_bounds__(kCholThreads, 1) chol_block_kernel(CholBlock<T> g) {
+  extern __shared__ __align__(16) unsigned char chol_smem[];
+  T* s = reinterpret_cast<T*>(chol_smem);  // the block, column-major, ld kCholLd
+  T* x = s + kCholBlock * kCholLd;         // its inverse
+  T* col = x + kCholBlock * kCholLd;       // 2 x 64: column k of the block, by step parity
+  T* yrow = col + 2 * kCholBlock;          // 2 x 64: row k of Y
+  T* piv = yrow + 2 * kCholBlock;          // 64 pivots
+  const int t = static_cast<int>(threadIdx.x);
+  const int nb = g.nb;
+  const bool inv = g.inv != nullptr;
+  for (int64_t b = blockIdx.x; b < g.batch; b += gridDim.x) {
+    T* A = g.a + b * g.stride + g.o * g.ld + g.o;  // the block's (0, 0)
+    for (int e = t; e < kCholBlock * kCholBlock; e += kCholThreads) {
+      const int i = e % kCholBlock, j = e / kCholBlock;
+      s[j * kCholLd + i] = i < nb && j < nb ? A[static_cast<int64_t>(j) * g.ld + i] : (i == j ? T(1) : T(0));
+    }
+    __syncthreads();
+    const int fail = inv ? cta_chol64<T, true>(s, x, col, yrow, piv) : cta_chol64<T, false>(s, x, col, yrow, piv);
+    __syncthreads();
+    for (int e = t; e < kCholBlock * kCholBlock; e += kCholThreads) {
+      const int i = e % kCholBlock, j = e / kCholBlock;
+      if (i >= j && i < nb) A[static_cast<int64_t>(j) * g.ld + i] = s[j * kCholLd + i];
+      if (inv) g.inv[b * kCholBlock * kCholBlock + e] = x[j * kCholLd + i];
+    }
+    if (t == 0) {
+      const int32_t at = fail ? static_cast<int32_t>(g.o) + fail : 0;
+      if (g.first)
+        g.info[b] = at;
+      else if (at && g.info[b] == 0)
+        g.info[b] = at;
+    }
+    __syncthreads();  // the shared arrays are reused by the next matrix
+  }
+}
+
+constexpr size_t chol_smem_bytes(size_t elem) { return elem * (2 * kCholBlock * kCholLd + 5 * kCholBlock); }
+
+}  // namespace
+
+void chol_block_init() {
+  // fp64: the block, its inverse and the broadcast buffers, above the 48 KiB
+  // a launch gets by default.
+  cuda::check(cudaFuncSetAttribute(chol_block_kernel<float>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                   static_cast<int>(chol_smem_bytes(sizeof(float)))),
+              "cudaFuncSetAttribute (cholesky block, fp32)");
+  cuda::check(cudaFuncSetAttribute(chol_block_kernel<double>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                   static_cast<int>(chol_smem_bytes(sizeof(double)))),
+              "cudaFuncSetAttribute (cholesky block, fp64)");
+}
+
+template <class T>
+void chol_block(const Ctx& c, const CholBlock<T>& g) {
+  if (g.batch <= 0 || g.nb <= 0) return;
+  DION_REQUIRE(g.nb <= kCholBlock && (!g.inv || g.nb == kCholBlock), DION_ERROR_INTERNAL,
+               "chol_block: blocks of at most %d columns, and of %d where the inverse is formed", kCholBlock,
+               kCholBlock);
+  const unsigned blocks = static_cast<unsigned>(std::min<int64_t>(g.batch, 65535));
+  chol_block_kernel<T><<<blocks, kCholThreads, chol_smem_bytes(sizeof(T)), c.stream>>>(g);
+  cuda::check_launch("cholesky block kernel");
+}
+template void chol_block<float>(const Ctx&, const CholBlock<float>&);
+template void chol_block<double>(const Ctx&, const CholBlock<double>&);
+
+namespace {
+// (b, j, i): column j, row i of matrix b (rows fastest: the stores are
+// contiguous); the entries below the diagonal blocks of the block columns
+// that have a panel.
+template <class T>
+struct PlacePanels {
+  T* a;
+  int64_t n, ld, stride;
+  const T* panels;
+  __device__ void operator()(int64_t b, int64_t j, int64_t i) const {
+    const int64_t q = j / kCholBlock, o = q * kCholBlock;
+    if (i < o + kCholBlock) return;  // rows i >= o + 64 exist only where block column q has a panel
+    const int64_t m = n - o - kCholBlock;
+    a[b * stride + j * ld + i] = panels[b * chol_panels_size(n) + chol_panel_offset(n, q) + (j - o) * m + (i - o - kCholBlock)];
+  }
+};
+}  // namespace
+
+template <class T>
+void chol_place_panels(const Ctx& c, T* a, int64_t n, int64_t ld, int64_t stride, int64_t batch, const T* panels) {
+  if (n <= kCholBlock) return;
+  for_each_2d(c, batch, n, n, PlacePanels<T>{a, n, ld, stride, panels}, "cholesky panels kernel");
+}
+template void chol_place_panels<float>(const Ctx&, float*, int64_t, int64_t, int64_t, int64_t, const float*);
+template void chol_place_panels<double>(const Ctx&, double*, int64_t, int64_t, int64_t, int64_t, const double*);
+
 void cholesky_fixup(const Ctx& c, MatBatch a, int32_t* info) {
   if (a.batch <= 0) return;
   const unsigned blocks = static_cast<unsigned>(std::min<int64_t>(a.batch, 65535));

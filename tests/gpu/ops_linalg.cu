@@ -16,6 +16,8 @@
 // entries by O(1).
 #include <cuda.h>
 
+#include <cstdlib>
+
 #include "../reference/ref_linalg.h"
 #include "ops_util.h"
 
@@ -354,42 +356,64 @@ double orthonormality_error(const std::vector<float>& q, const Mat& shape) {
   return worst;
 }
 
-TEST_F(OpsTest, QrQAndR) {
-  struct Shape {
-    int64_t p, r, B;
-  } shapes[] = {{60, 20, 3}, {16, 16, 2}, {300, 40, 1}, {700, 200, 3}};
-  for (const Shape& s : shapes) {
-    SCOPED_TRACE(testing::Message() << s.p << " x " << s.r << " batch " << s.B);
-    Mat a = Mat::padded(s.p, s.r, s.B);
-    a.fill([&] { return gauss(); });
-    if (s.p == s.r) {  // a square Gaussian matrix can be badly conditioned: shift its diagonal
-      for (int64_t b = 0; b < s.B; ++b)
-        for (int64_t i = 0; i < s.r; ++i) a.at(b, i, i) += 3.0f * std::sqrt(static_cast<float>(s.r));
-      a.sync();
-    }
-    Mat a2 = Mat::padded(s.p, s.r, s.B);
-    a2.h = a.h;
-    a2.sync();
-    Mat r = Mat::padded(s.r, s.r, s.B, 2, 1);
-    r.fill([] { return 5.0f; });
-    cuda->qr_r(a2.D(), r.D());
-    host->qr_r(a2.H(), r.H());
-    // R is unique up to row signs: align rows by the diagonal.
-    std::vector<float> rd = r.dev(), rh = r.h;
-    for (int64_t b = 0; b < s.B; ++b)
-      for (int64_t i = 0; i < s.r; ++i)
-        if ((rd[b * r.stride + i * r.ld + i] < 0) != (rh[b * r.stride + i * r.ld + i] < 0))
-          for (int64_t j = 0; j < s.r; ++j) rh[b * r.stride + i * r.ld + j] *= -1.0f;
-    EXPECT_TRUE(close(rh, rd, 0.0, 1e-4 * max_abs(rh)));
-    for (int64_t b = 0; b < s.B; ++b)  // zeros below the diagonal
-      for (int64_t i = 1; i < s.r; ++i) EXPECT_EQ(rd[b * r.stride + i * r.ld + i - 1], 0.0f);
-
-    cuda->qr_q(a.D());
-    host->qr_q(a.H());
-    const std::vector<float> q = a.dev();
-    EXPECT_LT(orthonormality_error(q, a), 1e-5);
-    EXPECT_TRUE(close(align_columns(a, q), q, 0.0, 1e-4));
+// Runs body once on a CUDA backend with its own blocked Cholesky (the
+// default up to 2048 x 2048) and once on one with cuSOLVER's potrf(Batched)
+// (DION_OWN_CHOLESKY=0): every Cholesky the backend takes, qr_r's fp64 one
+// included, goes through one or the other.
+// The variable is left as it was (tools/gpu_chol_check.sh times the tests
+// after these with it set).
+template <class F>
+void with_each_cholesky(std::unique_ptr<Backend>& cuda, F&& body) {
+  const char* was = std::getenv("DION_OWN_CHOLESKY");
+  const std::string before = was ? was : "";
+  for (const char* own : {"1", "0"}) {
+    SCOPED_TRACE(testing::Message() << "DION_OWN_CHOLESKY=" << own);
+    ASSERT_EQ(setenv("DION_OWN_CHOLESKY", own, 1), 0);
+    cuda.reset(make_cuda_backend(0));
+    body();
   }
+  ASSERT_EQ(was ? setenv("DION_OWN_CHOLESKY", before.c_str(), 1) : unsetenv("DION_OWN_CHOLESKY"), 0);
+  cuda.reset(make_cuda_backend(0));
+}
+
+TEST_F(OpsTest, QrQAndR) {
+  with_each_cholesky(cuda, [&] {
+    struct Shape {
+      int64_t p, r, B;
+    } shapes[] = {{60, 20, 3}, {16, 16, 2}, {300, 40, 1}, {700, 200, 3}};
+    for (const Shape& s : shapes) {
+      SCOPED_TRACE(testing::Message() << s.p << " x " << s.r << " batch " << s.B);
+      Mat a = Mat::padded(s.p, s.r, s.B);
+      a.fill([&] { return gauss(); });
+      if (s.p == s.r) {  // a square Gaussian matrix can be badly conditioned: shift its diagonal
+        for (int64_t b = 0; b < s.B; ++b)
+          for (int64_t i = 0; i < s.r; ++i) a.at(b, i, i) += 3.0f * std::sqrt(static_cast<float>(s.r));
+        a.sync();
+      }
+      Mat a2 = Mat::padded(s.p, s.r, s.B);
+      a2.h = a.h;
+      a2.sync();
+      Mat r = Mat::padded(s.r, s.r, s.B, 2, 1);
+      r.fill([] { return 5.0f; });
+      cuda->qr_r(a2.D(), r.D());
+      host->qr_r(a2.H(), r.H());
+      // R is unique up to row signs: align rows by the diagonal.
+      std::vector<float> rd = r.dev(), rh = r.h;
+      for (int64_t b = 0; b < s.B; ++b)
+        for (int64_t i = 0; i < s.r; ++i)
+          if ((rd[b * r.stride + i * r.ld + i] < 0) != (rh[b * r.stride + i * r.ld + i] < 0))
+            for (int64_t j = 0; j < s.r; ++j) rh[b * r.stride + i * r.ld + j] *= -1.0f;
+      EXPECT_TRUE(close(rh, rd, 0.0, 1e-4 * max_abs(rh)));
+      for (int64_t b = 0; b < s.B; ++b)  // zeros below the diagonal
+        for (int64_t i = 1; i < s.r; ++i) EXPECT_EQ(rd[b * r.stride + i * r.ld + i - 1], 0.0f);
+
+      cuda->qr_q(a.D());
+      host->qr_q(a.H());
+      const std::vector<float> q = a.dev();
+      EXPECT_LT(orthonormality_error(q, a), 1e-5);
+      EXPECT_TRUE(close(align_columns(a, q), q, 0.0, 1e-4));
+    }
+  });
 }
 
 // Backend::gram: the CUDA backend sums S products over row chunks when the
@@ -441,52 +465,55 @@ void fill_spd(Mat& m, std::mt19937& rng) {
 }
 
 TEST_F(OpsTest, CholeskyAndFailures) {
-  // cuSOLVER's potrfBatched (potrf per matrix for a batch of one) and the
-  // fix-up after it, on n = 12, 40 and 150, and n = 200 with failures both
-  // early and late (a blocked factorization, cuSOLVER's or one of 64-column
-  // blocks, meets them in its first and last block column: the first
-  // failure must be the one reported).
-  struct Shape {
-    int64_t n, B;
-  } shapes[] = {{12, 5}, {150, 3}, {40, 1}, {200, 4}};
-  for (const Shape& s : shapes) {
-    SCOPED_TRACE(testing::Message() << "n " << s.n << " batch " << s.B);
-    Mat a = Mat::padded(s.n, s.n, s.B);
-    fill_spd(a, rng);
-    if (s.B >= 3) {
-      a.at(1, 5, 5) = -1000.0f;  // indefinite
-      a.at(2, 0, 0) = NAN;       // non-finite
-      if (s.n >= 100 && s.B >= 4) {
-        a.at(3, s.n - 60, s.n - 60) = -1000.0f;  // indefinite in the last block column
-        a.at(1, s.n - 60, s.n - 60) = -1000.0f;  // and after matrix 1's first failure
+  // Both factorizations (with_each_cholesky: the backend's own of 64-column
+  // blocks, and cuSOLVER's potrfBatched, potrf per matrix for a batch of
+  // one) and the fix-up after them, on n = 12, 40 and 150, and n = 200 with
+  // failures both early and late (a blocked factorization meets them in its
+  // first and last block column: the first failure must be the one
+  // reported).
+  with_each_cholesky(cuda, [&] {
+    struct Shape {
+      int64_t n, B;
+    } shapes[] = {{12, 5}, {150, 3}, {40, 1}, {200, 4}};
+    for (const Shape& s : shapes) {
+      SCOPED_TRACE(testing::Message() << "n " << s.n << " batch " << s.B);
+      Mat a = Mat::padded(s.n, s.n, s.B);
+      fill_spd(a, rng);
+      if (s.B >= 3) {
+        a.at(1, 5, 5) = -1000.0f;  // indefinite
+        a.at(2, 0, 0) = NAN;       // non-finite
+        if (s.n >= 100 && s.B >= 4) {
+          a.at(3, s.n - 60, s.n - 60) = -1000.0f;  // indefinite in the last block column
+          a.at(1, s.n - 60, s.n - 60) = -1000.0f;  // and after matrix 1's first failure
+        }
+        a.sync();
       }
-      a.sync();
+      Dev<int32_t> dinfo(std::vector<int32_t>(s.B, -7));
+      std::vector<int32_t> hinfo(s.B, -7);
+      cuda->cholesky_upper(a.D(), dinfo.p());
+      host->cholesky_upper(a.H(), hinfo.data());
+      const std::vector<int32_t> di = dinfo.get();
+      const std::vector<float> u = a.dev();
+      for (int64_t b = 0; b < s.B; ++b) {
+        const bool bad = (s.B >= 3 && (b == 1 || b == 2)) || (s.n >= 100 && s.B >= 4 && b == 3);
+        EXPECT_EQ(hinfo[b] != 0, bad) << "host, matrix " << b;
+        EXPECT_EQ(di[b] != 0, bad) << "cuda, matrix " << b << " info " << di[b];
+        // The indefinite ones: potrf's index, 1 + the first pivot that is not
+        // positive, LAPACK's on the host (whose spotrf passes a NaN pivot, so
+        // the host flags the NaN matrix by its diagonal instead).
+        if (bad && b != 2) EXPECT_EQ(di[b], hinfo[b]) << "matrix " << b;
+        if (b == 2 && bad) EXPECT_EQ(di[b], 1) << "the NaN is the first pivot";
+        for (int64_t i = 0; i < s.n; ++i)
+          for (int64_t j = 0; j < i; ++j) EXPECT_EQ(u[b * a.stride + i * a.ld + j], 0.0f);
+        if (bad) continue;
+        std::vector<float> hb(a.h.begin() + b * a.stride, a.h.begin() + b * a.stride + s.n * a.ld);
+        std::vector<float> db(u.begin() + b * a.stride, u.begin() + b * a.stride + s.n * a.ld);
+        EXPECT_TRUE(close(hb, db, 0.0, 1e-4 * max_abs(hb))) << "matrix " << b;
+      }
+      // Padding untouched.
+      EXPECT_EQ(u[a.ld - 1], kPad);
     }
-    Dev<int32_t> dinfo(std::vector<int32_t>(s.B, -7));
-    std::vector<int32_t> hinfo(s.B, -7);
-    cuda->cholesky_upper(a.D(), dinfo.p());
-    host->cholesky_upper(a.H(), hinfo.data());
-    const std::vector<int32_t> di = dinfo.get();
-    const std::vector<float> u = a.dev();
-    for (int64_t b = 0; b < s.B; ++b) {
-      const bool bad = (s.B >= 3 && (b == 1 || b == 2)) || (s.n >= 100 && s.B >= 4 && b == 3);
-      EXPECT_EQ(hinfo[b] != 0, bad) << "host, matrix " << b;
-      EXPECT_EQ(di[b] != 0, bad) << "cuda, matrix " << b << " info " << di[b];
-      // The indefinite ones: potrf's index, 1 + the first pivot that is not
-      // positive, LAPACK's on the host (whose spotrf passes a NaN pivot, so
-      // the host flags the NaN matrix by its diagonal instead).
-      if (bad && b != 2) EXPECT_EQ(di[b], hinfo[b]) << "matrix " << b;
-      if (b == 2 && bad) EXPECT_EQ(di[b], 1) << "the NaN is the first pivot";
-      for (int64_t i = 0; i < s.n; ++i)
-        for (int64_t j = 0; j < i; ++j) EXPECT_EQ(u[b * a.stride + i * a.ld + j], 0.0f);
-      if (bad) continue;
-      std::vector<float> hb(a.h.begin() + b * a.stride, a.h.begin() + b * a.stride + s.n * a.ld);
-      std::vector<float> db(u.begin() + b * a.stride, u.begin() + b * a.stride + s.n * a.ld);
-      EXPECT_TRUE(close(hb, db, 0.0, 1e-4 * max_abs(hb))) << "matrix " << b;
-    }
-    // Padding untouched.
-    EXPECT_EQ(u[a.ld - 1], kPad);
-  }
+  });
 }
 
 TEST_F(OpsTest, TrsmRightUpper) {

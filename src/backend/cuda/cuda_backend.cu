@@ -13,6 +13,7 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <type_traits>
 #include <chrono>
 #include <thread>
 #include <climits>
@@ -43,6 +44,8 @@ constexpr size_t kCublasWorkspaceBytes = size_t(32) << 20;
 // (bench/profile.sh, docs/benchmarks.md): at n = 512 and 768 the batched call
 // is already faster than a loop of potrf.
 constexpr int64_t kPotrfBatchedMaxN = 4096;
+// Largest n factored by the backend's own blocked Cholesky (blocked_cholesky).
+constexpr int64_t kOwnCholeskyMaxN = 2048;
 
 int64_t env_int(const char* name, int64_t dflt) {
   const char* e = std::getenv(name);
@@ -231,6 +234,7 @@ class CudaBackend final : public Backend {
       // Same bits on every run (cuSOLVER's default, made explicit; cuBLAS is
       // deterministic with its atomics off, the default, and a fixed workspace).
       check(cusolverDnSetDeterministicMode(solver_, CUSOLVER_DETERMINISTIC_RESULTS), "cusolverDnSetDeterministicMode");
+      kernels::chol_block_init();
       blas_ws_ = cuda::device_malloc(kCublasWorkspaceBytes, device_, "cuBLAS workspace");
       check(cudaStreamCreateWithFlags(&own_, cudaStreamNonBlocking), "cudaStreamCreateWithFlags");
       check(cudaEventCreateWithFlags(&done_, cudaEventDisableTiming), "cudaEventCreateWithFlags");
@@ -618,7 +622,9 @@ class CudaBackend final : public Backend {
                                     R, r * r, B),
           "cublasDgemmStridedBatched (qr_r Gram)");
     int* info = static_cast<int*>(scratch(kInfo, sizeof(int) * static_cast<size_t>(a.batch)));
-    if (a.batch > 1 && r <= potrf_batched_max_) {
+    if (own_cholesky_ && r <= kOwnCholeskyMaxN) {
+      blocked_cholesky(g, r, r, r * r, a.batch, info);
+    } else if (a.batch > 1 && r <= potrf_batched_max_) {
       double** ptrs = static_cast<double**>(scratch(kPtrA, sizeof(double*) * static_cast<size_t>(a.batch)));
       // fill_pointers computes base + b * stride in floats: a double stride is twice as many.
       kernels::fill_pointers(ctx(), reinterpret_cast<float**>(ptrs), reinterpret_cast<const float*>(g), 2 * r * r,
@@ -657,7 +663,9 @@ class CudaBackend final : public Backend {
     // The row-major upper factor U (A = U^T U) is, read column-major, the
     // lower factor L = U^T of A = L L^T: potrf with uplo = lower on the buffer as is.
     const int N = to_int(n, "cholesky n"), ld = to_int(a.ld, "cholesky ld");
-    if (a.batch > 1 && n <= potrf_batched_max_) {
+    if (own_cholesky_ && n <= kOwnCholeskyMaxN) {
+      blocked_cholesky(a.p, n, a.ld, a.stride, a.batch, info);
+    } else if (a.batch > 1 && n <= potrf_batched_max_) {
       const int batch = to_int(a.batch, "cholesky batch");
       float** ptrs = static_cast<float**>(scratch(kPtrA, sizeof(float*) * static_cast<size_t>(a.batch)));
       kernels::fill_pointers(ctx(), ptrs, a.p, a.stride, a.batch);
@@ -673,6 +681,64 @@ class CudaBackend final : public Backend {
               "cusolverDnSpotrf");
     }
     kernels::cholesky_fixup(ctx(), a, info);
+  }
+
+  // In place: the lower Cholesky factor L (A = L L^T) of each n x n
+  // column-major matrix of a (ld, stride; the row-major upper factor U =
+  // L^T of the same buffer), as potrf(lower) leaves it: the strictly upper
+  // column-major part is not the caller's any more (cholesky_fixup zeroes
+  // it; qr_r's extraction does not read it). Right-looking, by blocks of
+  // kCholBlock columns: a kernel factors each diagonal block and forms its
+  // inverse (kernels::chol_block), the panel below it is A21 L11^-T (one
+  // batched GEMM, out of place into a panel buffer) and the trailing matrix
+  // loses panel panel^T (one batched GEMM, the whole square: cheaper than
+  // the launches of a triangle by blocks at these sizes), all in T (fp32
+  // GEMMs for float, FP64 for double); one last kernel puts every panel in
+  // place. So n = 512 takes 9 kernels and 14 GEMMs whatever the batch,
+  // against the fixed cost of potrfBatched's own launches, which dominated
+  // RCQR's factorizations (docs/benchmarks.md). info as potrf: the first
+  // failing pivot's 1-based column, 0 for none.
+  template <class T>
+  void blocked_cholesky(T* a, int64_t n, int64_t ld, int64_t stride, int64_t batch, int32_t* info) {
+    constexpr int64_t nbk = kernels::kCholBlock;
+    if (n <= 0 || batch <= 0) return;
+    const int64_t per = kernels::chol_panels_size(n);
+    T* inv = static_cast<T*>(scratch(kCholInv, sizeof(T) * static_cast<size_t>(batch * nbk * nbk)));
+    T* panels = per > 0 ? static_cast<T*>(scratch(kCholPanel, sizeof(T) * static_cast<size_t>(batch * per))) : nullptr;
+    const int B = to_int(batch, "cholesky batch"), LD = to_int(ld, "cholesky ld");
+    const T one = 1, zero = 0, minus_one = -1;
+    kernels::CholBlock<T> g{a, ld, stride, batch, 0, 0, nullptr, info, true};
+    for (int64_t o = 0; o < n; o += nbk) {
+      const int64_t nb = std::min(nbk, n - o), m = n - o - nb;
+      g.o = o;
+      g.nb = static_cast<int>(nb);
+      g.inv = m > 0 ? inv : nullptr;
+      g.first = o == 0;
+      kernels::chol_block(ctx(), g);
+      if (m == 0) break;
+      const int M = to_int(m, "cholesky panel"), K = static_cast<int>(nbk);
+      T* a21 = a + o * ld + o + nbk;
+      T* a22 = a + (o + nbk) * ld + o + nbk;
+      T* l21 = panels + kernels::chol_panel_offset(n, o / nbk);
+      if constexpr (std::is_same_v<T, double>) {
+        check(cublasDgemmStridedBatched(blas_, CUBLAS_OP_N, CUBLAS_OP_T, M, K, K, &one, a21, LD, stride, inv, K,
+                                        nbk * nbk, &zero, l21, M, per, B),
+              "cublasDgemmStridedBatched (cholesky panel)");
+        check(cublasDgemmStridedBatched(blas_, CUBLAS_OP_N, CUBLAS_OP_T, M, M, K, &minus_one, l21, M, per, l21, M,
+                                        per, &one, a22, LD, stride, B),
+              "cublasDgemmStridedBatched (cholesky update)");
+      } else {
+        check(cublasGemmStridedBatchedEx(blas_, CUBLAS_OP_N, CUBLAS_OP_T, M, K, K, &one, a21, CUDA_R_32F, LD, stride,
+                                         inv, CUDA_R_32F, K, nbk * nbk, &zero, l21, CUDA_R_32F, M, per, B,
+                                         CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
+              "cublasGemmStridedBatchedEx (cholesky panel)");
+        check(cublasGemmStridedBatchedEx(blas_, CUBLAS_OP_N, CUBLAS_OP_T, M, M, K, &minus_one, l21, CUDA_R_32F, M,
+                                         per, l21, CUDA_R_32F, M, per, &one, a22, CUDA_R_32F, LD, stride, B,
+                                         CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
+              "cublasGemmStridedBatchedEx (cholesky update)");
+      }
+    }
+    kernels::chol_place_panels(ctx(), a, n, ld, stride, batch, panels);
   }
 
   // B U^{-1}. A tall B (RCQR's P, a >= 4r) goes through the explicit
@@ -1152,7 +1218,7 @@ class CudaBackend final : public Backend {
  private:
   // Scratch buffers, one per purpose, so that one call can hold several.
   enum Slot {
-    kPtrA, kPtrB, kMat, kTau, kWork, kInfo, kReduce, kDblA, kDblG, kInv, kTmp, kPos, kPtrLevel, kPtrGemm, kGram, kSlotCount
+    kPtrA, kPtrB, kMat, kTau, kWork, kInfo, kReduce, kDblA, kDblG, kInv, kTmp, kPos, kPtrLevel, kPtrGemm, kGram, kCholInv, kCholPanel, kSlotCount
   };
   enum LworkOp { kOpGeqrf, kOpOrgqr, kOpPotrf, kOpDpotrf };
   struct Buffer {
@@ -1411,6 +1477,9 @@ class CudaBackend final : public Backend {
   bool gram_split_ = env_int("DION_GRAM_SPLIT", 1) != 0;
   // DION_TRSM_INVERSE=0 keeps cuBLAS's triangular solve for tall B too.
   bool trsm_via_inverse_ = env_int("DION_TRSM_INVERSE", 1) != 0;
+  // DION_OWN_CHOLESKY=0: cuSOLVER's potrf(Batched) for every Cholesky
+  // (blocked_cholesky otherwise, up to kOwnCholeskyMaxN).
+  bool own_cholesky_ = env_int("DION_OWN_CHOLESKY", 1) != 0;
   // The triangular inverse by levels where n allows it (tri_inverse_upper);
   // DION_TRI_INVERSE_LEVELS=0 keeps the recursion (for comparisons).
   bool tri_inverse_levels_ = env_int("DION_TRI_INVERSE_LEVELS", 1) != 0;

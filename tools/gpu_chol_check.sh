@@ -1,0 +1,45 @@
+#!/usr/bin/env bash
+# SPDX-License-Identifier: MIT
+# On one GPU, in one command: the checks of the backend's own blocked
+# Cholesky (DION_OWN_CHOLESKY): build, ops_linalg (its Cholesky and QR tests
+# run both factorizations), the isolated timing against cuSOLVER's, ncu of
+# its block kernel (alone, and in a gpt-1.3b Dion step), the Dion step A/B
+# and DION_PROFILE's factorization times (then `tools/gpu_check.sh OUTDIR
+# test` for the suites). Logs under OUTDIR; about 3 minutes on an H100.
+#   tools/gpu_chol_check.sh OUTDIR
+set -uo pipefail
+cd "$(dirname "$0")/.."
+out=$1
+b=build-gpu
+bash tools/gpu_check.sh "$out" build | tail -1 || exit 1
+t0=$(date +%s)
+timeout 200 $b/tests/ops_linalg > "$out/ops-own.log" 2>&1; echo "ops_linalg own rc=$? $(( $(date +%s) - t0 )) s"
+grep -E "FAILED|Failure|Expected|Which is|PASSED|cholesky batched" "$out/ops-own.log" | head -30
+DION_OWN_CHOLESKY=0 timeout 100 $b/tests/ops_linalg --gtest_filter='*Timings*:*Cholesky*' > "$out/ops-cusolver.log" 2>&1
+echo "cusolver:"; grep -E "FAILED|PASSED|cholesky batched" "$out/ops-cusolver.log" | head
+t0=$(date +%s)
+ROUNDS=2 bash bench/ab.sh "$out/ab.jsonl" "" "DION_OWN_CHOLESKY=0" -- "--workload gpt-1.3b --algo dion --dtype bf16" \
+  "--workload gpt-160m --algo dion --dtype fp32"
+echo "ab: $(( $(date +%s) - t0 )) s"
+own=$(grep "n  512" "$out/ops-own.log" | sed -n 's/.*cholesky batched \([0-9.]*\) ms.*/\1/p')
+cus=$(grep "n  512" "$out/ops-cusolver.log" | sed -n 's/.*cholesky batched \([0-9.]*\) ms.*/\1/p')
+echo "own $own cusolver $cus"
+timeout 60 ncu -k regex:chol_block --launch-count 24 --metrics gpu__time_duration.sum $b/tests/ops_linalg --gtest_filter='*Timings*' > "$out/ncu-leaf.log" 2>&1
+grep -E "chol_block|gpu__time_duration" "$out/ncu-leaf.log" | paste - - | awk '{print $NF}' | tr '\n' ' '; echo
+# Both leaves (fp32: the Cholesky of P1's Gram; fp64: qr_r's) in a gpt-1.3b step.
+timeout 90 ncu --csv -k regex:chol_block --launch-count 16 --metrics gpu__time_duration.sum $b/dion-bench \
+  --workload gpt-1.3b --algo dion --dtype bf16 --iters 1 --warmup 0 > "$out/ncu-step.csv" 2>&1
+python3 - "$out/ncu-step.csv" <<'PY'
+import csv, sys
+rows = [r for r in csv.reader(open(sys.argv[1])) if len(r) > 10 and r[0] in ("ID",) or (len(r) > 10 and r[0].isdigit())]
+h = rows[0]
+for r in rows[1:]:
+    d = dict(zip(h, r))
+    print(("d" if "double" in d["Kernel Name"] else "f") + d["Metric Value"], end=" ")
+print()
+PY
+for v in 1 0; do
+  DION_OWN_CHOLESKY=$v DION_PROFILE=1 timeout 60 $b/dion-bench --workload gpt-1.3b --algo dion --dtype bf16 --iters 6 --warmup 1 2>&1 |
+    grep -E "cholesky|qr_r|trsm|steps" | sed "s/^/own=$v /"
+done
+awk -v a="$own" -v b="$cus" 'BEGIN{exit !(a < b)}' && echo "own faster" || echo "own not faster"
