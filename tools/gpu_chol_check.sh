@@ -20,6 +20,10 @@ echo "cusolver:"; grep -E "FAILED|PASSED|cholesky batched" "$out/ops-cusolver.lo
 t0=$(date +%s)
 ROUNDS=2 bash bench/ab.sh "$out/ab.jsonl" "" "DION_OWN_CHOLESKY=0" -- "--workload gpt-1.3b --algo dion --dtype bf16" \
   "--workload gpt-160m --algo dion --dtype fp32"
+# Above the default bound (512): full-rank Dion's Cholesky factorizations of
+# r = 768 (gpt-160m) and 2048 (gpt-1.3b), own against cuSOLVER's.
+ROUNDS=2 bash bench/ab.sh "$out/ab-large.jsonl" "DION_OWN_CHOLESKY_MAX=2048" "" -- \
+  "--workload gpt-160m --algo dion-r1 --dtype fp32" "--workload gpt-1.3b --algo dion-r1 --dtype bf16"
 echo "ab: $(( $(date +%s) - t0 )) s"
 own=$(grep "n  512" "$out/ops-own.log" | sed -n 's/.*cholesky batched \([0-9.]*\) ms.*/\1/p')
 cus=$(grep "n  512" "$out/ops-cusolver.log" | sed -n 's/.*cholesky batched \([0-9.]*\) ms.*/\1/p')

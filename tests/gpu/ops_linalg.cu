@@ -357,7 +357,7 @@ double orthonormality_error(const std::vector<float>& q, const Mat& shape) {
 }
 
 // Runs body once on a CUDA backend with its own blocked Cholesky (the
-// default up to 2048 x 2048) and once on one with cuSOLVER's potrf(Batched)
+// default up to 512 x 512) and once on one with cuSOLVER's potrf(Batched)
 // (DION_OWN_CHOLESKY=0): every Cholesky the backend takes, qr_r's fp64 one
 // included, goes through one or the other.
 // The variable is left as it was (tools/gpu_chol_check.sh times the tests

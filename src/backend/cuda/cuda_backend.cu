@@ -44,8 +44,12 @@ constexpr size_t kCublasWorkspaceBytes = size_t(32) << 20;
 // (bench/profile.sh, docs/benchmarks.md): at n = 512 and 768 the batched call
 // is already faster than a loop of potrf.
 constexpr int64_t kPotrfBatchedMaxN = 4096;
-// Largest n factored by the backend's own blocked Cholesky (blocked_cholesky).
-constexpr int64_t kOwnCholeskyMaxN = 2048;
+// Largest n factored by the backend's own blocked Cholesky
+// (blocked_cholesky): the sizes where it was measured faster than
+// potrfBatched (n = 32 to 512, docs/benchmarks.md); larger ones, where the
+// trailing GEMMs dominate both, keep cuSOLVER's until measured
+// (DION_OWN_CHOLESKY_MAX raises the bound for that).
+constexpr int64_t kOwnCholeskyMaxN = 512;
 
 int64_t env_int(const char* name, int64_t dflt) {
   const char* e = std::getenv(name);
@@ -622,7 +626,7 @@ class CudaBackend final : public Backend {
                                     R, r * r, B),
           "cublasDgemmStridedBatched (qr_r Gram)");
     int* info = static_cast<int*>(scratch(kInfo, sizeof(int) * static_cast<size_t>(a.batch)));
-    if (own_cholesky_ && r <= kOwnCholeskyMaxN) {
+    if (r <= own_cholesky_max_) {
       blocked_cholesky(g, r, r, r * r, a.batch, info);
     } else if (a.batch > 1 && r <= potrf_batched_max_) {
       double** ptrs = static_cast<double**>(scratch(kPtrA, sizeof(double*) * static_cast<size_t>(a.batch)));
@@ -663,7 +667,7 @@ class CudaBackend final : public Backend {
     // The row-major upper factor U (A = U^T U) is, read column-major, the
     // lower factor L = U^T of A = L L^T: potrf with uplo = lower on the buffer as is.
     const int N = to_int(n, "cholesky n"), ld = to_int(a.ld, "cholesky ld");
-    if (own_cholesky_ && n <= kOwnCholeskyMaxN) {
+    if (n <= own_cholesky_max_) {
       blocked_cholesky(a.p, n, a.ld, a.stride, a.batch, info);
     } else if (a.batch > 1 && n <= potrf_batched_max_) {
       const int batch = to_int(a.batch, "cholesky batch");
@@ -1477,9 +1481,11 @@ class CudaBackend final : public Backend {
   bool gram_split_ = env_int("DION_GRAM_SPLIT", 1) != 0;
   // DION_TRSM_INVERSE=0 keeps cuBLAS's triangular solve for tall B too.
   bool trsm_via_inverse_ = env_int("DION_TRSM_INVERSE", 1) != 0;
-  // DION_OWN_CHOLESKY=0: cuSOLVER's potrf(Batched) for every Cholesky
-  // (blocked_cholesky otherwise, up to kOwnCholeskyMaxN).
-  bool own_cholesky_ = env_int("DION_OWN_CHOLESKY", 1) != 0;
+  // Largest n for the backend's own blocked Cholesky (blocked_cholesky;
+  // cuSOLVER's potrf(Batched) above it): DION_OWN_CHOLESKY_MAX, default
+  // kOwnCholeskyMaxN; DION_OWN_CHOLESKY=0 makes it 0 (cuSOLVER's for all).
+  int64_t own_cholesky_max_ =
+      env_int("DION_OWN_CHOLESKY", 1) != 0 ? env_int("DION_OWN_CHOLESKY_MAX", kOwnCholeskyMaxN) : 0;
   // The triangular inverse by levels where n allows it (tri_inverse_upper);
   // DION_TRI_INVERSE_LEVELS=0 keeps the recursion (for comparisons).
   bool tri_inverse_levels_ = env_int("DION_TRI_INVERSE_LEVELS", 1) != 0;
