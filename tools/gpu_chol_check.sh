@@ -46,4 +46,25 @@ for v in 1 0; do
   DION_OWN_CHOLESKY=$v DION_PROFILE=1 timeout 60 $b/dion-bench --workload gpt-1.3b --algo dion --dtype bf16 --iters 6 --warmup 1 2>&1 |
     grep -E "cholesky|qr_r|trsm|steps" | sed "s/^/own=$v /"
 done
+# Where the block kernel's cycles go: ncu's full set on its second launch
+# of the timing test (fp32, 24 matrices of 128), the source view (SASS with
+# stall samples) summarised: the stall reasons and the 12 instructions with
+# the most samples.
+timeout 90 ncu --set full -k regex:chol_block --launch-skip 1 --launch-count 1 -o "$out/leaf" --force-overwrite \
+  $b/tests/ops_linalg --gtest_filter='*Timings*' > "$out/ncu-full.log" 2>&1
+ncu --import "$out/leaf.ncu-rep" --page source --csv --print-source sass > "$out/leaf-sass.csv" 2>/dev/null
+python3 - "$out/leaf-sass.csv" <<'PY'
+import collections, csv, sys
+rows = list(csv.reader(open(sys.argv[1])))
+i = next(n for n, r in enumerate(rows) if "Address" in r)
+h, data = rows[i], rows[i + 1:]
+ix = {k: n for n, k in enumerate(h)}
+num = lambda r, k: int(r[ix[k]] or 0) if k in ix and r[ix[k]].strip().isdigit() else 0
+smp = "Warp Stall Sampling (All Samples)"
+stalls = [k for k in h if k.startswith("stall_") and "Not Issued" not in k]
+agg = collections.Counter({k: sum(num(r, k) for r in data) for k in stalls})
+print("leaf: %d SASS instructions, %d samples; %s" % (len(data), sum(num(r, smp) for r in data), agg.most_common(6)))
+for r in sorted(data, key=lambda r: -num(r, smp))[:12]:
+    print("%5d %8d  %s" % (num(r, smp), num(r, "Instructions Executed"), r[ix["Source"]].strip()[:70]))
+PY
 awk -v a="$own" -v b="$cus" 'BEGIN{exit !(a < b)}' && echo "own faster" || echo "own not faster"
