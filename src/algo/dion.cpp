@@ -15,20 +15,12 @@
 #include <vector>
 
 #include "common.hpp"
+#include "rank.hpp"
 #include "side_comm.hpp"
 
 namespace dion {
 
 namespace {
-
-// r = min(m, n, q * ceil(rank_fraction * min(m, n) / q)), in IEEE double as the
-// reference computes it (0.07 * 100 = 7.000000000000001 gives 8).
-int64_t dion_rank(const dion_group_options_t& o, int64_t m, int64_t n) {
-  const int64_t mn = std::min(m, n);
-  const double q = static_cast<double>(o.rank_multiple_of);
-  const double r = q * std::ceil(o.rank_fraction * static_cast<double>(mn) / q);
-  return std::min<int64_t>(mn, static_cast<int64_t>(r));
-}
 
 // Transposition flag tau (spec §2.2): the working matrix is tall by default;
 // sharding fixes it so that the outer-sharded dim is B's column dim and the

@@ -102,6 +102,14 @@ std::vector<BadGroupCase> bad_group_cases() {
       {"rank_fraction_1_5", DION_ALGO_DION, M, [](G& o, T&) { o.rank_fraction = 1.5; }, {"rank_fraction"}},
       {"rank_fraction_nan", DION_ALGO_DION, M, [](G& o, T&) { o.rank_fraction = std::nan(""); }, {"rank_fraction"}},
       {"rank_multiple_of_0", DION_ALGO_DION, M, [](G& o, T&) { o.rank_multiple_of = 0; }, {"rank_multiple_of"}},
+      // rank_fraction * min(m, n) / rank_multiple_of underflows to 0: rank 0
+      // (found by the API fuzzer: the step's QR of a 0 x 0 sketch failed)
+      {"rank_underflows_to_0", DION_ALGO_DION, M,
+       [](G& o, T&) {
+         o.rank_fraction = 4.9e-324;
+         o.rank_multiple_of = 64;
+       },
+       {"rank_fraction", "gives rank 0 < 1"}},  // the group's first tensor fails first (both ranks are 0)
       {"rank_multiple_of_negative", DION_ALGO_DION, M, [](G& o, T&) { o.rank_multiple_of = -4; },
        {"rank_multiple_of"}},
       {"power_iters_0", DION_ALGO_DION, M, [](G& o, T&) { o.power_iters = 0; }, {"power_iters"}},

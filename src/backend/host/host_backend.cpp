@@ -260,6 +260,7 @@ class HostBackend final : public Backend {
   void qr_r(MatBatch m, MatBatch r_out) override {
     const int p = to_int(m.rows, "qr rows"), r = to_int(m.cols, "qr cols");
     DION_REQUIRE(p >= r && r_out.rows == r && r_out.cols == r, DION_ERROR_INTERNAL, "host qr_r: bad shapes");
+    if (r == 0) return;  // as the CUDA backend's (sgeqrf refuses lda = 0)
     for (int64_t b = 0; b < m.batch; ++b) {
       float* a = to_colmajor(at(m, b), p, r, m.ld, g_scratch.a);
       geqrf(a, p, r);
