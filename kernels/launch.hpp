@@ -214,6 +214,8 @@ __host__ __device__ constexpr int64_t chol_panels_size(int64_t n) {
 // launch for the batch.
 template <class T>
 void chol_place_panels(const Ctx& c, T* a, int64_t n, int64_t ld, int64_t stride, int64_t batch, const T* panels);
+// Sets chol_block's shared-memory size on the current device (at the
+// backend's creation: before any launch or capture).
 void chol_block_init();
 size_t orth_fallback_scratch(const Ctx& c, const MatBatch& p);
 void orth_fallback(const Ctx& c, MatBatch p, ConstMatBatch p0, const int32_t* info, void* scratch);

@@ -477,8 +477,9 @@ __device__ int cta_chol64(T* s, T* x, T* col, T* yrow, T* piv) {
   return fail;
 }
 
-// The diagonal block (CholBlock): the block loaded (a block of nb < 64 padded with the identity), factored
-// and inverted by cta_chol64, and written back.
+// The diagonal block (CholBlock): the block loaded (a block of nb < 64
+// padded with the identity), factored and inverted by cta_chol64, and
+// written back.
 template <class T>
 __global__ void __launch_bounds__(kCholThreads, 1) chol_block_kernel(CholBlock<T> g) {
   extern __shared__ __align__(16) unsigned char chol_smem[];

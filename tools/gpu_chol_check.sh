@@ -9,9 +9,8 @@
 #   tools/gpu_chol_check.sh OUTDIR
 set -uo pipefail
 cd "$(dirname "$0")/.."
-out=$1
-b=build-gpu
-bash tools/gpu_check.sh "$out" build | tail -1 || exit 1
+. tools/gpu_lib.sh
+gpu_setup "$1" || exit 1
 t0=$(date +%s)
 timeout 200 $b/tests/ops_linalg > "$out/ops-own.log" 2>&1; echo "ops_linalg own rc=$? $(( $(date +%s) - t0 )) s"
 grep -E "FAILED|Failure|Expected|Which is|PASSED|cholesky batched" "$out/ops-own.log" | head -30

@@ -12,32 +12,22 @@
 #   tools/gpu_fsdp_check.sh OUTDIR
 set -uo pipefail
 cd "$(dirname "$0")/.."
-out=${1:-gpu-logs}
-mkdir -p "$out"
-export NCCL_NVLS_ENABLE=0 OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
-b=build-gpu
-bash tools/gpu_check.sh "$out" build | tail -1 || exit 1
-args="--algo dion --workload gpt-1.3b --dtype bf16 --hidden-share 0"
-mesh() {  # N MESH TAG ITERS [env...]
-  local n=$1 m=$2 tag=$3 it=$4
-  shift 4
-  env "$@" timeout 90 mpiexec --oversubscribe -x DION_PROFILE -x DION_OVERLAP -n "$n" $b/dion-bench-mesh --mesh "$m" \
-    $args --iters "$it" 2>"$out/$tag.err" | tee -a "$out/mesh.jsonl" |
-    python3 -c "import sys,json; [print('$tag', d['mesh'], d['step_ms_median'], d['bytes_per_step_outer']) for d in map(json.loads, sys.stdin)]"
-}
+. tools/gpu_lib.sh
+gpu_setup "${1:-gpu-logs}" || exit 1
+args=(--algo dion --workload gpt-1.3b --dtype bf16 --hidden-share 0)
 for r in 1 2; do
-  mesh 4 1x4x1 fsdp 20
-  mesh 1 1x1x1 one 20
-  mesh 4 1x4x1 fsdp-overlap0 20 DION_OVERLAP=0
+  mesh_run 4 fsdp -- --mesh 1x4x1 "${args[@]}" --iters 20
+  mesh_run 1 one -- --mesh 1x1x1 "${args[@]}" --iters 20
+  mesh_run 4 fsdp-overlap0 DION_OVERLAP=0 -- --mesh 1x4x1 "${args[@]}" --iters 20
 done
-mesh 4 1x4x1 fsdp-profile 12 DION_PROFILE=1
-grep "dion profile" "$out/fsdp-profile.err" | head -60
-mesh 1 1x1x1 one-profile 12 DION_PROFILE=1
-grep "dion profile" "$out/one-profile.err" | head -20
+mesh_run 4 fsdp-profile DION_PROFILE=1 -- --mesh 1x4x1 "${args[@]}" --iters 12
+grep "dion profile" "$out/mesh-fsdp-profile.err" | head -60
+mesh_run 1 one-profile DION_PROFILE=1 -- --mesh 1x1x1 "${args[@]}" --iters 12
+grep "dion profile" "$out/mesh-one-profile.err" | head -20
 if command -v nsys > /dev/null; then
   timeout 150 mpiexec --oversubscribe -n 4 bash -c 'if [ "$OMPI_COMM_WORLD_RANK" = 0 ]; then
       exec nsys profile -t cuda,nvtx -o "'"$out"'/fsdp-rank0" --force-overwrite true "$@"; else exec "$@"; fi' _ \
-    $b/dion-bench-mesh --mesh 1x4x1 $args --iters 10 > "$out/nsys-run.log" 2>&1
+    $b/dion-bench-mesh --mesh 1x4x1 "${args[@]}" --iters 10 > "$out/nsys-run.log" 2>&1
   nsys stats --report cuda_gpu_kern_sum --format csv "$out/fsdp-rank0.nsys-rep" > "$out/nsys-kern.csv" 2>/dev/null
   python3 - "$out/nsys-kern.csv" <<'PY'
 import csv, sys

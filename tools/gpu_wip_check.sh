@@ -8,11 +8,8 @@
 #   tools/gpu_wip_check.sh OUTDIR
 set -uo pipefail
 cd "$(dirname "$0")/.."
-out=${1:-gpu-logs}
-mkdir -p "$out"
-export NCCL_NVLS_ENABLE=0 OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
-b=build-gpu
-bash tools/gpu_check.sh "$out" build | tail -1 || exit 1
+. tools/gpu_lib.sh
+gpu_setup "${1:-gpu-logs}" || exit 1
 rc=0
 for suite in shard megabatch overlap; do
   t0=$(date +%s)
@@ -20,12 +17,11 @@ for suite in shard megabatch overlap; do
   grep -E "Test +#|Failure|Which is|Expected" "$out/ctest-$suite.log" | head -12
   echo "$suite: $(( $(date +%s) - t0 )) s"
 done
-mesh() {  # N MESH ALGO TAG [env...]
+MESH_TIMEOUT=60
+mesh() {  # N MESH ALGO TAG [VAR=VALUE...]
   local n=$1 m=$2 a=$3 tag=$4
   shift 4
-  env "$@" timeout 60 mpiexec --oversubscribe -x DION_MEGABATCH_PIPELINE -n "$n" $b/dion-bench-mesh --mesh "$m" --algo "$a" \
-    --iters 20 --hidden-share 0 2>>"$out/mesh.err" | tee -a "$out/mesh.jsonl" |
-    python3 -c "import sys,json; [print('$tag', d['algo'], d['mesh'], d['step_ms_median'], d['bytes_per_step_outer']) for d in map(json.loads, sys.stdin)]"
+  mesh_run "$n" "$tag" "$@" -- --mesh "$m" --algo "$a" --iters 20 --hidden-share 0
 }
 mesh 4 1x4x1 muon pipelined DION_MEGABATCH_PIPELINE=1
 mesh 4 1x4x1 muon bucket-by-bucket DION_MEGABATCH_PIPELINE=0

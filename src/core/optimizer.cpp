@@ -307,13 +307,13 @@ void build_tensor(const Optimizer& opt, const dion_group_options_t& go, const di
       fail(DION_ERROR_INVALID_ARGUMENT,
            "%s: %s: %s needs a tensor of ndim >= 2, got ndim = %d (put vectors in an 'adamw' or 'lion' group)", fn,
            L.c_str(), algo_name(go.algorithm), d.ndim);
-    if (go.algorithm == DION_ALGO_DION && dion_rank(go, d.shape[0], d.shape[1]) < 1)
+    const int64_t rank = go.algorithm == DION_ALGO_DION ? dion_rank(go, d.shape[0], d.shape[1]) : 1;
+    if (rank < 1)
       fail(DION_ERROR_INVALID_ARGUMENT,
            "%s: %s: rank_fraction = %g with rank_multiple_of = %d gives rank %lld < 1 for its %lld x %lld matrix "
            "(rank_fraction * min(m, n) / rank_multiple_of underflows)",
-           fn, L.c_str(), go.rank_fraction, go.rank_multiple_of,
-           static_cast<long long>(dion_rank(go, d.shape[0], d.shape[1])), static_cast<long long>(d.shape[0]),
-           static_cast<long long>(d.shape[1]));
+           fn, L.c_str(), go.rank_fraction, go.rank_multiple_of, static_cast<long long>(rank),
+           static_cast<long long>(d.shape[0]), static_cast<long long>(d.shape[1]));
   }
   // Sharding.
   const int32_t dims[2] = {d.outer_shard_dim, d.inner_shard_dim};

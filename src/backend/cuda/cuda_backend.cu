@@ -711,6 +711,21 @@ class CudaBackend final : public Backend {
     T* panels = per > 0 ? static_cast<T*>(scratch(kCholPanel, sizeof(T) * static_cast<size_t>(batch * per))) : nullptr;
     const int B = to_int(batch, "cholesky batch"), LD = to_int(ld, "cholesky ld");
     const T one = 1, zero = 0, minus_one = -1;
+    // C (m x nc, ldc, sc) = alpha A B^T + beta C over the batch, K = 64 inner:
+    // DGEMM for double, an fp32 GEMM (no TF32) for float.
+    const int K = static_cast<int>(nbk);
+    auto gemm_nt = [&](bool update, int m, int nc, const T* alpha, const T* A, int lda, int64_t sa, const T* Bt,
+                       int ldb, int64_t sb, const T* beta, T* C, int ldc, int64_t sc) {
+      if constexpr (std::is_same_v<T, double>)
+        check(cublasDgemmStridedBatched(blas_, CUBLAS_OP_N, CUBLAS_OP_T, m, nc, K, alpha, A, lda, sa, Bt, ldb, sb,
+                                        beta, C, ldc, sc, B),
+              update ? "cublasDgemmStridedBatched (cholesky update)" : "cublasDgemmStridedBatched (cholesky panel)");
+      else
+        check(cublasGemmStridedBatchedEx(blas_, CUBLAS_OP_N, CUBLAS_OP_T, m, nc, K, alpha, A, CUDA_R_32F, lda, sa, Bt,
+                                         CUDA_R_32F, ldb, sb, beta, C, CUDA_R_32F, ldc, sc, B, CUBLAS_COMPUTE_32F,
+                                         CUBLAS_GEMM_DEFAULT),
+              update ? "cublasGemmStridedBatchedEx (cholesky update)" : "cublasGemmStridedBatchedEx (cholesky panel)");
+    };
     kernels::CholBlock<T> g{a, ld, stride, batch, 0, 0, nullptr, info, true};
     for (int64_t o = 0; o < n; o += nbk) {
       const int64_t nb = std::min(nbk, n - o), m = n - o - nb;
@@ -720,27 +735,12 @@ class CudaBackend final : public Backend {
       g.first = o == 0;
       kernels::chol_block(ctx(), g);
       if (m == 0) break;
-      const int M = to_int(m, "cholesky panel"), K = static_cast<int>(nbk);
+      const int M = to_int(m, "cholesky panel");
       T* a21 = a + o * ld + o + nbk;
       T* a22 = a + (o + nbk) * ld + o + nbk;
       T* l21 = panels + kernels::chol_panel_offset(n, o / nbk);
-      if constexpr (std::is_same_v<T, double>) {
-        check(cublasDgemmStridedBatched(blas_, CUBLAS_OP_N, CUBLAS_OP_T, M, K, K, &one, a21, LD, stride, inv, K,
-                                        nbk * nbk, &zero, l21, M, per, B),
-              "cublasDgemmStridedBatched (cholesky panel)");
-        check(cublasDgemmStridedBatched(blas_, CUBLAS_OP_N, CUBLAS_OP_T, M, M, K, &minus_one, l21, M, per, l21, M,
-                                        per, &one, a22, LD, stride, B),
-              "cublasDgemmStridedBatched (cholesky update)");
-      } else {
-        check(cublasGemmStridedBatchedEx(blas_, CUBLAS_OP_N, CUBLAS_OP_T, M, K, K, &one, a21, CUDA_R_32F, LD, stride,
-                                         inv, CUDA_R_32F, K, nbk * nbk, &zero, l21, CUDA_R_32F, M, per, B,
-                                         CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
-              "cublasGemmStridedBatchedEx (cholesky panel)");
-        check(cublasGemmStridedBatchedEx(blas_, CUBLAS_OP_N, CUBLAS_OP_T, M, M, K, &minus_one, l21, CUDA_R_32F, M,
-                                         per, l21, CUDA_R_32F, M, per, &one, a22, CUDA_R_32F, LD, stride, B,
-                                         CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
-              "cublasGemmStridedBatchedEx (cholesky update)");
-      }
+      gemm_nt(false, M, K, &one, a21, LD, stride, inv, K, nbk * nbk, &zero, l21, M, per);  // L21 = A21 L11^-T
+      gemm_nt(true, M, M, &minus_one, l21, M, per, l21, M, per, &one, a22, LD, stride);    // A22 -= L21 L21^T
     }
     kernels::chol_place_panels(ctx(), a, n, ld, stride, batch, panels);
   }
