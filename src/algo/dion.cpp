@@ -278,8 +278,8 @@ size_t workspace_floats(const Group& g, const Tensor& t, int64_t count) {
   size_t per_iter = 2 * ws_floats(T * s.a * s.r) + sketch_floats(T, s) + ws_floats(f.slots * s.k * s.r) +
                     ws_floats(f.own * s.k * s.r) + ws_floats(T * s.r * s.r) + ws_floats(f.slots * s.r * s.r) +
                     ws_floats(f.own * s.r * s.r) + ws_floats(T) + ws_floats(T * s.b * s.r);
-  // inner sharding: the whole P gathered over the inner mesh (twice, plus
-  // the gather's receive buffer)
+  // inner sharding: the fallback's whole matrices (P0 gathered over the
+  // inner mesh, the result, and the gather's receive buffer)
   if (inner) per_iter += 3 * ws_floats(T * s.ag * s.r);
   // the zero flags and column sums (in double; and in float over the outer mesh)
   const size_t flags = ws_floats(T) + ws_floats(2 * T * s.r) + ws_floats(T * s.r);
@@ -310,6 +310,14 @@ void gather_rows(Optimizer& opt, const Dist& d, const Shape& s, int64_t T, const
 void take_rows(Optimizer& opt, const Shape& s, int64_t T, const float* full, float* local) {
   opt.backend->copy2d(local, sizeof(float) * static_cast<size_t>(s.a * s.r), full + s.a_off * s.r,
                       sizeof(float) * static_cast<size_t>(s.ag * s.r), sizeof(float) * static_cast<size_t>(s.a * s.r),
+                      static_cast<size_t>(T));
+}
+
+// The reverse: local (T x a x r) -> this rank's rows of full (T x ag x r);
+// the other rows of full are left as they are.
+void place_rows(Optimizer& opt, const Shape& s, int64_t T, const float* local, float* full) {
+  opt.backend->copy2d(full + s.a_off * s.r, sizeof(float) * static_cast<size_t>(s.ag * s.r), local,
+                      sizeof(float) * static_cast<size_t>(s.a * s.r), sizeof(float) * static_cast<size_t>(s.a * s.r),
                       static_cast<size_t>(T));
 }
 
@@ -468,8 +476,12 @@ float* orth(Optimizer& opt, const Group& g, const Shape& s, const Dist& d, MatBa
   }
   // The inner ranks agree on info (they factored the same G, or gathered
   // each slot's flag from its owner); the whole P0 is gathered for the
-  // failed matrices only when the host can see that none failed (on a
-  // device, reading info would wait for the step).
+  // failed matrices unless the host can see that none failed (on a device,
+  // reading info would wait for the step, so there it is gathered every
+  // step). Only P0: the fallback writes whole matrices where info is set
+  // and leaves the others as they are, so a whole-matrix buffer holding
+  // just this rank's rows of Y gives back, by take_rows, Y's own rows for
+  // the matrices that did not fail and the fallback's for those that did.
   if (be.host_memory()) {
     bool any = false;
     for (int64_t i = 0; i < T; ++i) any = any || info[i] != 0;
@@ -478,8 +490,8 @@ float* orth(Optimizer& opt, const Group& g, const Shape& s, const Dist& d, MatBa
   MatBatch Pf{opt.ws.take(T * s.ag * s.r), s.ag, s.r, s.r, s.ag * s.r, T};
   MatBatch P0f{opt.ws.take(T * s.ag * s.r), s.ag, s.r, s.r, s.ag * s.r, T};
   float* tmp = opt.ws.take(T * s.ag * s.r);
-  gather_rows(opt, d, s, T, Y.p, Pf.p, tmp);
   gather_rows(opt, d, s, T, P.p, P0f.p, tmp);
+  place_rows(opt, s, T, Y.p, Pf.p);
   be.orth_fallback(Pf, P0f, info);
   take_rows(opt, s, T, Pf.p, Y.p);
   return Y.p;

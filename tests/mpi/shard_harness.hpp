@@ -44,6 +44,7 @@ struct Config {
   // large products then read the bf16 momentum and bf16 copies of P, R and Q
   // (src/algo/dion.cpp). See bf16_tolerance for the bound.
   bool bf16_products = false;
+  double weight_decay = 0.01;
 };
 
 // The bound for the bf16 configuration, per tensor and quantity. The sums
@@ -150,7 +151,7 @@ void build(OptRun& run, const Grid& G, const Config& c, bool distributed, const 
   dion_group_options_t go;
   dion_group_options_init(&go, DION_ALGO_DION);
   go.lr = 0.02;
-  go.weight_decay = 0.01;
+  go.weight_decay = c.weight_decay;
   go.rank_fraction = c.rank_fraction;
   go.qr_method = c.qr;
   go.cqr_warmup_steps = 0;
@@ -413,8 +414,8 @@ uint64_t split_bytes(int64_t T, int W, int q, uint64_t e, uint64_t g) {
 //    by the all-gather of this rank's c factors (R1, R2: c r r), and the
 //    int32 Cholesky flags summed (T) so that every rank knows every
 //    matrix's. On a device backend, where reading the flags would wait for
-//    the step, the Householder fallback's inputs P and P0 are gathered
-//    whatever the flags: two all-gathers of this rank's rows (T a r each).
+//    the step, the Householder fallback's input P0 is gathered whatever
+//    the flags: one all-gather of this rank's rows (T a r).
 //    Then R = B^T P, a partial sum over inner (T b r), and the all-zero
 //    flags (T).
 TEST(ShardSplit, EachRankOrthogonalizesOnlyItsSlots) {
@@ -466,7 +467,7 @@ TEST(ShardSplit, EachRankOrthogonalizesOnlyItsSlots) {
               if (path3) {
                 want[2] += split_bytes(T, I, G.i, sk * r, r * r) + split_bytes(T, I, G.i, r * r, r * r);
                 if (T >= 2) want[2] += T4;
-                if (g_env.backend == DION_BACKEND_CUDA) want[2] += 2u * T4 * ar;
+                if (g_env.backend == DION_BACKEND_CUDA) want[2] += T4 * ar;
                 want[2] += T4 * b * r + T4;
               }
             }
@@ -753,6 +754,100 @@ TEST(ShardErrors, BadTilingAndMismatchedMetadataFailEverywhere) {
           << msg;
     }
   }
+}
+
+// Dion's Cholesky fallback with B's rows sharded over the inner mesh (spec
+// §2.6 path 3): on a rank-1 momentum with rank_fraction 1, P = B Q is
+// rank-1, the Cholesky of the Gram matrix summed over the mesh fails, and
+// the failed matrices are re-orthonormalised from the gathered P0 (the
+// single-process test of this is ReliabilityNumerics.
+// DionCholeskyFailureFallsBackToAnOrthonormalBasis). With wd = 0 the update
+// is dX = -c P Q^T (c = lr sqrt(m / n), Q the "Q" state the step leaves,
+// whole on every rank here), so the distributed P's orthonormality shows in
+// the rows each rank holds: the sum over the mesh of dX_q^T dX_q must equal
+// c^2 Q Q^T (1e-3 relative, as there). A P whose rows came back from the
+// wrong matrix or rank, or a factor of the singular Gram matrix let
+// through, breaks it. A batch of two, the rank-1 matrix and one of full
+// rank whose Cholesky succeeds (the factorizations split over the mesh; the
+// fallback must leave the second matrix's rows as they are), and the rank-1
+// matrix alone; CQR and RCQR; two steps.
+TEST(ShardFallback, RankOneMomentumOnTheInnerMeshFallsBackToAnOrthonormalP) {
+  if (g_size < 2) GTEST_SKIP() << "needs an inner mesh";
+  const Layout L{1, 1, g_size};
+  Grid G(L);
+  const int64_t m = 24, n = 16;
+  for (dion_qr_method_t qr : {DION_QR_CQR, DION_QR_RCQR})
+    for (size_t T : {size_t(2), size_t(1)}) {
+      SCOPED_TRACE(std::string(qr == DION_QR_CQR ? "CQR" : "RCQR") + " T=" + std::to_string(T));
+      const std::vector<Spec> S(T, Spec{m, n, -1, 0});
+      Config c{"fallback", 1.0, qr, 1};
+      c.weight_decay = 0.0;
+      OptRun dist;
+      build(dist, G, c, true, S);
+      if (HasFatalFailure()) return;
+      const double cs = 0.02 * std::sqrt(static_cast<double>(m) / n);
+      for (int step = 0; step < 2; ++step) {
+        std::vector<std::vector<float>> before;
+        for (size_t k = 0; k < T; ++k) {
+          Local& l = dist.loc[k];
+          before.push_back(l.x);
+          for (int64_t a = 0; a < l.ext[0]; ++a)
+            for (int64_t b = 0; b < l.ext[1]; ++b) {
+              const int64_t i = l.off[0] + a, j = l.off[1] + b;
+              l.g[static_cast<size_t>(a * l.ext[1] + b)] =
+                  k == 0 ? (1.5f + hash_uniform(11, static_cast<uint64_t>(i))) * hash_uniform(13, static_cast<uint64_t>(j))
+                         : grad_of(0, step, 1, i * n + j);
+            }
+        }
+        ASSERT_EQ(dist.step(), DION_SUCCESS) << dion_last_error(dist.opt);
+        for (size_t k = 0; k < T; ++k) {
+          const Local& l = dist.loc[k];
+          ASSERT_EQ(l.ext[1], n);
+          std::vector<double> g(static_cast<size_t>(n * n), 0.0);  // this rank's dX^T dX
+          for (int64_t a = 0; a < l.ext[0]; ++a)
+            for (int64_t p = 0; p < n; ++p)
+              for (int64_t q = 0; q < n; ++q) {
+                const size_t e = static_cast<size_t>(a * n);
+                const double dp = static_cast<double>(l.x[e + p]) - before[k][e + p];
+                const double dq = static_cast<double>(l.x[e + q]) - before[k][e + q];
+                g[static_cast<size_t>(p * n + q)] += dp * dq;
+              }
+          MPI_Allreduce(MPI_IN_PLACE, g.data(), static_cast<int>(g.size()), MPI_DOUBLE, MPI_SUM, G.mc[2]);
+          dion_state_info_t qi;
+          const std::vector<float> Q = read_state(dist.opt, static_cast<int32_t>(k), "Q", &qi);
+          ASSERT_EQ(qi.local_shape[0], n);
+          const int64_t r = qi.local_shape[1];
+          ASSERT_EQ(r, n);
+          double err = 0, ref = 0;
+          for (int64_t p = 0; p < n; ++p)
+            for (int64_t q = 0; q < n; ++q) {
+              double h = 0;
+              for (int64_t t = 0; t < r; ++t) h += static_cast<double>(Q[p * r + t]) * Q[q * r + t];
+              h *= cs * cs;
+              const double d = g[static_cast<size_t>(p * n + q)] - h;
+              err += d * d;
+              ref += h * h;
+            }
+          EXPECT_LE(std::sqrt(err), 1e-3 * std::sqrt(ref))
+              << "step " << step << ", tensor " << k << ": the rows of P over the mesh are not orthonormal";
+          // Not vacuously (a zero P makes R, Q and dX zero): Q's columns are
+          // R's normalised, unit wherever R = B^T P is not zero, so all of
+          // them for the full-rank matrix and the first at least for the
+          // rank-1 one.
+          int unit = 0;
+          for (int64_t t = 0; t < r; ++t) {
+            double q2 = 0;
+            for (int64_t p = 0; p < n; ++p) q2 += static_cast<double>(Q[p * r + t]) * Q[p * r + t];
+            unit += std::fabs(std::sqrt(q2) - 1.0) < 1e-4;
+          }
+          if (k == 0)
+            EXPECT_GE(unit, 1) << "step " << step << ": Q of the rank-1 matrix is zero";
+          else
+            EXPECT_EQ(unit, r) << "step " << step << ": Q of the full-rank matrix is not column-normalised";
+          for (float v : l.x) ASSERT_TRUE(std::isfinite(v));
+        }
+      }
+    }
 }
 
 // A NaN in one element of one rank's gradient shard makes every rank of
