@@ -240,6 +240,10 @@ void gather_slots(Optimizer& opt, const Split& sp, int64_t T, int64_t e, const f
   sp.mesh->all_gather_v(mine, x, cd.data(), cd.data() + W);
 }
 
+// The workspace of inner_fallback: the whole matrices of P0, of the result
+// and the gather's receive buffer.
+size_t inner_fallback_floats(const Shape& s, int64_t T) { return 3 * ws_floats(T * s.ag * s.r); }
+
 // RCQR's sketch in sketch_product (below).
 size_t sketch_floats(int64_t T, const Shape& s) {
   return std::max(ws_floats(s.k * s.a), ws_floats((s.k * s.a + 1) / 2) + ws_floats((T * s.a * s.r + 1) / 2));
@@ -278,9 +282,8 @@ size_t workspace_floats(const Group& g, const Tensor& t, int64_t count) {
   size_t per_iter = 2 * ws_floats(T * s.a * s.r) + sketch_floats(T, s) + ws_floats(f.slots * s.k * s.r) +
                     ws_floats(f.own * s.k * s.r) + ws_floats(T * s.r * s.r) + ws_floats(f.slots * s.r * s.r) +
                     ws_floats(f.own * s.r * s.r) + ws_floats(T) + ws_floats(T * s.b * s.r);
-  // inner sharding: the fallback's whole matrices (P0 gathered over the
-  // inner mesh, the result, and the gather's receive buffer)
-  if (inner) per_iter += 3 * ws_floats(T * s.ag * s.r);
+  // inner sharding: the fallback's whole matrices (inner_fallback)
+  if (inner) per_iter += inner_fallback_floats(s, T);
   // the zero flags and column sums (in double; and in float over the outer mesh)
   const size_t flags = ws_floats(T) + ws_floats(2 * T * s.r) + ws_floats(T * s.r);
   return w + flags + per_iter * static_cast<size_t>(g.opt.power_iters);
@@ -319,6 +322,34 @@ void place_rows(Optimizer& opt, const Shape& s, int64_t T, const float* local, f
   opt.backend->copy2d(full + s.a_off * s.r, sizeof(float) * static_cast<size_t>(s.ag * s.r), local,
                       sizeof(float) * static_cast<size_t>(s.a * s.r), sizeof(float) * static_cast<size_t>(s.a * s.r),
                       static_cast<size_t>(T));
+}
+
+// The Cholesky fallback of a batch whose rows are sharded over the inner
+// mesh (P: this rank's rows of the input, Y: of the result, T matrices).
+// The inner ranks agree on info (they factored the same G, or gathered each
+// slot's flag from its owner); the whole P0 is gathered for the failed
+// matrices unless the host can see that none failed (on a device, reading
+// info would wait for the step, so there it is gathered every step). Only
+// P0: the fallback writes whole matrices where info is set and leaves the
+// others as they are, so a whole-matrix buffer holding just this rank's
+// rows of Y gives back, by take_rows, Y's own rows for the matrices that did
+// not fail and the fallback's for those that did. Workspace: 3 T ag r
+// floats (inner_fallback_floats).
+void inner_fallback(Optimizer& opt, const Dist& d, const Shape& s, ConstMatBatch P, MatBatch Y, const int32_t* info) {
+  Backend& be = *opt.backend;
+  const int64_t T = Y.batch;
+  if (be.host_memory()) {
+    bool any = false;
+    for (int64_t i = 0; i < T; ++i) any = any || info[i] != 0;
+    if (!any) return;
+  }
+  MatBatch Pf{opt.ws.take(T * s.ag * s.r), s.ag, s.r, s.r, s.ag * s.r, T};
+  MatBatch P0f{opt.ws.take(T * s.ag * s.r), s.ag, s.r, s.r, s.ag * s.r, T};
+  float* tmp = opt.ws.take(T * s.ag * s.r);
+  gather_rows(opt, d, s, T, P.p, P0f.p, tmp);
+  place_rows(opt, s, T, Y.p, Pf.p);
+  be.orth_fallback(Pf, P0f, info);
+  take_rows(opt, s, T, Pf.p, Y.p);
 }
 
 // RCQR's sketch product SP = S P for the T matrices of P: one sketch S (k x
@@ -474,26 +505,7 @@ float* orth(Optimizer& opt, const Group& g, const Shape& s, const Dist& d, MatBa
     be.orth_fallback(Y, P, info);
     return Y.p;
   }
-  // The inner ranks agree on info (they factored the same G, or gathered
-  // each slot's flag from its owner); the whole P0 is gathered for the
-  // failed matrices unless the host can see that none failed (on a device,
-  // reading info would wait for the step, so there it is gathered every
-  // step). Only P0: the fallback writes whole matrices where info is set
-  // and leaves the others as they are, so a whole-matrix buffer holding
-  // just this rank's rows of Y gives back, by take_rows, Y's own rows for
-  // the matrices that did not fail and the fallback's for those that did.
-  if (be.host_memory()) {
-    bool any = false;
-    for (int64_t i = 0; i < T; ++i) any = any || info[i] != 0;
-    if (!any) return Y.p;
-  }
-  MatBatch Pf{opt.ws.take(T * s.ag * s.r), s.ag, s.r, s.r, s.ag * s.r, T};
-  MatBatch P0f{opt.ws.take(T * s.ag * s.r), s.ag, s.r, s.r, s.ag * s.r, T};
-  float* tmp = opt.ws.take(T * s.ag * s.r);
-  gather_rows(opt, d, s, T, P.p, P0f.p, tmp);
-  place_rows(opt, s, T, Y.p, Pf.p);
-  be.orth_fallback(Pf, P0f, info);
-  take_rows(opt, s, T, Pf.p, Y.p);
+  inner_fallback(opt, d, s, P, Y, info);
   return Y.p;
 }
 
@@ -843,9 +855,13 @@ void step(Optimizer& opt, Group& g, const Batch& bt) {
 //                   over the mesh, R = B^T P, finish()
 // (CQR: P1 is P.) Over the outer and replicate meshes each rank factors only
 // its slots of each bucket, all buckets' at once: under FSDP over W ranks a
-// rank's share of a group is about 1/W of it, in one call per kind. The
-// inner mesh's distributed factorization (path 3) is not phased, nor is a
-// group whose gradients the overlapped replicate sync averages (a bucket
+// rank's share of a group is about 1/W of it, in one call per kind. A group
+// whose buckets all have B's rows sharded over the inner mesh (path 3: P
+// stays distributed by rows) is phased too: the partial sums S P and the
+// Gram matrices of all buckets are reduced to their owners over the inner
+// mesh in one collective each (inner_split over the group's slots), and
+// their factors gathered; a group that mixes path 3 with other buckets is
+// not phased, nor is a group whose gradients the overlapped replicate sync averages (a bucket
 // starts there as soon as its own gradients are averaged; with compressed
 // sync Dion averages P and R instead, and the group is phased).
 // The same arithmetic as the bucket-by-bucket step (each bucket's matrices
@@ -898,10 +914,11 @@ int64_t owned_count(const Split& sp, int64_t T) { return sp.mesh ? sp.count : T;
 // together, and the workspace floats that takes (0 if not).
 size_t phased_floats(const Optimizer& opt, const Group& g, const std::vector<Batch>& bs) {
   const dion_group_options_t& o = g.opt;
-  if (bs.size() < 2 || opt.inner || !group_steppable(opt, g) || o.power_iters != 1 || o.qr_method == DION_QR_QR ||
+  if (bs.size() < 2 || !group_steppable(opt, g) || o.power_iters != 1 || o.qr_method == DION_QR_QR ||
       !phased_enabled())
     return 0;
   const Shape s0 = shape_of(o, bs[0].t);
+  const bool inner = dist_of(opt, bs[0].t).inner != nullptr;  // path 3: every bucket's, or none
   size_t sum = 0, shared = 0;
   int64_t slots = 0;
   for (const Batch& bt : bs) {
@@ -910,6 +927,7 @@ size_t phased_floats(const Optimizer& opt, const Group& g, const std::vector<Bat
     const Shape s = shape_of(o, t);
     if (s.r != s0.r || s.k != s0.k || s.ag <= s.r || t.geom.srows * t.geom.scols != t.numel_local) return 0;
     const Dist d = dist_of(opt, t);
+    if ((d.inner != nullptr) != inner) return 0;
     const Split sp = split_of(opt, d, T);
     const int64_t c = owned_count(sp, T);
     const int64_t mn = t.numel_local, ar = s.a * s.r, br = s.b * s.r;
@@ -928,11 +946,16 @@ size_t phased_floats(const Optimizer& opt, const Group& g, const std::vector<Bat
     // A: the sketch (one at a time); E: R, bf16 P and R, column sums
     // (double; and float over the outer mesh), one bucket at a time
     shared = std::max({shared, sketch_floats(c, s),
-                       ws_floats(T * br) + half(T * ar) + half(T * br) + ws_floats(2 * T * s.r) + ws_floats(T * s.r)});
+                       ws_floats(T * br) + half(T * ar) + half(T * br) + ws_floats(2 * T * s.r) + ws_floats(T * s.r),
+                       inner ? inner_fallback_floats(s, T) : 0});
     slots += c;
   }
-  // the group's S P, R1, Gram matrices and Cholesky info (this rank's slots)
-  sum += ws_floats(slots * s0.k * s0.r) + 2 * ws_floats(slots * s0.r * s0.r) + ws_floats(slots);
+  // the group's S P, R1, Gram matrices and Cholesky info (this rank's
+  // slots); over the inner mesh (every slot a partial sum) S P and the Gram
+  // matrices padded for the reduce-scatter, and its receive buffers
+  const SlotPad f = inner ? slot_pad(slots, opt.inner->size()) : SlotPad{slots, 0};
+  sum += ws_floats(f.slots * s0.k * s0.r) + ws_floats(f.own * s0.k * s0.r) + ws_floats(slots * s0.r * s0.r) +
+         ws_floats(f.slots * s0.r * s0.r) + ws_floats(f.own * s0.r * s0.r) + ws_floats(slots);
   return sum + shared;
 }
 
@@ -964,9 +987,17 @@ bool step_group(Optimizer& opt, Group& g) {
     u.first = slots;
     slots += owned_count(u.sp, u.bt->count);
   }
-  MatBatch SP{opt.ws.take(slots * k * r), k, r, r, k * r, slots};
+  // Path 3 (B's rows over the inner mesh, every bucket's: phased_floats):
+  // S P and the Gram matrices are partial sums over the inner mesh, reduced
+  // to each slot's owner there, which factors it, and gathered (as orth()
+  // does for one batch, inner_split: here over all buckets' slots at once).
+  const Dist& d0 = runs[0].d;
+  const Split fs = inner_split(d0, slots);
+  MatBatch SP{opt.ws.take(fs.slots * k * r), k, r, r, k * r, slots};
+  float* own_sp = fs.scatter ? opt.ws.take(fs.block * k * r) : nullptr;
   MatBatch R1{opt.ws.take(slots * rr), r, r, r, rr, slots};
-  MatBatch G{opt.ws.take(slots * rr), r, r, r, rr, slots};
+  MatBatch G{opt.ws.take(fs.slots * rr), r, r, r, rr, slots};
+  float* own_g = fs.scatter ? opt.ws.take(fs.block * rr) : nullptr;
   int32_t* info = reinterpret_cast<int32_t*>(opt.ws.take(slots));
   auto half = [&](int64_t n) { return opt.ws.take((n + 1) / 2); };
   auto slice = [](const MatBatch& m, int64_t first, int64_t count) {
@@ -1053,7 +1084,17 @@ bool step_group(Optimizer& opt, Group& g) {
   };
   // B, C: R1 for all, then P1 = P R1^-1 (RCQR); the Gram matrices.
   if (method == DION_QR_RCQR && slots > 0) {
-    be.qr_r(SP, R1);
+    if (fs.mesh) {
+      const int64_t kr = k * r;
+      zero_padding(be, fs, SP.p, slots, kr);
+      float* mine = reduce_slots(fs, SP.p, slots, kr, own_sp);
+      float* r1 = R1.p + fs.first * rr;  // gathered in place
+      if (fs.count > 0) be.qr_r(MatBatch{mine, k, r, r, kr, fs.count}, MatBatch{r1, r, r, r, rr, fs.count});
+      gather_slots(opt, fs, slots, rr, r1, R1.p);
+    } else {
+      if (d0.inner) d0.inner->all_reduce(SP.p, slots * k * r, ReduceOp::kSum);
+      be.qr_r(SP, R1);
+    }
     solve_all(R1, &PhasedRun::P, &PhasedRun::P1);
   }
   for (PhasedRun& u : runs) {
@@ -1063,7 +1104,18 @@ bool step_group(Optimizer& opt, Group& g) {
   }
   // D: the Cholesky factors of all, and P = P1 U^-1 for all in one call.
   if (slots > 0) {
-    be.cholesky_upper(G, info);
+    if (fs.mesh) {
+      zero_padding(be, fs, G.p, slots, rr);
+      float* mine = reduce_slots(fs, G.p, slots, rr, own_g);
+      // each slot's flag written by its owner only and summed over the mesh
+      be.zero(info, sizeof(int32_t) * static_cast<size_t>(slots));
+      if (fs.count > 0) be.cholesky_upper(MatBatch{mine, r, r, r, rr, fs.count}, info + fs.first);
+      gather_slots(opt, fs, slots, rr, mine, G.p);
+      d0.inner->all_reduce(info, slots, ReduceOp::kSum);
+    } else {
+      if (d0.inner) d0.inner->all_reduce(G.p, slots * rr, ReduceOp::kSum);
+      be.cholesky_upper(G, info);
+    }
     solve_all(G, &PhasedRun::P1, &PhasedRun::Y);
   }
   // E: per bucket, the fallback from P where the Cholesky failed and the
@@ -1083,6 +1135,7 @@ bool step_group(Optimizer& opt, Group& g) {
       m_product(be, bt, u.in_state, true, !u.s.bT, Mm, ConstMatBatch(Pb), R, prec);  // Pb gathered, final
     else
       r_product(be, bt, u.in_state, u.lowp, u.s.bT, Mm, P, Pb, R, prec);
+    if (u.d.inner) u.d.inner->all_reduce(R.p, T * br, ReduceOp::kSum);  // path 3: a partial sum
     if (u.d.rep) u.d.rep->all_reduce(R.p, T * br, ReduceOp::kAvg);
     finish(opt, g, bt, u.s, u.d, u.lowp, u.M, u.nz, u.Qm, P, R, Pb, Rb, u.comm16);
     opt.ws.rewind(m);
@@ -1092,7 +1145,13 @@ bool step_group(Optimizer& opt, Group& g) {
     const int64_t T = u.bt->count, c = u.P.batch, ar = u.s.a * u.s.r;
     uint16_t* own16 = u.comm16 ? static_cast<uint16_t*>(u.Pb) + u.first_slot() * ar : nullptr;
     if (c > 0) {
-      be.orth_fallback(u.Y, u.P, info + u.first);
+      if (u.d.inner) {  // path 3: whole matrices gathered for it
+        const size_t m = opt.ws.mark();
+        inner_fallback(opt, u.d, u.s, u.P, u.Y, info + u.first);
+        opt.ws.rewind(m);
+      } else {
+        be.orth_fallback(u.Y, u.P, info + u.first);
+      }
       if (u.comm16) finish_own_bf16(be, u.Y, u.nz + u.first_slot(), own16);  // the flags are reduced
     }
     if (u.comm16)  // pairs of bf16 as floats (bf16_comm: a r even)

@@ -531,18 +531,26 @@ TEST(ShardSplit, BatchesCutOverTheOuterMeshAreWholeMultiplesOfIt) {
 // rank_fraction 1/2 makes the replicate sync compressed for every tensor, so
 // that on the CUDA backend, where a replicate mesh's gradient sync is
 // pipelined with the buckets (DION_OVERLAP), the pipeline steps the group as
-// one (no gradient of it is averaged). For RCQR and CQR, on
-// every layout without an inner mesh: the same updates as one process, and
+// one (no gradient of it is averaged). With an inner mesh, the same shapes
+// with B's rows sharded over it (spec §2.6 path 3: S P and the Gram
+// matrices summed over the inner mesh, each slot factored by one inner
+// rank). For RCQR and CQR, on every layout: the same updates as one process, and
 // the same parameters and Q as the bucket-by-bucket step (DION_PHASED=0),
 // bit for bit on the host backend (its batched factorizations work matrix
 // by matrix; on the GPU, batches of other sizes may take other kernels).
 // That the phased step ran is seen in the workspace it reserves (more than
 // the bucket-by-bucket step's), as in tests/unit/test_algorithms_dion.cpp.
 TEST(ShardPhased, GroupFactoredOncePerKindEqualsBucketByBucket) {
-  const std::vector<Spec> S = {{24, 16, 1, -1}, {24, 16, 1, -1}, {24, 16, 1, -1}, {40, 16, 1, -1},
-                               {40, 16, 1, -1}, {16, 48, 0, -1}, {32, 16, -1, -1}, {32, 16, -1, -1}};
+  const std::vector<Spec> S0 = {{24, 16, 1, -1}, {24, 16, 1, -1}, {24, 16, 1, -1}, {40, 16, 1, -1},
+                                {40, 16, 1, -1}, {16, 48, 0, -1}, {32, 16, -1, -1}, {32, 16, -1, -1}};
+  // With an inner mesh every tensor's B rows are sharded over it (path 3;
+  // the phased step takes a group whose buckets are all path 3 or none):
+  // the same shapes, the rows of B (m, or n for the 16 x 48, whose B is
+  // X^T) over inner, the other dim over outer where the layout has one.
+  const std::vector<Spec> S1 = {{24, 16, 1, 0}, {24, 16, 1, 0}, {24, 16, 1, 0}, {40, 16, 1, 0},
+                                {40, 16, 1, 0}, {16, 48, 0, 1}, {32, 16, -1, 0}, {32, 16, -1, 0}};
   for (const Layout& L : layouts()) {
-    if (L.I > 1) continue;
+    const std::vector<Spec>& S = L.I > 1 ? S1 : S0;
     for (const dion_qr_method_t qr : {DION_QR_RCQR, DION_QR_CQR}) {
       SCOPED_TRACE("layout R=" + std::to_string(L.R) + " O=" + std::to_string(L.O) +
                    (qr == DION_QR_RCQR ? " RCQR" : " CQR"));
