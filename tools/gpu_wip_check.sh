@@ -1,32 +1,29 @@
 #!/usr/bin/env bash
 # SPDX-License-Identifier: MIT
-# On a 4-GPU machine, in one command of at most 10 minutes: the checks this
-# branch's unverified changes need (Dion's bucket-by-bucket bf16 P
-# communication: the shard suites; the Muon family's pipelined group step:
-# the megabatch and overlap suites), then Muon's and Dion2's FSDP steps with
-# and without the pipeline and Dion's FSDP step and bytes. Logs under OUTDIR.
+# On a 4-GPU machine, in one command of at most 10 minutes: the checks the
+# unverified wip/phased-inner work needs (Dion's inner-sharded fallback
+# gathering P0 only, the phased step over the inner mesh): the shard and
+# overlap NCCL suites at 2 and 4 ranks, then Dion's 1x2x2 (FSDP x TP) step
+# phased and bucket by bucket (DION_PHASED=0) with its bytes, and 1x4x1 and
+# 1x1x1 for reference. Logs under OUTDIR.
 #   tools/gpu_wip_check.sh OUTDIR
 set -uo pipefail
 cd "$(dirname "$0")/.."
 . tools/gpu_lib.sh
 gpu_setup "${1:-gpu-logs}" || exit 1
 rc=0
-for suite in shard megabatch overlap; do
+for t in shard_np2 shard_np4 overlap_np2 overlap_np4; do
   t0=$(date +%s)
-  timeout 250 ctest --test-dir $b -R "nccl_${suite}_np" --output-on-failure --timeout 240 > "$out/ctest-$suite.log" 2>&1 || rc=1
-  grep -E "Test +#|Failure|Which is|Expected" "$out/ctest-$suite.log" | head -12
-  echo "$suite: $(( $(date +%s) - t0 )) s"
+  timeout 170 ctest --test-dir $b -R "nccl_${t}\$" --output-on-failure --timeout 160 > "$out/ctest-$t.log" 2>&1 || rc=1
+  echo "$t: rc=$? $(( $(date +%s) - t0 )) s"
+  grep -E "Failure|Which is|Expected|FAILED" "$out/ctest-$t.log" | head -8
 done
 MESH_TIMEOUT=60
-mesh() {  # N MESH ALGO TAG [VAR=VALUE...]
-  local n=$1 m=$2 a=$3 tag=$4
-  shift 4
-  mesh_run "$n" "$tag" "$@" -- --mesh "$m" --algo "$a" --iters 20 --hidden-share 0
-}
-mesh 4 1x4x1 muon pipelined DION_MEGABATCH_PIPELINE=1
-mesh 4 1x4x1 muon bucket-by-bucket DION_MEGABATCH_PIPELINE=0
-mesh 4 1x4x1 muon pipelined DION_MEGABATCH_PIPELINE=1
-mesh 4 1x4x1 dion2 pipelined DION_MEGABATCH_PIPELINE=1
-mesh 4 1x4x1 dion2 bucket-by-bucket DION_MEGABATCH_PIPELINE=0
-mesh 4 1x4x1 dion default DION_MEGABATCH_PIPELINE=1
+args=(--algo dion --workload gpt-1.3b --dtype bf16 --iters 20 --hidden-share 0)
+for r in 1 2; do
+  mesh_run 4 phased DION_PHASED=1 -- --mesh 1x2x2 "${args[@]}"
+  mesh_run 4 bucket-by-bucket DION_PHASED=0 -- --mesh 1x2x2 "${args[@]}"
+done
+mesh_run 4 phased DION_PHASED=1 -- --mesh 1x4x1 "${args[@]}"
+mesh_run 1 one DION_PHASED=1 -- --mesh 1x1x1 "${args[@]}"
 exit $rc
