@@ -860,7 +860,10 @@ void step(Optimizer& opt, Group& g, const Batch& bt) {
 // stays distributed by rows) is phased too: the partial sums S P and the
 // Gram matrices of all buckets are reduced to their owners over the inner
 // mesh in one collective each (inner_split over the group's slots), and
-// their factors gathered; a group that mixes path 3 with other buckets is
+// their factors gathered; with B's columns over the outer mesh as well,
+// each bucket's P is first reduced to its slots' owners over outer
+// (phased_split), so that an outer rank and its inner mesh orthogonalize
+// only their share; a group that mixes path 3 with other buckets is
 // not phased, nor is a group whose gradients the overlapped replicate sync averages (a bucket
 // starts there as soon as its own gradients are averaged; with compressed
 // sync Dion averages P and R instead, and the group is phased).
@@ -898,6 +901,18 @@ struct PhasedRun {
 
 bool phased_enabled() { return env_on("DION_PHASED"); }
 
+// A bucket's split in the phased step: split_of's, except that a path-3
+// batch of two or more (rows over inner) whose P is a partial sum over the
+// outer mesh is reduced to its slots' owners over outer as in path 2, so
+// that each outer rank orthogonalizes (with its inner mesh, which shares
+// its outer rank and so its slots) only its share, and the results are
+// gathered over outer; step() all-reduces such a P and orthogonalizes all of
+// it on every outer rank.
+Split phased_split(const Optimizer& opt, const Dist& d, int64_t T) {
+  if (d.inner && d.outer && T >= 2) return split_over(d.outer, T, true, ReduceOp::kSum);
+  return split_of(opt, d, T);
+}
+
 // Whether Optimizer::step may call step_group for g: always in a sequential
 // step; in an overlapped one (the replicate gradient sync pipelined with the
 // buckets) only for a group none of whose gradients is averaged (every
@@ -928,7 +943,7 @@ size_t phased_floats(const Optimizer& opt, const Group& g, const std::vector<Bat
     if (s.r != s0.r || s.k != s0.k || s.ag <= s.r || t.geom.srows * t.geom.scols != t.numel_local) return 0;
     const Dist d = dist_of(opt, t);
     if ((d.inner != nullptr) != inner) return 0;
-    const Split sp = split_of(opt, d, T);
+    const Split sp = phased_split(opt, d, T);
     const int64_t c = owned_count(sp, T);
     const int64_t mn = t.numel_local, ar = s.a * s.r, br = s.b * s.r;
     const dion_dtype_t mdt = momentum_dtype_of(o, t);
@@ -983,7 +998,7 @@ bool step_group(Optimizer& opt, Group& g) {
     u.bt = &batches[i];
     u.s = shape_of(o, u.bt->t);
     u.d = dist_of(opt, u.bt->t);
-    u.sp = split_of(opt, u.d, u.bt->count);
+    u.sp = phased_split(opt, u.d, u.bt->count);
     u.first = slots;
     slots += owned_count(u.sp, u.bt->count);
   }

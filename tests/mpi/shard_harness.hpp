@@ -534,7 +534,8 @@ TEST(ShardSplit, BatchesCutOverTheOuterMeshAreWholeMultiplesOfIt) {
 // one (no gradient of it is averaged). With an inner mesh, the same shapes
 // with B's rows sharded over it (spec §2.6 path 3: S P and the Gram
 // matrices summed over the inner mesh, each slot factored by one inner
-// rank). For RCQR and CQR, on every layout: the same updates as one process, and
+// rank; with an outer mesh, P reduced to its slots' owners over outer
+// first). For RCQR and CQR, on every layout: the same updates as one process, and
 // the same parameters and Q as the bucket-by-bucket step (DION_PHASED=0),
 // bit for bit on the host backend (its batched factorizations work matrix
 // by matrix; on the GPU, batches of other sizes may take other kernels).
