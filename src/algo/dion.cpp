@@ -407,6 +407,48 @@ int qr_method_now(const Group& g) {
   return method;
 }
 
+// The small factorizations of path 3, on the T partial sums (over `inner`;
+// null: already complete) of a batch or a phased group: with the batch
+// split over the inner mesh (sp from inner_split) each slot is reduced to
+// its owner, factored there and the factors gathered; otherwise the sums
+// are all-reduced and every rank factors them all. own: the reduce-scatter's
+// receive buffer (sp.block matrices) where sp.scatter.
+// R1 = qr_r(S P) of the k x r sketches SP.
+void split_qr_r(Optimizer& opt, const Split& sp, Collectives* inner, MatBatch SP, MatBatch R1, float* own) {
+  Backend& be = *opt.backend;
+  const int64_t T = SP.batch, k = SP.rows, r = SP.cols, kr = k * r, rr = r * r;
+  if (!sp.mesh) {
+    if (inner) inner->all_reduce(SP.p, T * kr, ReduceOp::kSum);
+    be.qr_r(SP, R1);
+    return;
+  }
+  zero_padding(be, sp, SP.p, T, kr);
+  float* mine = reduce_slots(sp, SP.p, T, kr, own);
+  float* r1 = R1.p + sp.first * rr;  // gathered in place
+  if (sp.count > 0) be.qr_r(MatBatch{mine, k, r, r, kr, sp.count}, MatBatch{r1, r, r, r, rr, sp.count});
+  gather_slots(opt, sp, T, rr, r1, R1.p);
+}
+// The Cholesky factors of the r x r Gram matrices G, in place, and their
+// flags (info, T; the same on every rank of the mesh).
+void split_cholesky(Optimizer& opt, const Split& sp, Collectives* inner, MatBatch G, int32_t* info, float* own) {
+  Backend& be = *opt.backend;
+  const int64_t T = G.batch, r = G.rows, rr = r * r;
+  if (!sp.mesh) {
+    if (inner) inner->all_reduce(G.p, T * rr, ReduceOp::kSum);
+    be.cholesky_upper(G, info);
+    return;
+  }
+  zero_padding(be, sp, G.p, T, rr);
+  float* mine = reduce_slots(sp, G.p, T, rr, own);
+  // Each slot's flag is written by its owner only and summed over the
+  // mesh (the others hold 0), so every rank learns every matrix's: the
+  // fallback is decided the same way on all of them.
+  be.zero(info, sizeof(int32_t) * static_cast<size_t>(T));
+  if (sp.count > 0) be.cholesky_upper(MatBatch{mine, r, r, r, rr, sp.count}, info + sp.first);
+  gather_slots(opt, sp, T, rr, mine, G.p);
+  sp.mesh->all_reduce(info, T, ReduceOp::kSum);
+}
+
 // An orthonormal basis of the columns of P (a x r per matrix, a >= r; spec
 // §1.3), returned as the buffer that holds it: P itself for Householder QR
 // (in place), else a workspace buffer: the (R)CQR solves write out of place
@@ -460,19 +502,7 @@ float* orth(Optimizer& opt, const Group& g, const Shape& s, const Dist& d, MatBa
     MatBatch SP{opt.ws.take(sp.slots * s.k * s.r), s.k, s.r, s.r, s.k * s.r, T};
     MatBatch R1{opt.ws.take(T * rr), s.r, s.r, s.r, rr, T};
     sketch_product(opt, g, s, iter, P, SP, prec, P16);
-    if (sp.mesh) {
-      const int64_t kr = s.k * s.r;
-      float* own = sp.scatter ? opt.ws.take(sp.block * kr) : nullptr;
-      zero_padding(be, sp, SP.p, T, kr);
-      float* mine = reduce_slots(sp, SP.p, T, kr, own);
-      float* r1 = R1.p + sp.first * rr;  // gathered in place
-      if (sp.count > 0)
-        be.qr_r(MatBatch{mine, s.k, s.r, s.r, kr, sp.count}, MatBatch{r1, s.r, s.r, s.r, rr, sp.count});
-      gather_slots(opt, sp, T, rr, r1, R1.p);
-    } else {
-      if (d.inner) d.inner->all_reduce(SP.p, T * s.k * s.r, ReduceOp::kSum);
-      be.qr_r(SP, R1);
-    }
+    split_qr_r(opt, sp, d.inner, SP, R1, sp.scatter ? opt.ws.take(sp.block * s.k * s.r) : nullptr);
     MatBatch X{opt.ws.take(T * s.a * s.r), s.a, s.r, s.r, s.a * s.r, T};
     be.trsm_right_upper(R1, P, X, prec);
     P1 = X;
@@ -485,21 +515,7 @@ float* orth(Optimizer& opt, const Group& g, const Shape& s, const Dist& d, MatBa
   // of products at that precision, TF32 (2^-11) adds less than they already
   // carry, at 8x the fp32 rate (the largest fp32 GEMM of their step before).
   be.gram(P1, G, prec == DION_MATMUL_FP32 ? DION_MATMUL_FP32 : DION_MATMUL_TF32);
-  if (sp.mesh) {
-    float* own = sp.scatter ? opt.ws.take(sp.block * rr) : nullptr;
-    zero_padding(be, sp, G.p, T, rr);
-    float* mine = reduce_slots(sp, G.p, T, rr, own);
-    // Each slot's flag is written by its owner only and summed over the
-    // mesh (the others hold 0), so every rank learns every matrix's: the
-    // fallback below is decided the same way on all of them.
-    be.zero(info, sizeof(int32_t) * static_cast<size_t>(T));
-    if (sp.count > 0) be.cholesky_upper(MatBatch{mine, s.r, s.r, s.r, rr, sp.count}, info + sp.first);
-    gather_slots(opt, sp, T, rr, mine, G.p);
-    d.inner->all_reduce(info, T, ReduceOp::kSum);
-  } else {
-    if (d.inner) d.inner->all_reduce(G.p, T * rr, ReduceOp::kSum);
-    be.cholesky_upper(G, info);
-  }
+  split_cholesky(opt, sp, d.inner, G, info, sp.scatter ? opt.ws.take(sp.block * rr) : nullptr);
   be.trsm_right_upper(G, P1, Y, prec);
   if (!d.inner) {
     be.orth_fallback(Y, P, info);
@@ -1099,17 +1115,7 @@ bool step_group(Optimizer& opt, Group& g) {
   };
   // B, C: R1 for all, then P1 = P R1^-1 (RCQR); the Gram matrices.
   if (method == DION_QR_RCQR && slots > 0) {
-    if (fs.mesh) {
-      const int64_t kr = k * r;
-      zero_padding(be, fs, SP.p, slots, kr);
-      float* mine = reduce_slots(fs, SP.p, slots, kr, own_sp);
-      float* r1 = R1.p + fs.first * rr;  // gathered in place
-      if (fs.count > 0) be.qr_r(MatBatch{mine, k, r, r, kr, fs.count}, MatBatch{r1, r, r, r, rr, fs.count});
-      gather_slots(opt, fs, slots, rr, r1, R1.p);
-    } else {
-      if (d0.inner) d0.inner->all_reduce(SP.p, slots * k * r, ReduceOp::kSum);
-      be.qr_r(SP, R1);
-    }
+    split_qr_r(opt, fs, d0.inner, SP, R1, own_sp);
     solve_all(R1, &PhasedRun::P, &PhasedRun::P1);
   }
   for (PhasedRun& u : runs) {
@@ -1119,18 +1125,7 @@ bool step_group(Optimizer& opt, Group& g) {
   }
   // D: the Cholesky factors of all, and P = P1 U^-1 for all in one call.
   if (slots > 0) {
-    if (fs.mesh) {
-      zero_padding(be, fs, G.p, slots, rr);
-      float* mine = reduce_slots(fs, G.p, slots, rr, own_g);
-      // each slot's flag written by its owner only and summed over the mesh
-      be.zero(info, sizeof(int32_t) * static_cast<size_t>(slots));
-      if (fs.count > 0) be.cholesky_upper(MatBatch{mine, r, r, r, rr, fs.count}, info + fs.first);
-      gather_slots(opt, fs, slots, rr, mine, G.p);
-      d0.inner->all_reduce(info, slots, ReduceOp::kSum);
-    } else {
-      if (d0.inner) d0.inner->all_reduce(G.p, slots * rr, ReduceOp::kSum);
-      be.cholesky_upper(G, info);
-    }
+    split_cholesky(opt, fs, d0.inner, G, info, own_g);
     solve_all(G, &PhasedRun::P1, &PhasedRun::Y);
   }
   // E: per bucket, the fallback from P where the Cholesky failed and the
