@@ -1,12 +1,11 @@
 #!/usr/bin/env bash
 # SPDX-License-Identifier: MIT
-# On a 4-GPU machine, in one command of at most 10 minutes: the checks the
-# unverified wip/phased-inner work needs (Dion's inner-sharded fallback
-# gathering P0 only, the phased step over the inner mesh): the shard and
-# overlap NCCL suites at 2 and 4 ranks, then Dion's 1x2x2 (FSDP x TP) step
-# phased and bucket by bucket (DION_PHASED=0) with its bytes, and 1x4x1 and
-# 1x1x1 for reference. Logs under OUTDIR.
-#   tools/gpu_wip_check.sh OUTDIR
+# On a 4-GPU machine, in one command of at most 10 minutes: the checks of
+# Dion over the inner (TP) mesh: the shard and overlap NCCL suites at 2 and 4
+# ranks, then Dion's 1x2x2 (FSDP x TP) step phased and bucket by bucket
+# (DION_PHASED=0) with its bytes, and 1x4x1 and 1x1x1 for reference. Logs
+# under OUTDIR.
+#   tools/gpu_tp_check.sh OUTDIR
 set -uo pipefail
 cd "$(dirname "$0")/.."
 . tools/gpu_lib.sh
