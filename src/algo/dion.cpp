@@ -284,8 +284,8 @@ size_t workspace_floats(const Group& g, const Tensor& t, int64_t count) {
                     ws_floats(f.own * s.r * s.r) + ws_floats(T) + ws_floats(T * s.b * s.r);
   // inner sharding: the fallback's whole matrices (inner_fallback)
   if (inner) per_iter += inner_fallback_floats(s, T);
-  // the zero flags and column sums (in double; and in float over the outer mesh)
-  const size_t flags = ws_floats(T) + ws_floats(2 * T * s.r) + ws_floats(T * s.r);
+  // the zero flags and column sums (in double)
+  const size_t flags = ws_floats(T) + ws_floats(2 * T * s.r);
   return w + flags + per_iter * static_cast<size_t>(g.opt.power_iters);
 }
 
@@ -589,18 +589,17 @@ void orth_split(Optimizer& opt, const Group& g, const Shape& s, const Dist& d, c
 }
 
 // orth_split with P communicated in bf16 (bf16_comm): P's partial sums
-// reduced in bf16, this rank's slots widened into P (or `own`),
+// (`all`: the batch's bf16 P, formed by m_product_bf16, sp.slots
+// matrices) reduced in bf16, this rank's slots widened into P (or `own`),
 // orthogonalized, finished into their bf16 copy in Pb (finish_own_bf16; nz
 // reduced over the meshes already) and gathered into Pb, which then holds
 // the batch's final P for every product (P's fp32 values only at this
 // rank's slots). Workspace: the bf16 P and the reduce-scatter's bf16 slots.
 void orth_split_bf16(Optimizer& opt, const Group& g, const Shape& s, const Dist& d, const Split& sp, MatBatch P,
-                     float* own, const int32_t* nz, MatBatch Pb, int iter) {
+                     uint16_t* all, float* own, const int32_t* nz, MatBatch Pb, int iter) {
   Backend& be = *opt.backend;
   const int64_t ar = s.a * s.r, T = P.batch, c = sp.count;
-  uint16_t* all = reinterpret_cast<uint16_t*>(opt.ws.take((sp.slots * ar + 1) / 2));
   uint16_t* ownb = sp.scatter ? reinterpret_cast<uint16_t*>(opt.ws.take((sp.block * ar + 1) / 2)) : nullptr;
-  be.store(all, DION_DTYPE_BF16, P.p, T * ar);
   zero_padding(be, sp, all, T, ar, sizeof(uint16_t));
   const uint16_t* mb = reduce_slots_bf16(sp, d, all, ownb, T, ar);
   uint16_t* own16 = reinterpret_cast<uint16_t*>(Pb.p) + sp.first * ar;
@@ -678,11 +677,23 @@ void m_product(Backend& be, const Batch& bt, bool in_state, bool lowp, bool tran
                MatBatch C, dion_matmul_precision_t prec) {
   if (in_state)
     be.gemm_field(bt.list, bt.count, kState0, Mm.rows, Mm.cols, lowp ? DION_DTYPE_BF16 : DION_DTYPE_FP32, trans, B, C,
-                  prec);
+                  prec, DION_DTYPE_FP32);
   else if (lowp)
     be.gemm_bf16_f32(trans, false, 1.0f, Mm, B, 0.0f, C);
   else
     be.gemm(trans, false, 1.0f, Mm, B, 0.0f, C, prec);
+}
+
+// m_product on the lowp path with C in bf16 (C16: dense bf16 elements, each
+// the fp32 product rounded): P = B Q where only its bf16 rounding is used
+// (bf16_comm reduces the rounded partial sums), without an fp32 P and a
+// pass rounding it.
+void m_product_bf16(Backend& be, const Batch& bt, bool in_state, bool trans, ConstMatBatch Mm, ConstMatBatch B,
+                    MatBatch C16, dion_matmul_precision_t prec) {
+  if (in_state)
+    be.gemm_field(bt.list, bt.count, kState0, Mm.rows, Mm.cols, DION_DTYPE_BF16, trans, B, C16, prec, DION_DTYPE_BF16);
+  else
+    be.gemm_bf16(trans, false, 1.0f, Mm, B, 0.0f, C16);
 }
 
 // R = B^T P (partial over the inner mesh) from the orthonormal P (dense);
@@ -711,7 +722,7 @@ void finish(Optimizer& opt, Group& g, const Batch& bt, const Shape& s, const Dis
   Backend& be = *opt.backend;
   const dion_group_options_t& o = g.opt;
   const Tensor& t = bt.t;
-  const int64_t T = bt.count, n_el = t.numel_local, br = s.b * s.r;
+  const int64_t T = bt.count, n_el = t.numel_local;
   const dion_matmul_precision_t prec = o.matmul_precision;
   MatBatch Mm{M, t.geom.srows, t.geom.scols, t.geom.scols, n_el, T};  // bf16 elements on the lowp path
   // Zero / NaN handling (§2.8): an all-zero momentum leaves the update at zero
@@ -754,20 +765,13 @@ void finish(Optimizer& opt, Group& g, const Batch& bt, const Shape& s, const Dis
     else
       store_ws(opt, bt, kState0, M, n_el);
   }
-  // Q = colnorm(R), stored (and its bf16 copy, lowp, for the update). R's
-  // rows (B's columns) sharded over the outer mesh: the sums (in float) are
+  // Q = colnorm(R), stored (and its bf16 copy, lowp, for the update), in
+  // one pass from finish_r's column sums of squares. R's rows (B's columns)
+  // sharded over the outer mesh: those sums (double) are partial, and are
   // reduced over it first.
-  if (d.outer) {
-    float* ssf = opt.ws.take(T * s.r);
-    be.col_sumsq(R, ssf);
-    d.outer->all_reduce(ssf, T * s.r, ReduceOp::kSum);
-    be.col_scale(R, ssf, static_cast<float>(o.epsilon));
-    store_ws(opt, bt, kState1, R.p, br);
-    if (lowp) to_bf16(be, Rb.p, R.p, T * br);
-  } else {
-    be.col_scale_store(R, ss, static_cast<float>(o.epsilon), lowp ? Rb.p : nullptr, bt.list, kState1,
-                       opt.skip_flag());
-  }
+  if (d.outer) d.outer->all_reduce(ss, T * s.r, ReduceOp::kSum);
+  be.col_scale_store(R, ss, static_cast<float>(o.epsilon), lowp ? Rb.p : nullptr, bt.list, kState1,
+                     opt.skip_flag());
   // X = (1 - lr wd) X - lr sqrt(m/n) P Q^T (in storage orientation). On a
   // device, one product per batch updates the parameters in place from P and
   // Q (update_lowrank: the bf16 copies on the lowp path, for fp32 and bf16
@@ -819,6 +823,16 @@ void step(Optimizer& opt, Group& g, const Batch& bt) {
   if (comm16) reduce_nz(d, nz, T);
   for (int it = 0; it < o.power_iters; ++it) {
     P.p = p_buf;
+    if (comm16) {  // P = B Q (partial over outer), straight into bf16
+      uint16_t* all = reinterpret_cast<uint16_t*>(half(sp.slots * ar));
+      m_product_bf16(be, bt, in_state, s.bT, Mm, Qtb, MatBatch{reinterpret_cast<float*>(all), s.a, s.r, s.r, ar, T},
+                     prec);
+      orth_split_bf16(opt, g, s, d, sp, P, all, own, nz, Pb, it);
+      m_product(be, bt, in_state, true, !s.bT, Mm, ConstMatBatch(Pb), R, prec);  // R = B^T P from the final Pb
+      if (d.inner) d.inner->all_reduce(R.p, T * br, ReduceOp::kSum);
+      if (d.rep) d.rep->all_reduce(R.p, T * br, ReduceOp::kAvg);
+      continue;  // one power iteration (bf16_comm)
+    }
     m_product(be, bt, in_state, lowp, s.bT, Mm, lowp ? Qtb : Qt, P, prec);  // P = B Q (partial over outer)
     if (!sp.mesh) {
       if (d.outer) d.outer->all_reduce(P.p, T * ar, ReduceOp::kSum);
@@ -826,15 +840,10 @@ void step(Optimizer& opt, Group& g, const Batch& bt) {
       // over the replicas instead of the gradient.
       if (d.rep) d.rep->all_reduce(P.p, T * ar, ReduceOp::kAvg);
       P.p = orth(opt, g, s, d, P, it);
-    } else if (comm16) {
-      orth_split_bf16(opt, g, s, d, sp, P, own, nz, Pb, it);
     } else {
       orth_split(opt, g, s, d, sp, P, own, it);
     }
-    if (comm16)
-      m_product(be, bt, in_state, true, !s.bT, Mm, ConstMatBatch(Pb), R, prec);  // R = B^T P from the final Pb
-    else
-      r_product(be, bt, in_state, lowp, s.bT, Mm, P, Pb, R, prec);
+    r_product(be, bt, in_state, lowp, s.bT, Mm, P, Pb, R, prec);
     if (d.inner) d.inner->all_reduce(R.p, T * br, ReduceOp::kSum);
     if (d.rep) d.rep->all_reduce(R.p, T * br, ReduceOp::kAvg);
     if (it + 1 < o.power_iters) {
@@ -975,9 +984,9 @@ size_t phased_floats(const Optimizer& opt, const Group& g, const std::vector<Bat
     if (bf16_comm(lowp, sp, s))  // P, the scatter's slots and the gathered P in bf16
       sum += half(sp.slots * ar) + (sp.scatter ? half(sp.block * ar) : 0) + half(T * ar);
     // A: the sketch (one at a time); E: R, bf16 P and R, column sums
-    // (double; and float over the outer mesh), one bucket at a time
+    // (double), one bucket at a time
     shared = std::max({shared, sketch_floats(c, s),
-                       ws_floats(T * br) + half(T * ar) + half(T * br) + ws_floats(2 * T * s.r) + ws_floats(T * s.r),
+                       ws_floats(T * br) + half(T * ar) + half(T * br) + ws_floats(2 * T * s.r),
                        inner ? inner_fallback_floats(s, T) : 0});
     slots += c;
   }
@@ -1072,17 +1081,19 @@ bool step_group(Optimizer& opt, Group& g) {
       u.Qtb = ConstMatBatch(half(T * br), u.s.b, u.s.r, u.s.r, br, T);
       to_bf16(be, const_cast<float*>(u.Qtb.p), u.Qm.p, T * br);
     }
-    m_product(be, bt, u.in_state, u.lowp, u.s.bT, Mm, u.lowp ? u.Qtb : ConstMatBatch(u.Qm), u.Pall, prec);
     // As step() and orth_split(): P is a partial sum over outer, and each
     // replica's own under compressed sync.
     float* mine = u.Pall.p;
     if (u.comm16) {
-      // this rank's slots land in `own` (fp32) after the widening, as reduce_slots would put them
+      // P straight into bf16; this rank's slots land in `own` (fp32) after
+      // the widening, as reduce_slots would put them
+      m_product_bf16(be, bt, u.in_state, u.s.bT, Mm, u.Qtb,
+                     MatBatch{static_cast<float*>(u.Pallb), u.s.a, u.s.r, u.s.r, ar, T}, prec);
       mine = u.sp.scatter ? own : u.Pall.p + u.sp.first * ar;
-      to_bf16(be, static_cast<float*>(u.Pallb), u.Pall.p, T * ar);
       zero_padding(be, u.sp, u.Pallb, T, ar, sizeof(uint16_t));
-    } else if (u.sp.mesh) {
-      zero_padding(be, u.sp, u.Pall.p, T, ar);
+    } else {
+      m_product(be, bt, u.in_state, u.lowp, u.s.bT, Mm, u.lowp ? u.Qtb : ConstMatBatch(u.Qm), u.Pall, prec);
+      if (u.sp.mesh) zero_padding(be, u.sp, u.Pall.p, T, ar);
     }
     side.deferred(static_cast<int>(i % 2), [&] {
       reduce_nz(u.d, u.nz, T);  // finish's, early: not between the next gather and this bucket's products

@@ -138,6 +138,17 @@ void Collectives::all_reduce(float* buf, int64_t n, ReduceOp op) {
 
 void Collectives::all_reduce(int32_t* buf, int64_t n, ReduceOp op) { all_reduce_int(buf, n, op, false); }
 
+void Collectives::all_reduce(double* buf, int64_t n, ReduceOp op) {
+  const char* what = "all_reduce(double)";
+  check_usable(what);
+  check_count(*this, what, "n", n);
+  check_ptr(*this, what, "buf", buf, n);
+  if (op == ReduceOp::kAvg) throw Error(DION_ERROR_INTERNAL, format("%s mesh: %s: sum or max only, not avg", mesh_.c_str(), what));
+  if (n == 0) return;
+  joined([&] { do_all_reduce(buf, n, op); });
+  count(CollKind::kAllReduce, static_cast<uint64_t>(n) * sizeof(double));
+}
+
 void Collectives::all_reduce_host(int32_t* buf, int64_t n, ReduceOp op) { all_reduce_int(buf, n, op, true); }
 
 void Collectives::all_reduce_int(int32_t* buf, int64_t n, ReduceOp op, bool host) {

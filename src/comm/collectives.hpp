@@ -108,6 +108,9 @@ class Collectives {
   // Flags and small counters (e.g. "this rank saw a non-finite gradient":
   // kMax makes every rank skip the step together). kSum or kMax only.
   void all_reduce(int32_t* buf, int64_t n, ReduceOp op);
+  // Sums in double (e.g. Dion's column sums of squares of a sharded R, kept
+  // in double as the unsharded path keeps them). kSum or kMax.
+  void all_reduce(double* buf, int64_t n, ReduceOp op);
 
   // The same on a HOST buffer, complete on return (NCCL stages it through
   // device memory and waits for its stream): for the collective checks of
@@ -187,6 +190,7 @@ class Collectives {
   // dion::Error through fail_transport on failure.
   virtual void do_all_reduce(float* buf, int64_t n, ReduceOp op) = 0;
   virtual void do_all_reduce(int32_t* buf, int64_t n, ReduceOp op) = 0;
+  virtual void do_all_reduce(double* buf, int64_t n, ReduceOp op) = 0;
   // Host buffer; transports on host memory need not override it.
   virtual void do_all_reduce_host(int32_t* buf, int64_t n, ReduceOp op) { do_all_reduce(buf, n, op); }
   virtual void do_reduce_scatter(const float* send, float* recv, int64_t block, ReduceOp op) = 0;

@@ -58,6 +58,13 @@ class MpiCollectives final : public Collectives {
     run(MPI_Iallreduce(MPI_IN_PLACE, buf, cnt, MPI_INT, mpi_op(op), mc_, &req_), what, "MPI_Iallreduce");
   }
 
+  void do_all_reduce(double* buf, int64_t n, ReduceOp op) override {
+    const char* what = "all_reduce(double)";
+    require_mpi_running(what);
+    int cnt = to_int(n, what, "n");
+    run(MPI_Iallreduce(MPI_IN_PLACE, buf, cnt, MPI_DOUBLE, mpi_op(op), mc_, &req_), what, "MPI_Iallreduce");
+  }
+
   void do_reduce_scatter(const float* send, float* recv, int64_t block, ReduceOp op) override {
     const char* what = "reduce_scatter";
     require_mpi_running(what);

@@ -107,6 +107,11 @@ class NcclCollectives final : public Collectives {
     check(ncclAllReduce(buf, buf, elems(n), ncclInt32, nccl_op(op), nc_, stream_), what, "ncclAllReduce");
   }
 
+  void do_all_reduce(double* buf, int64_t n, ReduceOp op) override {
+    const char* what = "all_reduce(double)";
+    check(ncclAllReduce(buf, buf, elems(n), ncclFloat64, nccl_op(op), nc_, stream_), what, "ncclAllReduce");
+  }
+
   void do_reduce_scatter(const float* send, float* recv, int64_t block, ReduceOp op) override {
     const char* what = "reduce_scatter";
     check(ncclReduceScatter(send, recv, elems(block), ncclFloat32, nccl_op(op), nc_, stream_), what,

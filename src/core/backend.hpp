@@ -249,10 +249,12 @@ class Backend {
   // at `precision` (gemm's). The bits of load_multi (or the bf16 field
   // itself) and that call up to the products' summation order. Like
   // update_lowrank and accumulate_lowrank (pointer-array GEMMs), it needs
-  // every field pointer 16-byte aligned (Batch::aligned16).
+  // every field pointer 16-byte aligned (Batch::aligned16). c_dtype BF16
+  // (x_dtype BF16 only; c dense): c holds bf16 elements, each the fp32
+  // product rounded (store(BF16)'s rounding, up to the summation order).
   virtual void gemm_field(const TensorEntry* list, int64_t count, Field f, int64_t rows, int64_t cols,
                           dion_dtype_t x_dtype, bool trans_x, ConstMatBatch b, MatBatch c,
-                          dion_matmul_precision_t precision) = 0;
+                          dion_matmul_precision_t precision, dion_dtype_t c_dtype) = 0;
   // m[b] (bf16 elements, as for gemm_bf16) += v on its diagonal, rounded to bf16.
   virtual void add_diag_bf16(MatBatch m, float v) = 0;
   // In place: A (p x r, p >= r) <- the Q factor of its thin Householder QR.

@@ -1158,12 +1158,22 @@ TEST_F(OpsTest, MomentumInStateAndGemmField) {
           Dev<uint16_t> dB16(B16);
           const float* bp = xd == DION_DTYPE_BF16 ? reinterpret_cast<const float*>(dB16.p()) : dB.p();
           cuda->gemm_field(tp.b.dev_table.p(), T, kState0, rows, cols, xd, trans,
-                           ConstMatBatch(bp, k, r, r, k * r, T), MatBatch{dC.p(), m, r, r, m * r, T}, c.prec);
+                           ConstMatBatch(bp, k, r, r, k * r, T), MatBatch{dC.p(), m, r, r, m * r, T}, c.prec,
+                           DION_DTYPE_FP32);
+          // bf16 output (bf16 fields only): C16 holds bf16 elements
+          const bool c16 = xd == DION_DTYPE_BF16;
+          Dev<uint16_t> dC16(static_cast<size_t>(c16 ? T * m * r : 1));
+          if (c16)
+            cuda->gemm_field(tp.b.dev_table.p(), T, kState0, rows, cols, xd, trans,
+                             ConstMatBatch(bp, k, r, r, k * r, T),
+                             MatBatch{reinterpret_cast<float*>(dC16.p()), m, r, r, m * r, T}, c.prec, DION_DTYPE_BF16);
           const float* hbp = xd == DION_DTYPE_BF16 ? reinterpret_cast<const float*>(B16.data()) : B.data();
           std::vector<float> Ch(static_cast<size_t>(T * m * r));
           host->gemm_field(tp.b.host_list.data(), T, kState0, rows, cols, xd, trans,
-                           ConstMatBatch(hbp, k, r, r, k * r, T), MatBatch{Ch.data(), m, r, r, m * r, T}, c.prec);
+                           ConstMatBatch(hbp, k, r, r, k * r, T), MatBatch{Ch.data(), m, r, r, m * r, T}, c.prec,
+                           DION_DTYPE_FP32);
           const std::vector<float> Cd = dC.get();
+          const std::vector<uint16_t> Cd16 = dC16.get();
           for (int64_t t = 0; t < T; ++t) {
             const std::vector<float> X = tp.b.dev_vals(static_cast<size_t>(t), kState0);
             for (int64_t i = 0; i < m; ++i)
@@ -1179,6 +1189,10 @@ TEST_F(OpsTest, MomentumInStateAndGemmField) {
                 const double tol = 0x1p-20 * mag, dtol = tol + (c.prec == DION_MATMUL_TF32 ? 0x1p-10 * mag : 0.0);
                 ASSERT_LE(std::fabs(Cd[e] - want), dtol) << "tensor " << t << " (" << i << ", " << j << ")";
                 ASSERT_LE(std::fabs(Ch[e] - want), tol) << "host, tensor " << t << " (" << i << ", " << j << ")";
+                // the bf16 output: the fp32 product's rounding, at most half an ulp of bf16 (2^-8 relative) more
+                if (c16)
+                  ASSERT_LE(std::fabs(bf16_to_float(Cd16[e]) - want), dtol + 0x1p-8 * std::fabs(want))
+                      << "bf16 output, tensor " << t << " (" << i << ", " << j << ")";
               }
           }
         }

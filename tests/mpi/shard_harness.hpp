@@ -397,7 +397,7 @@ uint64_t split_bytes(int64_t T, int W, int q, uint64_t e, uint64_t g) {
 //    (W B <= 2 T), otherwise an all-reduce of T a r; then the all-gather
 //    of this rank's c a r. Path 3: the all-reduce of T a r (P stays
 //    row-sharded over inner and is not split over outer). Then the int32
-//    all-zero flags (T) and the column sums of squares of R (T r).
+//    all-zero flags (T) and the column sums of squares of R (T r doubles).
 //  replicate, compressed ((m + n) r < m n, rank_fraction 1/2): path 2 (an
 //    outer mesh): the average of this rank's c matrices of P (all T when
 //    T = 1); path 1: the reduce-scatter (same rule, W = R) or all-reduce,
@@ -446,7 +446,7 @@ TEST(ShardSplit, EachRankOrthogonalizesOnlyItsSlots) {
                            b = static_cast<uint64_t>(dist.loc[0].ext[1]), ar = a * r, T4 = 4u * T, sk = 128;
             const bool compressed = R > 1 && (m + n) * static_cast<int64_t>(r) < m * n;
             uint64_t want[3] = {0, 0, 0};  // replicate, outer, inner
-            if (O > 1) want[1] = 4 + (path3 ? T4 * ar : split_bytes(T, O, G.o, ar, ar)) + T4 + T4 * r;
+            if (O > 1) want[1] = 4 + (path3 ? T4 * ar : split_bytes(T, O, G.o, ar, ar)) + T4 + 2 * T4 * r;
             if (R > 1) {
               want[0] = 4;
               if (compressed) {
@@ -512,8 +512,8 @@ TEST(ShardSplit, BatchesCutOverTheOuterMeshAreWholeMultiplesOfIt) {
   const uint64_t a = static_cast<uint64_t>(m), r = static_cast<uint64_t>(n / 2), ar = a * r, Ob = 4u * O;
   // The non-finite flag, then per batch of O: the reduce-scatter of O a r,
   // the gather of this rank's one matrix, the all-zero flags (O int32) and
-  // the column sums of squares of R (O r).
-  const uint64_t want = 4 + 2 * (Ob * ar + 4u * ar + Ob + Ob * r);
+  // the column sums of squares of R (O r doubles).
+  const uint64_t want = 4 + 2 * (Ob * ar + 4u * ar + Ob + 2 * Ob * r);
   uint64_t last = 0;
   ASSERT_EQ(dion_get_comm_bytes(dist.opt, DION_MESH_OUTER, &last, nullptr), DION_SUCCESS);
   EXPECT_EQ(last, want);

@@ -4,6 +4,7 @@
 // each collective is checked against a reference computed locally. Inputs are
 // small multiples of 0.5, so every sum is exact whatever order MPI reduces
 // in, and the results are compared bit for bit.
+#include <cmath>
 #include <gtest/gtest.h>
 #include <mpi.h>
 
@@ -112,6 +113,25 @@ TEST(MpiCollectives, AllReduceInt32Flags) {
   EXPECT_EQ(v[0], P * (P - 1) / 2);
   EXPECT_EQ(v[1], P);
   EXPECT_EQ(v[2], -P * (P - 1) / 2);
+  expect_error([&] { w.coll->all_reduce(v.data(), 3, ReduceOp::kAvg); }, DION_ERROR_INTERNAL, {"replicate", "avg"});
+}
+
+// Doubles: values no float holds (2^600) and sums whose last bits a float
+// would drop (1 + k 2^-40); every sum is exact in double whatever the order.
+TEST(MpiCollectives, AllReduceDouble) {
+  World w;
+  const int P = world_size(), me = world_rank();
+  const double big = std::ldexp(1.0, 600), tiny = std::ldexp(1.0, -40);
+  std::vector<double> v = {(me + 1) * big, 1.0 + me * tiny, -0.5 * me};
+  w.coll->all_reduce(v.data(), 3, ReduceOp::kSum);
+  EXPECT_EQ(v[0], P * (P + 1) / 2 * big);
+  EXPECT_EQ(v[1], P + P * (P - 1) / 2 * tiny);
+  EXPECT_EQ(v[2], -0.25 * P * (P - 1));
+  std::vector<double> m = {(me + 1) * big, -1.0 - me * tiny};
+  w.coll->all_reduce(m.data(), 2, ReduceOp::kMax);
+  EXPECT_EQ(m[0], P * big);
+  EXPECT_EQ(m[1], -1.0);
+  w.coll->all_reduce(static_cast<double*>(nullptr), 0, ReduceOp::kSum);
   expect_error([&] { w.coll->all_reduce(v.data(), 3, ReduceOp::kAvg); }, DION_ERROR_INTERNAL, {"replicate", "avg"});
 }
 

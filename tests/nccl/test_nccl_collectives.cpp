@@ -295,6 +295,22 @@ TEST_F(Nccl, AllReduceInt32) {
   expect_error([&] { c->all_reduce(s.ptr(), 3, ReduceOp::kAvg); }, DION_ERROR_INTERNAL, {"replicate", "avg"});
 }
 
+// Doubles (ncclFloat64): values no float holds (2^600) and sums whose last
+// bits a float would drop (1 + k 2^-40); every sum is exact in double.
+TEST_F(Nccl, AllReduceDouble) {
+  auto c = make("outer");
+  const int P = g.P, me = g.me;
+  const double big = std::ldexp(1.0, 600), tiny = std::ldexp(1.0, -40);
+  Dev<double> v(std::vector<double>{(me + 1) * big, 1.0 + me * tiny, -0.5 * me});
+  c->all_reduce(v.ptr(), 3, ReduceOp::kSum);
+  EXPECT_EQ(v.get(), (std::vector<double>{P * (P + 1) / 2 * big, P + P * (P - 1) / 2 * tiny, -0.25 * P * (P - 1)}));
+  Dev<double> m(std::vector<double>{(me + 1) * big, -1.0 - me * tiny});
+  c->all_reduce(m.ptr(), 2, ReduceOp::kMax);
+  EXPECT_EQ(m.get(), (std::vector<double>{P * big, -1.0}));
+  EXPECT_EQ(c->bytes_last_step(CollKind::kAllReduce), 5u * sizeof(double));
+  expect_error([&] { c->all_reduce(v.ptr(), 3, ReduceOp::kAvg); }, DION_ERROR_INTERNAL, {"outer", "avg"});
+}
+
 TEST_F(Nccl, ReduceScatter) {
   auto c = make("outer");
   const int P = g.P, me = g.me;

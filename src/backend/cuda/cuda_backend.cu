@@ -545,10 +545,13 @@ class CudaBackend final : public Backend {
   // setup kernel), B's and C's from their strides. Row-major C = op(X) B is
   // column-major C^T = B^T op(X)^T: B first, as gemm passes its operands.
   void gemm_field(const TensorEntry* list, int64_t count, Field f, int64_t rows, int64_t cols, dion_dtype_t x_dtype,
-                  bool trans_x, ConstMatBatch b, MatBatch c, dion_matmul_precision_t precision) override {
+                  bool trans_x, ConstMatBatch b, MatBatch c, dion_matmul_precision_t precision,
+                  dion_dtype_t c_dtype) override {
     const int64_t m = c.rows, n = c.cols, k = trans_x ? rows : cols;
+    const bool c16 = c_dtype == DION_DTYPE_BF16;
     DION_REQUIRE((trans_x ? cols : rows) == m && b.rows == k && b.cols == n && b.batch == count &&
-                     c.batch == count && (x_dtype == DION_DTYPE_FP32 || x_dtype == DION_DTYPE_BF16),
+                     c.batch == count && (x_dtype == DION_DTYPE_FP32 || x_dtype == DION_DTYPE_BF16) &&
+                     (c_dtype == DION_DTYPE_FP32 || (c16 && x_dtype == DION_DTYPE_BF16 && c.ld == n && c.stride == m * n)),
                  DION_ERROR_INTERNAL, "cuda gemm_field: bad shapes or dtype");
     if (count <= 0 || m == 0 || n == 0) return;
     DeviceScope ds(device_);
@@ -556,12 +559,16 @@ class CudaBackend final : public Backend {
     const bool lowp = x_dtype == DION_DTYPE_BF16;
     ps.detail([&] { return gemm_tag(lowp ? "gemm_field bf16" : "gemm_field fp32", m, n, k, trans_x, false, count); });
     if (k == 0) {  // an empty sum
-      kernels::scale_matrix(ctx(), c, 0.0f);
+      if (c16)
+        check(cudaMemsetAsync(c.p, 0, 2 * static_cast<size_t>(count * m * n), stream_), "cudaMemsetAsync (gemm_field)");
+      else
+        kernels::scale_matrix(ctx(), c, 0.0f);
       return;
     }
     void** ptr = static_cast<void**>(scratch(kPtrGemm, sizeof(void*) * static_cast<size_t>(3 * count) + 64));
-    const kernels::PtrSource src[3] = {
-        {b.p, b.stride * (lowp ? 2 : 4), -1}, {nullptr, 0, static_cast<int>(f)}, {c.p, c.stride * 4, -1}};
+    const kernels::PtrSource src[3] = {{b.p, b.stride * (lowp ? 2 : 4), -1},
+                                       {nullptr, 0, static_cast<int>(f)},
+                                       {c.p, c.stride * (c16 ? 2 : 4), -1}};
     kernels::gemm_pointers(ctx(), list, count, src, const_cast<const void**>(ptr), nullptr, 0.0f, nullptr, nullptr);
     const cublasComputeType_t compute = lowp ? CUBLAS_COMPUTE_32F : compute_type(precision);
     const cudaDataType_t type = lowp ? CUDA_R_16BF : CUDA_R_32F;
@@ -569,7 +576,7 @@ class CudaBackend final : public Backend {
     check(cublasGemmBatchedEx(blas_, CUBLAS_OP_N, trans_x ? CUBLAS_OP_T : CUBLAS_OP_N, to_int(n, "gemm_field n"),
                               to_int(m, "gemm_field m"), to_int(k, "gemm_field k"), &alpha, ptr, type,
                               to_int(std::max<int64_t>(b.ld, 1), "gemm_field ldb"), ptr + count, type,
-                              to_int(cols, "gemm_field ldx"), &beta, ptr + 2 * count, CUDA_R_32F,
+                              to_int(cols, "gemm_field ldx"), &beta, ptr + 2 * count, c16 ? CUDA_R_16BF : CUDA_R_32F,
                               to_int(std::max<int64_t>(c.ld, 1), "gemm_field ldc"), to_int(count, "gemm_field batch"),
                               compute, CUBLAS_GEMM_DEFAULT),
           "cublasGemmBatchedEx (gemm_field)");

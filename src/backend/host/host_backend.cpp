@@ -704,15 +704,25 @@ class HostBackend final : public Backend {
   }
   // The field widened into scratch (and a bf16 b widened), then gemm.
   void gemm_field(const TensorEntry* list, int64_t count, Field f, int64_t rows, int64_t cols, dion_dtype_t x_dtype,
-                  bool trans_x, ConstMatBatch b, MatBatch c, dion_matmul_precision_t precision) override {
+                  bool trans_x, ConstMatBatch b, MatBatch c, dion_matmul_precision_t precision,
+                  dion_dtype_t c_dtype) override {
+    const bool c16 = c_dtype == DION_DTYPE_BF16;
+    DION_REQUIRE(c_dtype == DION_DTYPE_FP32 ||
+                     (c16 && x_dtype == DION_DTYPE_BF16 && c.ld == c.cols && c.stride == c.rows * c.cols),
+                 DION_ERROR_INTERNAL, "host gemm_field: bad output dtype");
     const int64_t n = rows * cols;
     float* x = grow(g_scratch.prod, static_cast<size_t>(count * n));
     load_multi(x, list, count, f, n);
     const ConstMatBatch X(x, rows, cols, cols, n, count);
+    // bf16 output: the fp32 product, then each element rounded into c
+    MatBatch cf = c;
+    if (c16) cf = MatBatch{grow(c16_wide_, static_cast<size_t>(count * c.rows * c.cols)), c.rows, c.cols, c.cols,
+                           c.rows * c.cols, count};
     if (x_dtype == DION_DTYPE_BF16)
-      gemm(trans_x, false, 1.0f, X, widen_bf16(b, bf16_wide_), 0.0f, c, DION_MATMUL_FP32);
+      gemm(trans_x, false, 1.0f, X, widen_bf16(b, bf16_wide_), 0.0f, cf, DION_MATMUL_FP32);
     else
-      gemm(trans_x, false, 1.0f, X, b, 0.0f, c, precision);
+      gemm(trans_x, false, 1.0f, X, b, 0.0f, cf, precision);
+    if (c16) store(c.p, DION_DTYPE_BF16, cf.p, count * c.rows * c.cols);
   }
   // The product in fp32 (A and B widened exactly), then each element's sum.
   void accumulate_lowrank(const TensorEntry* list, int64_t count, ConstMatBatch a, ConstMatBatch b,
@@ -864,7 +874,7 @@ class HostBackend final : public Backend {
   }
 
   std::vector<double> col_acc_, col_inv_;
-  std::vector<float> bf16_wide_;
+  std::vector<float> bf16_wide_, c16_wide_;
   std::vector<int32_t> order_;
 };
 
