@@ -45,6 +45,26 @@ __global__ void load_multi_kernel(float* dst, const TensorEntry* list, int64_t c
   }
 }
 
+// load_multi into bf16: each element rounded as store(BF16) rounds it.
+__global__ void load_multi_bf16_kernel(uint16_t* dst, const TensorEntry* list, int64_t count, int f, int64_t n) {
+  for (int64_t t = blockIdx.y; t < count; t += gridDim.y) {
+    const void* src = list[t].ptr[f];
+    const dion_dtype_t dt = static_cast<dion_dtype_t>(list[t].dtype[f]);
+    uint16_t* d = dst + t * n;
+    int64_t i0 = 0;
+    if (aligned16(src) && aligned16(d)) {
+      const int64_t n8 = n / 8;
+      for (int64_t j = global_thread(); j < n8; j += grid_threads()) {
+        float v[8];
+        load8(src, dt, j, v);
+        store8(d, DION_DTYPE_BF16, j, v);
+      }
+      i0 = n8 * 8;
+    }
+    for (int64_t i = i0 + global_thread(); i < n; i += grid_threads()) store_elem(d, DION_DTYPE_BF16, i, load_elem(src, dt, i));
+  }
+}
+
 // src holds count x n elements of dtype sdt (fp32, or bf16 for store_multi_bf16).
 __global__ void store_multi_kernel(const TensorEntry* list, int64_t count, int f, const void* src, dion_dtype_t sdt,
                                    int64_t n, const int32_t* skip) {
@@ -360,6 +380,13 @@ void load_multi(const Ctx& c, float* dst, const TensorEntry* list, int64_t count
   if (count <= 0 || n <= 0) return;
   load_multi_kernel<<<grid_multi(c, count, n), kThreads, 0, c.stream>>>(dst, list, count, f, n);
   cuda::check_launch("load_multi kernel");
+}
+
+void load_multi_bf16(const Ctx& c, void* dst, const TensorEntry* list, int64_t count, Field f, int64_t n) {
+  if (count <= 0 || n <= 0) return;
+  load_multi_bf16_kernel<<<grid_multi(c, count, n), kThreads, 0, c.stream>>>(static_cast<uint16_t*>(dst), list, count,
+                                                                              f, n);
+  cuda::check_launch("load_multi_bf16 kernel");
 }
 
 namespace {

@@ -24,6 +24,7 @@ struct Ctx {
 void load(const Ctx& c, float* dst, const void* src, dion_dtype_t dt, int64_t n);
 void store(const Ctx& c, void* dst, dion_dtype_t dt, const float* src, int64_t n);
 void load_multi(const Ctx& c, float* dst, const TensorEntry* list, int64_t count, Field f, int64_t n);
+void load_multi_bf16(const Ctx& c, void* dst, const TensorEntry* list, int64_t count, Field f, int64_t n);
 void store_multi(const Ctx& c, const TensorEntry* list, int64_t count, Field f, const float* src, int64_t n,
                  const int32_t* skip);
 void store_multi_bf16(const Ctx& c, const TensorEntry* list, int64_t count, Field f, const void* src, int64_t n,
@@ -72,12 +73,12 @@ size_t col_normalize_scratch(const Ctx& c, const MatBatch& m);
 void col_normalize(const Ctx& c, MatBatch m, float eps, void* scratch);
 // Backend::finish_p, finish_r (scratch: finish_r_scratch bytes) and
 // col_scale_store: Dion's finish of P and R, fused.
-void finish_p(const Ctx& c, MatBatch p, const int32_t* flags, void* pb);
+void finish_p(const Ctx& c, MatBatch p, const int32_t* flags, void* pb, bool pb_all);
 size_t finish_r_scratch(const Ctx& c, const ConstMatBatch& r);
-void finish_r(const Ctx& c, MatBatch r, const int32_t* flags, ConstMatBatch q, void* rb, double* sumsq,
-              void* scratch);
+void finish_r(const Ctx& c, MatBatch r, const int32_t* flags, ConstMatBatch q, const TensorEntry* qlist, Field qf,
+              void* rb, double* sumsq, void* scratch);
 void col_scale_store(const Ctx& c, MatBatch r, const double* sumsq, float eps, void* rb, const TensorEntry* list,
-                     Field f, const int32_t* skip);
+                     Field f, const int32_t* skip, bool write_r);
 size_t slice_l1_scratch(const Ctx& c, const ConstMatBatch& m, Axis axis);
 void slice_l1(const Ctx& c, ConstMatBatch m, Axis axis, float* out, void* scratch);
 size_t zero_fixup_scratch(const Ctx& c, const ConstMatBatch& m);

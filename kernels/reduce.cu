@@ -374,10 +374,11 @@ __device__ __forceinline__ double col_total(const double* partial, int64_t b, in
 }
 
 // m(i, j) *= 1 / (sqrt(sumsq[b * cols + j]) + eps), each thread's column
-// scale computed once, in double; then the copies (rb, list: nullable):
+// scale computed once, in double (m left as it was unless write_m); then the
+// copies (rb, list: nullable):
 // col_normalize's scale and Backend::col_scale_store.
 __global__ void col_scale_store_kernel(MatBatch m, int64_t nr, const double* sumsq, float eps, uint16_t* rb,
-                                       const TensorEntry* list, int f, const int32_t* skip) {
+                                       const TensorEntry* list, int f, const int32_t* skip, bool write_m) {
   const int tx = threadIdx.x, ty = threadIdx.y;
   const int64_t j = blockIdx.x * static_cast<int64_t>(kTileX) + tx;
   const int64_t chunk = ceil_div(m.rows, nr), r0 = blockIdx.y * chunk, r1 = min(r0 + chunk, m.rows);
@@ -399,14 +400,14 @@ __global__ void col_scale_store_kernel(MatBatch m, int64_t nr, const double* sum
       for (int k = 0; k < 4; ++k) {
         const int64_t row = i + k * kTileY;
         const float v = static_cast<float>(x[k] * inv);
-        p[row * m.ld + j] = v;
+        if (write_m) p[row * m.ld + j] = v;
         if (o) o[row * m.cols + j] = float_to_bf16(v);
         if (dst) store_elem(dst, dt, row * m.cols + j, v);
       }
     }
     for (; i < r1; i += kTileY) {
       const float v = static_cast<float>(p[i * m.ld + j] * inv);
-      p[i * m.ld + j] = v;
+      if (write_m) p[i * m.ld + j] = v;
       if (o) o[i * m.cols + j] = float_to_bf16(v);
       if (dst) store_elem(dst, dt, i * m.cols + j, v);
     }
@@ -583,7 +584,7 @@ void col_normalize(const Ctx& c, MatBatch m, float eps, void* scratch) {
   col_sums<kSquares, double>(c, ConstMatBatch(m), totals, totals + m.batch * m.cols, "col_normalize sum kernel");
   const ColPlan plan = col_plan(c, m.rows, m.cols, m.batch);
   col_scale_store_kernel<<<col_grid(plan, m.batch), dim3(kTileX, kTileY), 0, c.stream>>>(
-      m, plan.nr, totals, eps, nullptr, nullptr, 0, nullptr);
+      m, plan.nr, totals, eps, nullptr, nullptr, 0, nullptr, true);
   cuda::check_launch("col_normalize scale kernel");
 }
 
@@ -635,13 +636,14 @@ __device__ __forceinline__ bool put_if_changed(float* x, float old, float v) {
 // Backend::finish_p: grid.y walks the matrices (dense, `per` elements each),
 // read as float4s where aligned. pb holds bf16(p) on entry, so an element is
 // written (to p and pb) only where the fix-up changes it: a clean P is only
-// read.
-__device__ __forceinline__ void finish_p_at(float* x, uint16_t* o, int64_t i, float v0, bool keep) {
+// read; with `all`, pb receives every element's bf16 copy.
+__device__ __forceinline__ void finish_p_at(float* x, uint16_t* o, int64_t i, float v0, bool keep, bool all) {
   const float v = keep ? finite_or_clamped(v0) : 0.0f;
-  if (put_if_changed(x + i, v0, v) && o) o[i] = float_to_bf16(v);
+  const bool changed = put_if_changed(x + i, v0, v);
+  if (o && (changed || all)) o[i] = float_to_bf16(v);
 }
 
-__global__ void finish_p_kernel(float* p, int64_t batch, int64_t per, const int32_t* flags, uint16_t* pb) {
+__global__ void finish_p_kernel(float* p, int64_t batch, int64_t per, const int32_t* flags, uint16_t* pb, bool all) {
   for (int64_t b = blockIdx.y; b < batch; b += gridDim.y) {
     const bool keep = flags[b] != 0;
     float* x = p + b * per;
@@ -651,14 +653,14 @@ __global__ void finish_p_kernel(float* p, int64_t batch, int64_t per, const int3
       const int64_t n4 = per / 4;
       for (int64_t j = global_thread(); j < n4; j += grid_threads()) {
         const float4 v = reinterpret_cast<const float4*>(x)[j];
-        finish_p_at(x, o, 4 * j, v.x, keep);
-        finish_p_at(x, o, 4 * j + 1, v.y, keep);
-        finish_p_at(x, o, 4 * j + 2, v.z, keep);
-        finish_p_at(x, o, 4 * j + 3, v.w, keep);
+        finish_p_at(x, o, 4 * j, v.x, keep, all);
+        finish_p_at(x, o, 4 * j + 1, v.y, keep, all);
+        finish_p_at(x, o, 4 * j + 2, v.z, keep, all);
+        finish_p_at(x, o, 4 * j + 3, v.w, keep, all);
       }
       i0 = 4 * n4;
     }
-    for (int64_t i = i0 + global_thread(); i < per; i += grid_threads()) finish_p_at(x, o, i, x[i], keep);
+    for (int64_t i = i0 + global_thread(); i < per; i += grid_threads()) finish_p_at(x, o, i, x[i], keep, all);
   }
 }
 
@@ -667,19 +669,28 @@ __global__ void finish_p_kernel(float* p, int64_t batch, int64_t per, const int3
 // column-sum kernels read every element exactly once, written back where it
 // changed and to the bf16 copy on the way. The sums are then those of the
 // fixed-up r, in col_normalize's tiles, chunks and order.
+// q: the batch q, or (ql non-null) field qf of ql[b], dense rows x cols in
+// its dtype.
 struct FixupSrc {
   MatBatch r;
   const int32_t* flags;
   ConstMatBatch q;
+  const TensorEntry* ql;
+  int qf;
   uint16_t* rb;
   struct At {
     float* p;
     const float* qp;
+    const void* qs;  // the field's elements (ql), else null
+    dion_dtype_t qdt;
     uint16_t* o;
     int64_t ld, qld, cols;
     bool keep;
+    __device__ __forceinline__ float qv(int64_t i, int64_t j) const {
+      return qs ? load_elem(qs, qdt, i * cols + j) : qp[i * qld + j];
+    }
     __device__ __forceinline__ float operator()(int64_t i, int64_t j) const {
-      const float v0 = p[i * ld + j], v = keep ? finite_or_clamped(v0) : qp[i * qld + j];
+      const float v0 = p[i * ld + j], v = keep ? finite_or_clamped(v0) : qv(i, j);
       put_if_changed(p + i * ld + j, v0, v);
       if (o) o[i * cols + j] = float_to_bf16(v);
       return v;
@@ -695,7 +706,7 @@ struct FixupSrc {
         for (int k = 0; k < 4; ++k) v[k] = finite_or_clamped(v0[k]);
       } else {
 #pragma unroll
-        for (int k = 0; k < 4; ++k) v[k] = qp[(i + k * step) * qld + j];
+        for (int k = 0; k < 4; ++k) v[k] = qv(i + k * step, j);
       }
 #pragma unroll
       for (int k = 0; k < 4; ++k) {
@@ -706,41 +717,45 @@ struct FixupSrc {
     }
   };
   __device__ __forceinline__ At at(int64_t b) const {
-    return At{mat_at(r, b), mat_at(q, b), rb ? rb + b * r.rows * r.cols : nullptr, r.ld, q.ld, r.cols, flags[b] != 0};
+    const bool keep = flags[b] != 0;
+    const void* qs = ql && !keep ? ql[b].ptr[qf] : nullptr;
+    const dion_dtype_t qdt = qs ? static_cast<dion_dtype_t>(ql[b].dtype[qf]) : DION_DTYPE_FP32;
+    return At{mat_at(r, b), ql ? nullptr : mat_at(q, b), qs, qdt, rb ? rb + b * r.rows * r.cols : nullptr, r.ld,
+              q.ld, r.cols, keep};
   }
 };
 static_assert(has_rows4<FixupSrc::At>::value && !has_rows4<MatSrc::At>::value, "rows4 detection");
 
 }  // namespace
 
-void finish_p(const Ctx& c, MatBatch p, const int32_t* flags, void* pb) {
+void finish_p(const Ctx& c, MatBatch p, const int32_t* flags, void* pb, bool pb_all) {
   const int64_t per = p.rows * p.cols;
   if (p.batch <= 0 || per <= 0) return;
   finish_p_kernel<<<grid_multi(c, p.batch, ceil_div(per, 4)), kThreads, 0, c.stream>>>(p.p, p.batch, per, flags,
-                                                                         static_cast<uint16_t*>(pb));
+                                                                         static_cast<uint16_t*>(pb), pb_all);
   cuda::check_launch("finish_p kernel");
 }
 
 size_t finish_r_scratch(const Ctx& c, const ConstMatBatch& r) { return col_partial_bytes(c, r.rows, r.cols, r.batch); }
 
-void finish_r(const Ctx& c, MatBatch r, const int32_t* flags, ConstMatBatch q, void* rb, double* sumsq,
-              void* scratch) {
+void finish_r(const Ctx& c, MatBatch r, const int32_t* flags, ConstMatBatch q, const TensorEntry* qlist, Field qf,
+              void* rb, double* sumsq, void* scratch) {
   if (r.batch <= 0 || r.cols <= 0) return;
   if (r.rows <= 0) {  // empty columns: their sums are 0
     cuda::check(cudaMemsetAsync(sumsq, 0, sizeof(double) * static_cast<size_t>(r.batch * r.cols), c.stream),
                 "cudaMemsetAsync (finish_r)");
     return;
   }
-  col_sums<kSquares, double>(c, FixupSrc{r, flags, q, static_cast<uint16_t*>(rb)}, r.batch, r.rows, r.cols, sumsq,
+  col_sums<kSquares, double>(c, FixupSrc{r, flags, q, qlist, static_cast<int>(qf), static_cast<uint16_t*>(rb)}, r.batch, r.rows, r.cols, sumsq,
                              static_cast<double*>(scratch), "finish_r kernel");
 }
 
 void col_scale_store(const Ctx& c, MatBatch r, const double* sumsq, float eps, void* rb, const TensorEntry* list,
-                     Field f, const int32_t* skip) {
+                     Field f, const int32_t* skip, bool write_r) {
   if (r.batch <= 0 || r.rows <= 0 || r.cols <= 0) return;
   const ColPlan plan = col_plan(c, r.rows, r.cols, r.batch);
   col_scale_store_kernel<<<col_grid(plan, r.batch), dim3(kTileX, kTileY), 0, c.stream>>>(
-      r, plan.nr, sumsq, eps, static_cast<uint16_t*>(rb), list, static_cast<int>(f), skip);
+      r, plan.nr, sumsq, eps, static_cast<uint16_t*>(rb), list, static_cast<int>(f), skip, write_r);
   cuda::check_launch("col_scale_store kernel");
 }
 

@@ -565,8 +565,7 @@ uint16_t* reduce_slots_bf16(const Split& sp, const Dist& d, uint16_t* all, uint1
 // own16 and finished there (finish_p; nz: their all-zero flags, reduced
 // over the meshes), ready to be gathered.
 void finish_own_bf16(Backend& be, MatBatch Y, const int32_t* nz, uint16_t* own16) {
-  be.store(own16, DION_DTYPE_BF16, Y.p, Y.batch * Y.rows * Y.cols);
-  be.finish_p(Y, nz, own16);
+  be.finish_p(Y, nz, own16, true);
 }
 
 // P <- orth(P) with the batch split over sp.mesh (spec §2.6 paths 1 and 2):
@@ -735,8 +734,9 @@ void finish(Optimizer& opt, Group& g, const Batch& bt, const Shape& s, const Dis
   double* ss = reinterpret_cast<double*>(opt.ws.take(2 * T * s.r));
   // pb_final (the phased step's bf16 gather, lowp only): the owners ran
   // finish_p on their slots before gathering Pb, and P is not read again.
-  if (!pb_final) be.finish_p(P, nz, lowp ? Pb.p : nullptr);
-  be.finish_r(R, nz, Qm, lowp ? Rb.p : nullptr, ss);
+  if (!pb_final) be.finish_p(P, nz, lowp ? Pb.p : nullptr, false);
+  // On the lowp path Q was not loaded in fp32 (step(), step_group()): the fix-up reads the state.
+  be.finish_r(R, nz, Qm, lowp ? bt.list : nullptr, kState1, lowp ? Rb.p : nullptr, ss);
   // The error feedback's and the update's product is A B^T in storage
   // orientation: P R^T (then P Q^T), or R P^T when B is stored transposed;
   // of the bf16 copies on the lowp path. (Rb and R hold Q for the update:
@@ -769,9 +769,10 @@ void finish(Optimizer& opt, Group& g, const Batch& bt, const Shape& s, const Dis
   // one pass from finish_r's column sums of squares. R's rows (B's columns)
   // sharded over the outer mesh: those sums (double) are partial, and are
   // reduced over it first.
+  // On the lowp path R's fp32 values are not read again (the update reads Rb).
   if (d.outer) d.outer->all_reduce(ss, T * s.r, ReduceOp::kSum);
   be.col_scale_store(R, ss, static_cast<float>(o.epsilon), lowp ? Rb.p : nullptr, bt.list, kState1,
-                     opt.skip_flag());
+                     opt.skip_flag(), !lowp);
   // X = (1 - lr wd) X - lr sqrt(m/n) P Q^T (in storage orientation). On a
   // device, one product per batch updates the parameters in place from P and
   // Q (update_lowrank: the bf16 copies on the lowp path, for fp32 and bf16
@@ -801,7 +802,9 @@ void step(Optimizer& opt, Group& g, const Batch& bt) {
 
   const bool in_state = m_in_state(be, bt, lowp, state_of(opt, t, 0).dtype, t.param_dtype);
   const auto [M, nz] = momentum_pass(opt, bt, lowp, in_state);
-  float* Q = load_ws(opt, bt, kState1, s.b * s.r);
+  // Q in fp32, except on the lowp path, where the products read its bf16
+  // copy (Qtb, below) and finish_r's fix-up the state itself.
+  float* Q = lowp ? nullptr : load_ws(opt, bt, kState1, s.b * s.r);
 
   MatBatch Mm{M, t.geom.srows, t.geom.scols, t.geom.scols, n_el, T};  // bf16 elements on the lowp path
   const Split sp = split_of(opt, d, T);
@@ -816,7 +819,7 @@ void step(Optimizer& opt, Group& g, const Batch& bt) {
   MatBatch Pb{lowp ? half(T * ar) : nullptr, s.a, s.r, s.r, ar, T};
   MatBatch Rb{lowp ? half(T * br) : nullptr, s.b, s.r, s.r, br, T};
   ConstMatBatch Qtb{lowp ? half(T * br) : nullptr, s.b, s.r, s.r, br, T};
-  if (lowp) to_bf16(be, const_cast<float*>(Qtb.p), Q, T * br);
+  if (lowp) be.load_multi_bf16(const_cast<float*>(Qtb.p), bt.list, T, kState1, br);
   // P in bf16 over the split mesh (one power iteration: Pb is then final,
   // finished by the slots' owners, which need the all-zero flags first).
   const bool comm16 = o.power_iters == 1 && bf16_comm(lowp, sp, s);
@@ -1065,7 +1068,8 @@ bool step_group(Optimizer& opt, Group& g) {
     const MomentumPass mp = momentum_pass(opt, bt, u.lowp, u.in_state);
     u.M = mp.M;
     u.nz = mp.nz;
-    u.Qm = MatBatch{load_ws(opt, bt, kState1, br), u.s.b, u.s.r, u.s.r, br, T};
+    // Q in fp32 unless lowp (as step(): its bf16 copy Qtb, below, and the state)
+    u.Qm = MatBatch{u.lowp ? nullptr : load_ws(opt, bt, kState1, br), u.s.b, u.s.r, u.s.r, br, T};
     u.Pall = MatBatch{opt.ws.take(u.sp.slots * ar), u.s.a, u.s.r, u.s.r, ar, T};
     float* own = u.sp.scatter ? opt.ws.take(u.sp.block * ar) : nullptr;
     u.P1 = MatBatch{opt.ws.take(c * ar), u.s.a, u.s.r, u.s.r, ar, c};
@@ -1079,7 +1083,7 @@ bool step_group(Optimizer& opt, Group& g) {
     const MatBatch Mm{u.M, t.geom.srows, t.geom.scols, t.geom.scols, n_el, T};
     if (u.lowp) {
       u.Qtb = ConstMatBatch(half(T * br), u.s.b, u.s.r, u.s.r, br, T);
-      to_bf16(be, const_cast<float*>(u.Qtb.p), u.Qm.p, T * br);
+      be.load_multi_bf16(const_cast<float*>(u.Qtb.p), bt.list, T, kState1, br);
     }
     // As step() and orth_split(): P is a partial sum over outer, and each
     // replica's own under compressed sync.

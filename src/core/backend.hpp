@@ -165,6 +165,9 @@ class Backend {
   virtual void store(void* dst, dion_dtype_t dt, const float* src, int64_t n) = 0;
   // Batched over `count` tensors of `n` elements each: dst[i*n + j] = field f of list[i], element j.
   virtual void load_multi(float* dst, const TensorEntry* list, int64_t count, Field f, int64_t n) = 0;
+  // The same into bf16 elements (dst: count x n, dense): store(BF16) of
+  // load_multi's values, in one pass (a copy from a bf16 field).
+  virtual void load_multi_bf16(void* dst, const TensorEntry* list, int64_t count, Field f, int64_t n) = 0;
   virtual void store_multi(const TensorEntry* list, int64_t count, Field f, const float* src, int64_t n,
                            const int32_t* skip) = 0;
   // The same from bf16 elements (src: count x n, dense): each is widened
@@ -332,21 +335,24 @@ class Backend {
   // (nullable) receive bf16 copies (store(BF16), dense, the matrices one
   // after the other).
   //   finish_p: nan_to_num(p); zero_fixup_flagged's p half (p[b] = 0 where
-  //     flags[b] == 0); pb <- bf16(p). pb must hold bf16(p) on entry (the
-  //     copy R = B^T P was formed from): only the changed elements are
-  //     rewritten.
+  //     flags[b] == 0); pb <- bf16(p). Unless pb_all, pb must hold bf16(p)
+  //     on entry (the copy R = B^T P was formed from): only the changed
+  //     elements are rewritten; with pb_all every element is.
   //   finish_r: nan_to_num(r); its r half (r[b] = q[b] where flags[b] ==
-  //     0); rb <- bf16(r); sumsq[b * cols + j] <- sum_i r[b](i, j)^2 in
-  //     double, as col_normalize sums.
+  //     0; with qlist, q[b] is field qf of qlist[b], load_multi's values,
+  //     and q is not read); rb <- bf16(r); sumsq[b * cols + j] <- sum_i
+  //     r[b](i, j)^2 in double, as col_normalize sums.
   //   col_scale_store: r(i, j) *= 1 / (sqrt(sumsq[j]) + eps) in double, as
   //     col_normalize scales; rb <- bf16(r); with list (one matrix of r per
-  //     tensor): store_multi(list, r.batch, f, r, rows * cols, skip).
+  //     tensor): store_multi(list, r.batch, f, r, rows * cols, skip). With
+  //     write_r false only the copies are written (r is left as it was).
   // So finish_r then col_scale_store is nan_to_num, the fix-up and
   // col_normalize (the sums in double: a column of 1e30s does not overflow).
-  virtual void finish_p(MatBatch p, const int32_t* flags, void* pb) = 0;
-  virtual void finish_r(MatBatch r, const int32_t* flags, ConstMatBatch q, void* rb, double* sumsq) = 0;
+  virtual void finish_p(MatBatch p, const int32_t* flags, void* pb, bool pb_all) = 0;
+  virtual void finish_r(MatBatch r, const int32_t* flags, ConstMatBatch q, const TensorEntry* qlist, Field qf,
+                        void* rb, double* sumsq) = 0;
   virtual void col_scale_store(MatBatch r, const double* sumsq, float eps, void* rb, const TensorEntry* list, Field f,
-                               const int32_t* skip) = 0;
+                               const int32_t* skip, bool write_r) = 0;
   // Each matrix of the batch: m /= (factor * ||m||_F + eps)
   virtual void frob_normalize(MatBatch m, float factor, float eps) = 0;
   // Column normalisation: m[:, j] /= (||m[:, j]|| + eps)

@@ -1241,10 +1241,12 @@ TEST_F(OpsTest, FinishPAndR) {
       cuda->store(rb1.p(), DION_DTYPE_BF16, dR1.p(), T * n);
       cuda->store_multi(tp.a.dev_table.p(), T, kState1, dR1.p(), n, dskip.p());
       cuda->store(pb2.p(), DION_DTYPE_BF16, dP2.p(), T * n);  // finish_p's precondition: pb = bf16(p)
-      cuda->finish_p(p2, dflags.p(), pb2.p());
-      cuda->finish_r(r2, dflags.p(), q, rb2.p(), dss.p());
+      cuda->finish_p(p2, dflags.p(), pb2.p(), false);
+      cuda->finish_r(r2, dflags.p(), q, nullptr, kState1, rb2.p(), dss.p());
       EXPECT_TRUE(same_bits(rb_fixed, rb2.get())) << "the fixed-up R's bf16 copy";
-      cuda->col_scale_store(r2, dss.p(), 0.5f, rb2.p(), tp.b.dev_table.p(), kState1, dskip.p());
+      const std::vector<float> R2fixed = dR2.get();
+      const std::vector<double> ss2 = dss.get();
+      cuda->col_scale_store(r2, dss.p(), 0.5f, rb2.p(), tp.b.dev_table.p(), kState1, dskip.p(), true);
       EXPECT_TRUE(same_bits(dP1.get(), dP2.get()));
       EXPECT_TRUE(same_bits(pb1.get(), pb2.get()));
       EXPECT_TRUE(same_bits(dR1.get(), dR2.get()));
@@ -1257,15 +1259,16 @@ TEST_F(OpsTest, FinishPAndR) {
       std::vector<uint16_t> rbh(R.size()), pbh(R.size());
       const MatBatch rh{Rh.data(), rows, cols, cols, n, T}, ph{Ph.data(), rows, cols, cols, n, T};
       host->store(pbh.data(), DION_DTYPE_BF16, Ph.data(), T * n);
-      host->finish_p(ph, flags.data(), pbh.data());
-      host->finish_r(rh, flags.data(), ConstMatBatch(Qh.data(), rows, cols, cols, n, T), nullptr, ssh.data());
+      host->finish_p(ph, flags.data(), pbh.data(), false);
+      host->finish_r(rh, flags.data(), ConstMatBatch(Qh.data(), rows, cols, cols, n, T), nullptr, kState1, nullptr,
+                     ssh.data());
       EXPECT_TRUE(close(std::vector<float>(ssh.begin(), ssh.end()),
                         [&] {
                           const std::vector<double> d = dss.get();
                           return std::vector<float>(d.begin(), d.end());
                         }(),
                         kUlps));
-      host->col_scale_store(rh, ssh.data(), 0.5f, rbh.data(), tp.b.host_list.data(), kState1, &skip);
+      host->col_scale_store(rh, ssh.data(), 0.5f, rbh.data(), tp.b.host_list.data(), kState1, &skip, true);
       EXPECT_TRUE(same_bits(Ph, dP2.get()));
       EXPECT_TRUE(same_bits(pbh, pb2.get()));
       EXPECT_TRUE(close(Rh, dR2.get(), kUlps));
@@ -1278,6 +1281,38 @@ TEST_F(OpsTest, FinishPAndR) {
       }
       EXPECT_TRUE(close(wb, gb, dtype_rtol(DION_DTYPE_BF16)));
       for (size_t i = 0; i < tp.b.t.size(); ++i) compare_field(tp.b, i, kState1);
+      // The variants Dion's bf16 path takes, against the calls above, bit for
+      // bit: finish_p with pb_all writes every element of a pb holding
+      // garbage; load_multi_bf16 is store(BF16) of load_multi; finish_r's
+      // fix-up from the typed field (kState1 of b, every dtype) equals it
+      // from that field loaded; col_scale_store with write_r false writes
+      // the same copies and leaves r.
+      Dev<float> dP3(P);
+      Dev<uint16_t> pb3(std::vector<uint16_t>(R.size(), 7));
+      cuda->finish_p(MatBatch{dP3.p(), rows, cols, cols, n, T}, dflags.p(), pb3.p(), true);
+      EXPECT_TRUE(same_bits(dP1.get(), dP3.get()));
+      EXPECT_TRUE(same_bits(pb1.get(), pb3.get()));
+      Dev<float> dQs(R.size()), dR3(R), dR4(R);
+      Dev<uint16_t> qs16(R.size()), want16(R.size()), rb3(R.size()), rb4(std::vector<uint16_t>(R.size(), 7));
+      Dev<double> dss3(static_cast<size_t>(T * cols)), dss4(static_cast<size_t>(T * cols));
+      cuda->load_multi(dQs.p(), tp.b.dev_table.p(), T, kState1, n);
+      cuda->load_multi_bf16(qs16.p(), tp.b.dev_table.p(), T, kState1, n);
+      cuda->store(want16.p(), DION_DTYPE_BF16, dQs.p(), T * n);
+      EXPECT_TRUE(same_bits(want16.get(), qs16.get()));
+      cuda->finish_r(MatBatch{dR3.p(), rows, cols, cols, n, T}, dflags.p(),
+                     ConstMatBatch(dQs.p(), rows, cols, cols, n, T), nullptr, kState1, rb3.p(), dss3.p());
+      cuda->finish_r(MatBatch{dR4.p(), rows, cols, cols, n, T}, dflags.p(),
+                     ConstMatBatch(nullptr, rows, cols, cols, n, T), tp.b.dev_table.p(), kState1, rb4.p(), dss4.p());
+      EXPECT_TRUE(same_bits(dR3.get(), dR4.get()));
+      EXPECT_TRUE(same_bits(rb3.get(), rb4.get()));
+      EXPECT_TRUE(same_bits(dss3.get(), dss4.get()));
+      Dev<float> dR5(R2fixed);
+      Dev<double> dss5(ss2);
+      Dev<uint16_t> rb5(std::vector<uint16_t>(R.size(), 7));
+      cuda->col_scale_store(MatBatch{dR5.p(), rows, cols, cols, n, T}, dss5.p(), 0.5f, rb5.p(), nullptr, kState1,
+                            nullptr, false);
+      EXPECT_TRUE(same_bits(R2fixed, dR5.get()));
+      EXPECT_TRUE(same_bits(rb2.get(), rb5.get()));
     }
 }
 

@@ -628,9 +628,11 @@ TEST_F(HostFused, FinishRAndColScaleStoreEqualFixupAndColNormalize) {
       std::vector<double> ss(T * cols);
       MatBatch r2{R2.data(), rows, cols, cols, n, T}, p2{P2.data(), rows, cols, cols, n, T};
       be->store(pb2.data(), DION_DTYPE_BF16, P2.data(), T * n);
-      be->finish_p(p2, flags, pb2.data());
-      be->finish_r(r2, flags, q, nullptr, ss.data());
-      be->col_scale_store(r2, ss.data(), 0.5f, rb2.data(), tw.lb.data(), kState1, &skip);
+      be->finish_p(p2, flags, pb2.data(), false);
+      be->finish_r(r2, flags, q, nullptr, kState1, nullptr, ss.data());
+      const std::vector<float> R2fixed = R2;
+      const std::vector<double> ss2 = ss;
+      be->col_scale_store(r2, ss.data(), 0.5f, rb2.data(), tw.lb.data(), kState1, &skip, true);
       EXPECT_TRUE(same_floats(P1, P2));
       EXPECT_TRUE(pb1 == pb2);
       EXPECT_TRUE(same_floats(R1, R2));
@@ -643,6 +645,38 @@ TEST_F(HostFused, FinishRAndColScaleStoreEqualFixupAndColNormalize) {
       for (int64_t i = 0; i < rows; ++i) q0 += static_cast<double>(Q[n + i * cols]) * Q[n + i * cols];
       EXPECT_EQ(R2[n], static_cast<float>(Q[n] * (1.0 / (std::sqrt(q0) + 0.5))));
       EXPECT_NEAR(R2[2 * n + 1], 1.0 / std::sqrt(static_cast<double>(rows)), 1e-6);
+      // The variants the bf16 path takes, against the calls above:
+      // finish_p with pb_all writes every element of a pb holding garbage;
+      std::vector<float> P3 = P;
+      std::vector<uint16_t> pb3(T * n, 7);
+      be->finish_p(MatBatch{P3.data(), rows, cols, cols, n, T}, flags, pb3.data(), true);
+      EXPECT_TRUE(same_floats(P1, P3));
+      EXPECT_TRUE(pb1 == pb3);
+      // finish_r's fix-up from a field (the typed state, kState1 of lb, as
+      // loaded) instead of q; load_multi_bf16 is store(BF16) of load_multi;
+      std::vector<float> Qs(T * n), R3 = R;
+      be->load_multi(Qs.data(), tw.lb.data(), T, kState1, n);
+      std::vector<uint16_t> qs16(T * n), want16(T * n);
+      be->load_multi_bf16(qs16.data(), tw.lb.data(), T, kState1, n);
+      be->store(want16.data(), DION_DTYPE_BF16, Qs.data(), T * n);
+      EXPECT_TRUE(qs16 == want16);
+      std::vector<float> R4 = R;
+      std::vector<double> ss3(T * cols), ss4(T * cols);
+      std::vector<uint16_t> rb3(T * n), rb4(T * n, 7);
+      be->finish_r(MatBatch{R3.data(), rows, cols, cols, n, T}, flags, ConstMatBatch(Qs.data(), rows, cols, cols, n, T),
+                   nullptr, kState1, rb3.data(), ss3.data());
+      be->finish_r(MatBatch{R4.data(), rows, cols, cols, n, T}, flags, ConstMatBatch(nullptr, rows, cols, cols, n, T),
+                   tw.lb.data(), kState1, rb4.data(), ss4.data());
+      EXPECT_TRUE(same_floats(R3, R4));
+      EXPECT_TRUE(rb3 == rb4);
+      EXPECT_EQ(ss3, ss4);
+      // col_scale_store with write_r false: the same copies, r untouched.
+      std::vector<float> R5 = R2fixed;
+      std::vector<uint16_t> rb5(T * n, 7);
+      be->col_scale_store(MatBatch{R5.data(), rows, cols, cols, n, T}, ss2.data(), 0.5f, rb5.data(), nullptr, kState1,
+                          nullptr, false);
+      EXPECT_TRUE(same_floats(R5, R2fixed));
+      EXPECT_TRUE(rb5 == rb2);
     }
 }
 

@@ -397,6 +397,11 @@ class CudaBackend final : public Backend {
     ProfScope ps(prof_, "load_multi", stream_);
     kernels::load_multi(ctx(), dst, list, count, f, n);
   }
+  void load_multi_bf16(void* dst, const TensorEntry* list, int64_t count, Field f, int64_t n) override {
+    DeviceScope ds(device_);
+    ProfScope ps(prof_, "load_multi_bf16", stream_);
+    kernels::load_multi_bf16(ctx(), dst, list, count, f, n);
+  }
   void store_multi(const TensorEntry* list, int64_t count, Field f, const float* src, int64_t n,
                    const int32_t* skip) override {
     DeviceScope ds(device_);
@@ -1063,22 +1068,23 @@ class CudaBackend final : public Backend {
     void* s = scratch(kReduce, kernels::col_normalize_scratch(ctx(), m));
     kernels::col_normalize(ctx(), m, eps, s);
   }
-  void finish_p(MatBatch p, const int32_t* flags, void* pb) override {
+  void finish_p(MatBatch p, const int32_t* flags, void* pb, bool pb_all) override {
     DeviceScope ds(device_);
     ProfScope ps(prof_, "finish_p", stream_);
-    kernels::finish_p(ctx(), p, flags, pb);
+    kernels::finish_p(ctx(), p, flags, pb, pb_all);
   }
-  void finish_r(MatBatch r, const int32_t* flags, ConstMatBatch q, void* rb, double* sumsq) override {
+  void finish_r(MatBatch r, const int32_t* flags, ConstMatBatch q, const TensorEntry* qlist, Field qf, void* rb,
+                double* sumsq) override {
     DeviceScope ds(device_);
     ProfScope ps(prof_, "finish_r", stream_);
     void* s = scratch(kReduce, kernels::finish_r_scratch(ctx(), r));
-    kernels::finish_r(ctx(), r, flags, q, rb, sumsq, s);
+    kernels::finish_r(ctx(), r, flags, q, qlist, qf, rb, sumsq, s);
   }
   void col_scale_store(MatBatch r, const double* sumsq, float eps, void* rb, const TensorEntry* list, Field f,
-                       const int32_t* skip) override {
+                       const int32_t* skip, bool write_r) override {
     DeviceScope ds(device_);
     ProfScope ps(prof_, "col_scale_store", stream_);
-    kernels::col_scale_store(ctx(), r, sumsq, eps, rb, list, f, skip);
+    kernels::col_scale_store(ctx(), r, sumsq, eps, rb, list, f, skip, write_r);
   }
   void slice_l1(ConstMatBatch m, Axis axis, float* out) override {
     if (m.batch <= 0) return;

@@ -105,6 +105,14 @@ class HostBackend final : public Backend {
     for (int64_t i = 0; i < count; ++i)
       load(dst + i * n, list[i].ptr[f], static_cast<dion_dtype_t>(list[i].dtype[f]), n);
   }
+  void load_multi_bf16(void* dst, const TensorEntry* list, int64_t count, Field f, int64_t n) override {
+    std::vector<float>& x = fscratch_;
+    x.resize(static_cast<size_t>(n));
+    for (int64_t i = 0; i < count; ++i) {
+      load(x.data(), list[i].ptr[f], static_cast<dion_dtype_t>(list[i].dtype[f]), n);
+      store(static_cast<uint16_t*>(dst) + i * n, DION_DTYPE_BF16, x.data(), n);
+    }
+  }
   void store_multi(const TensorEntry* list, int64_t count, Field f, const float* src, int64_t n,
                    const int32_t* skip) override {
     if (skip && *skip) return;
@@ -479,30 +487,55 @@ class HostBackend final : public Backend {
     col_sums_double(m, s.data());
     col_scale_double(m, s.data(), eps);
   }
-  void finish_p(MatBatch p, const int32_t* flags, void* pb) override {
-    // pb holds bf16(p): only the elements the fix-up changes are rewritten.
+  void finish_p(MatBatch p, const int32_t* flags, void* pb, bool pb_all) override {
+    // Unless pb_all, pb holds bf16(p): only the elements the fix-up changes are rewritten.
     uint16_t* o = static_cast<uint16_t*>(pb);
     const int64_t per = p.rows * p.cols;
     for (int64_t b = 0; b < p.batch; ++b)
       for (int64_t i = b * per; i < (b + 1) * per; ++i) {  // dense: p.stride == per
         float v = flags[b] ? p.p[i] : 0.0f;
         nan_to_num(&v, 1);
-        if (float_bits(v) == float_bits(p.p[i])) continue;
-        p.p[i] = v;
+        if (float_bits(v) != float_bits(p.p[i])) {
+          p.p[i] = v;
+        } else if (!pb_all) {
+          continue;
+        }
         if (o) o[i] = float_to_bf16(v);
       }
   }
-  void finish_r(MatBatch r, const int32_t* flags, ConstMatBatch q, void* rb, double* sumsq) override {
+  void finish_r(MatBatch r, const int32_t* flags, ConstMatBatch q, const TensorEntry* qlist, Field qf, void* rb,
+                double* sumsq) override {
     nan_to_num(r.p, r.batch * r.rows * r.cols);
-    copy_where_flagged(flags, r, q);
+    if (qlist) {  // the flagged matrices' q from the field
+      const int64_t per = r.rows * r.cols;
+      std::vector<float>& x = fscratch_;
+      for (int64_t b = 0; b < r.batch; ++b) {
+        if (flags[b]) continue;
+        x.resize(static_cast<size_t>(per));
+        load(x.data(), qlist[b].ptr[qf], static_cast<dion_dtype_t>(qlist[b].dtype[qf]), per);
+        copy_where_flagged(flags + b, MatBatch{at(r, b), r.rows, r.cols, r.ld, per, 1},
+                           ConstMatBatch(x.data(), r.rows, r.cols, r.cols, per, 1));
+      }
+    } else {
+      copy_where_flagged(flags, r, q);
+    }
     if (rb) store(rb, DION_DTYPE_BF16, r.p, r.batch * r.rows * r.cols);
     col_sums_double(r, sumsq);
   }
   void col_scale_store(MatBatch r, const double* sumsq, float eps, void* rb, const TensorEntry* list, Field f,
-                       const int32_t* skip) override {
-    col_scale_double(r, sumsq, eps);
-    if (rb) store(rb, DION_DTYPE_BF16, r.p, r.batch * r.rows * r.cols);
-    if (list) store_multi(list, r.batch, f, r.p, r.rows * r.cols, skip);
+                       const int32_t* skip, bool write_r) override {
+    MatBatch s = r;
+    if (!write_r) {  // scale a copy: r is left as it was
+      std::vector<float>& x = fscratch_;
+      x.resize(static_cast<size_t>(r.batch * r.rows * r.cols));
+      for (int64_t b = 0; b < r.batch; ++b)
+        for (int64_t i = 0; i < r.rows; ++i)
+          for (int64_t j = 0; j < r.cols; ++j) x[(b * r.rows + i) * r.cols + j] = at(r, b)[i * r.ld + j];
+      s = MatBatch{x.data(), r.rows, r.cols, r.cols, r.rows * r.cols, r.batch};
+    }
+    col_scale_double(s, sumsq, eps);
+    if (rb) store(rb, DION_DTYPE_BF16, s.p, s.batch * s.rows * s.cols);
+    if (list) store_multi(list, s.batch, f, s.p, s.rows * s.cols, skip);
   }
   void slice_l1(ConstMatBatch m, Axis axis, float* out) override {
     const int64_t N = axis == kRows ? m.rows : m.cols;
@@ -716,7 +749,7 @@ class HostBackend final : public Backend {
     const ConstMatBatch X(x, rows, cols, cols, n, count);
     // bf16 output: the fp32 product, then each element rounded into c
     MatBatch cf = c;
-    if (c16) cf = MatBatch{grow(c16_wide_, static_cast<size_t>(count * c.rows * c.cols)), c.rows, c.cols, c.cols,
+    if (c16) cf = MatBatch{grow(fscratch_, static_cast<size_t>(count * c.rows * c.cols)), c.rows, c.cols, c.cols,
                            c.rows * c.cols, count};
     if (x_dtype == DION_DTYPE_BF16)
       gemm(trans_x, false, 1.0f, X, widen_bf16(b, bf16_wide_), 0.0f, cf, DION_MATMUL_FP32);
@@ -874,7 +907,7 @@ class HostBackend final : public Backend {
   }
 
   std::vector<double> col_acc_, col_inv_;
-  std::vector<float> bf16_wide_, c16_wide_;
+  std::vector<float> bf16_wide_, fscratch_;
   std::vector<int32_t> order_;
 };
 
