@@ -85,9 +85,6 @@ size_t zero_fixup_scratch(const Ctx& c, const ConstMatBatch& m);
 void zero_fixup(const Ctx& c, ConstMatBatch m, MatBatch p, MatBatch r, ConstMatBatch q, void* scratch);
 void nonzero_flags(const Ctx& c, ConstMatBatch m, int32_t* flags);
 void zero_fixup_flagged(const Ctx& c, const int32_t* flags, MatBatch p, MatBatch r, ConstMatBatch q);
-size_t col_sumsq_scratch(const Ctx& c, const ConstMatBatch& m);
-void col_sumsq(const Ctx& c, ConstMatBatch m, float* out, void* scratch);
-void col_scale(const Ctx& c, MatBatch m, const float* sumsq, float eps);
 size_t neuron_normalize_scratch(const Ctx& c, const MatBatch& u, Axis axis);
 void neuron_normalize(const Ctx& c, MatBatch u, Axis axis, float* v, int64_t v_per_matrix, float beta2,
                       const int32_t* selected, void* scratch);

@@ -799,34 +799,6 @@ void zero_fixup(const Ctx& c, ConstMatBatch m, MatBatch p, MatBatch r, ConstMatB
   zero_fixup_flagged(c, nonzero, p, r, q);
 }
 
-namespace {
-struct ColScale {
-  MatBatch m;
-  const float* sumsq;
-  float eps;
-  __device__ void operator()(int64_t b, int64_t i, int64_t j) const {
-    float* x = mat_at(m, b) + i * m.ld + j;
-    *x = static_cast<float>(*x * (1.0 / (sqrt(static_cast<double>(sumsq[b * m.cols + j])) + eps)));
-  }
-};
-}  // namespace
-
-size_t col_sumsq_scratch(const Ctx& c, const ConstMatBatch& m) { return col_partial_bytes(c, m.rows, m.cols, m.batch); }
-
-void col_sumsq(const Ctx& c, ConstMatBatch m, float* out, void* scratch) {
-  if (m.batch <= 0 || m.cols <= 0) return;
-  if (m.rows <= 0) {
-    cuda::check(cudaMemsetAsync(out, 0, sizeof(float) * static_cast<size_t>(m.batch * m.cols), c.stream),
-                "cudaMemsetAsync (col_sumsq)");
-    return;
-  }
-  col_sums<kSquares, float>(c, m, out, static_cast<double*>(scratch), "col_sumsq kernel");
-}
-
-void col_scale(const Ctx& c, MatBatch m, const float* sumsq, float eps) {
-  for_each_2d(c, m.batch, m.rows, m.cols, ColScale{m, sumsq, eps}, "col_scale kernel");
-}
-
 size_t neuron_normalize_scratch(const Ctx& c, const MatBatch& u, Axis axis) {
   const int64_t N = axis == kRows ? u.rows : u.cols;
   size_t bytes = sizeof(double) * static_cast<size_t>(2 * u.batch * N + u.batch);

@@ -357,11 +357,6 @@ class Backend {
   virtual void frob_normalize(MatBatch m, float factor, float eps) = 0;
   // Column normalisation: m[:, j] /= (||m[:, j]|| + eps)
   virtual void col_normalize(MatBatch m, float eps) = 0;
-  // Column normalisation in two halves, for row-sharded matrices (the sums
-  // are reduced over the mesh in between): out[b*cols + j] = sum_i m[b](i, j)^2;
-  // then m[b][:, j] /= (sqrt(sumsq[b*cols + j]) + eps).
-  virtual void col_sumsq(ConstMatBatch m, float* out) = 0;
-  virtual void col_scale(MatBatch m, const float* sumsq, float eps) = 0;
   // Per-slice L1 norms along `axis` (axis kRows: one value per row) -> out
   virtual void slice_l1(ConstMatBatch m, Axis axis, float* out) = 0;
   // frob_normalize(x, factor, eps) followed by store(out, DION_DTYPE_BF16, x)

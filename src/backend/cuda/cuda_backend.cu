@@ -1019,19 +1019,6 @@ class CudaBackend final : public Backend {
     ProfScope ps(prof_, "zero_fixup", stream_);
     kernels::zero_fixup_flagged(ctx(), flags, p, r, q);
   }
-  void col_sumsq(ConstMatBatch m, float* out) override {
-    if (m.batch <= 0 || m.cols <= 0) return;
-    DeviceScope ds(device_);
-    ProfScope ps(prof_, "col_normalize", stream_);
-    void* s = scratch(kReduce, kernels::col_sumsq_scratch(ctx(), m));
-    kernels::col_sumsq(ctx(), m, out, s);
-  }
-  void col_scale(MatBatch m, const float* sumsq, float eps) override {
-    if (m.batch <= 0 || m.rows <= 0 || m.cols <= 0) return;
-    DeviceScope ds(device_);
-    ProfScope ps(prof_, "col_normalize", stream_);
-    kernels::col_scale(ctx(), m, sumsq, eps);
-  }
   void frob_normalize(MatBatch m, float factor, float eps) override {
     if (m.batch <= 0 || m.rows <= 0 || m.cols <= 0) return;
     DeviceScope ds(device_);

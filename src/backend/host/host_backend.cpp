@@ -411,17 +411,6 @@ class HostBackend final : public Backend {
         for (int64_t j = 0; j < m.cols; ++j) p[i * m.ld + j] = static_cast<float>(p[i * m.ld + j] * inv[j]);
     }
   }
-  void col_sumsq(ConstMatBatch m, float* out) override {
-    std::vector<double>& s = col_acc_;
-    s.resize(static_cast<size_t>(m.batch * m.cols));
-    col_sums_double(m, s.data());
-    for (size_t i = 0; i < s.size(); ++i) out[i] = static_cast<float>(s[i]);
-  }
-  void col_scale(MatBatch m, const float* sumsq, float eps) override {
-    std::vector<double>& s = col_acc_;
-    s.assign(sumsq, sumsq + m.batch * m.cols);
-    col_scale_double(m, s.data(), eps);
-  }
   // 1 / (factor ||m[b]||_F + eps), the scale both normalisations apply.
   static double sum_squares(ConstMatBatch m, int64_t b) {
     const float* p = at(m, b);
