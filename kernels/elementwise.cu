@@ -26,42 +26,26 @@ __global__ void store_kernel(void* dst, const float* src, int64_t n) {
 // batch's tensors once: 8 elements per thread with 16-byte accesses when the
 // tensor and its row of the fp32 buffer are both 16-byte aligned (the usual
 // case: cudaMalloc'd tensors, n a multiple of 4), else element by element.
-__global__ void load_multi_kernel(float* dst, const TensorEntry* list, int64_t count, int f, int64_t n) {
+// DT: the buffer's dtype (fp32, or bf16 for load_multi_bf16, each element
+// rounded as store(BF16) rounds it).
+template <dion_dtype_t DT>
+__global__ void load_multi_kernel(void* dst, const TensorEntry* list, int64_t count, int f, int64_t n) {
+  constexpr int64_t dsize = DT == DION_DTYPE_FP32 ? 4 : 2;
   for (int64_t t = blockIdx.y; t < count; t += gridDim.y) {
     const void* src = list[t].ptr[f];
     const dion_dtype_t dt = static_cast<dion_dtype_t>(list[t].dtype[f]);
-    float* d = dst + t * n;
+    void* d = static_cast<char*>(dst) + t * n * dsize;
     int64_t i0 = 0;
     if (aligned16(src) && aligned16(d)) {
       const int64_t n8 = n / 8;
       for (int64_t j = global_thread(); j < n8; j += grid_threads()) {
         float v[8];
         load8(src, dt, j, v);
-        store8(d, DION_DTYPE_FP32, j, v);
+        store8(d, DT, j, v);
       }
       i0 = n8 * 8;
     }
-    for (int64_t i = i0 + global_thread(); i < n; i += grid_threads()) d[i] = load_elem(src, dt, i);
-  }
-}
-
-// load_multi into bf16: each element rounded as store(BF16) rounds it.
-__global__ void load_multi_bf16_kernel(uint16_t* dst, const TensorEntry* list, int64_t count, int f, int64_t n) {
-  for (int64_t t = blockIdx.y; t < count; t += gridDim.y) {
-    const void* src = list[t].ptr[f];
-    const dion_dtype_t dt = static_cast<dion_dtype_t>(list[t].dtype[f]);
-    uint16_t* d = dst + t * n;
-    int64_t i0 = 0;
-    if (aligned16(src) && aligned16(d)) {
-      const int64_t n8 = n / 8;
-      for (int64_t j = global_thread(); j < n8; j += grid_threads()) {
-        float v[8];
-        load8(src, dt, j, v);
-        store8(d, DION_DTYPE_BF16, j, v);
-      }
-      i0 = n8 * 8;
-    }
-    for (int64_t i = i0 + global_thread(); i < n; i += grid_threads()) store_elem(d, DION_DTYPE_BF16, i, load_elem(src, dt, i));
+    for (int64_t i = i0 + global_thread(); i < n; i += grid_threads()) store_elem(d, DT, i, load_elem(src, dt, i));
   }
 }
 
@@ -378,14 +362,13 @@ void store(const Ctx& c, void* dst, dion_dtype_t dt, const float* src, int64_t n
 
 void load_multi(const Ctx& c, float* dst, const TensorEntry* list, int64_t count, Field f, int64_t n) {
   if (count <= 0 || n <= 0) return;
-  load_multi_kernel<<<grid_multi(c, count, n), kThreads, 0, c.stream>>>(dst, list, count, f, n);
+  load_multi_kernel<DION_DTYPE_FP32><<<grid_multi(c, count, n), kThreads, 0, c.stream>>>(dst, list, count, f, n);
   cuda::check_launch("load_multi kernel");
 }
 
 void load_multi_bf16(const Ctx& c, void* dst, const TensorEntry* list, int64_t count, Field f, int64_t n) {
   if (count <= 0 || n <= 0) return;
-  load_multi_bf16_kernel<<<grid_multi(c, count, n), kThreads, 0, c.stream>>>(static_cast<uint16_t*>(dst), list, count,
-                                                                              f, n);
+  load_multi_kernel<DION_DTYPE_BF16><<<grid_multi(c, count, n), kThreads, 0, c.stream>>>(dst, list, count, f, n);
   cuda::check_launch("load_multi_bf16 kernel");
 }
 

@@ -746,8 +746,8 @@ void finish_r(const Ctx& c, MatBatch r, const int32_t* flags, ConstMatBatch q, c
                 "cudaMemsetAsync (finish_r)");
     return;
   }
-  col_sums<kSquares, double>(c, FixupSrc{r, flags, q, qlist, static_cast<int>(qf), static_cast<uint16_t*>(rb)}, r.batch, r.rows, r.cols, sumsq,
-                             static_cast<double*>(scratch), "finish_r kernel");
+  const FixupSrc src{r, flags, q, qlist, static_cast<int>(qf), static_cast<uint16_t*>(rb)};
+  col_sums<kSquares, double>(c, src, r.batch, r.rows, r.cols, sumsq, static_cast<double*>(scratch), "finish_r kernel");
 }
 
 void col_scale_store(const Ctx& c, MatBatch r, const double* sumsq, float eps, void* rb, const TensorEntry* list,

@@ -669,6 +669,25 @@ MomentumPass momentum_pass(Optimizer& opt, const Batch& bt, bool lowp, bool in_s
   return {M, nz};
 }
 
+// Q (b x r per matrix) as the batch's products read it: in fp32 (Qm), or on
+// the lowp path only its bf16 copy (Qtb), straight from the state; Qm.p is
+// null then, and finish() has finish_r's fix-up read the state instead.
+struct QLoad {
+  MatBatch Qm;
+  ConstMatBatch Qtb;
+};
+QLoad load_q(Optimizer& opt, const Batch& bt, const Shape& s, bool lowp) {
+  const int64_t T = bt.count, br = s.b * s.r;
+  QLoad q{MatBatch{lowp ? nullptr : load_ws(opt, bt, kState1, br), s.b, s.r, s.r, br, T},
+          ConstMatBatch(nullptr, s.b, s.r, s.r, br, T)};
+  if (lowp) {
+    float* x = opt.ws.take((T * br + 1) / 2);
+    opt.backend->load_multi_bf16(x, bt.list, T, kState1, br);
+    q.Qtb.p = x;
+  }
+  return q;
+}
+
 // C = op(M) B (op: transposed when `trans`) for the batch's momentum M + G:
 // from the state (in_state), else from its workspace copy Mm (bf16
 // elements on the lowp path, and B bf16 too). Mm's shape is used either way.
@@ -735,8 +754,8 @@ void finish(Optimizer& opt, Group& g, const Batch& bt, const Shape& s, const Dis
   // pb_final (the phased step's bf16 gather, lowp only): the owners ran
   // finish_p on their slots before gathering Pb, and P is not read again.
   if (!pb_final) be.finish_p(P, nz, lowp ? Pb.p : nullptr, false);
-  // On the lowp path Q was not loaded in fp32 (step(), step_group()): the fix-up reads the state.
-  be.finish_r(R, nz, Qm, lowp ? bt.list : nullptr, kState1, lowp ? Rb.p : nullptr, ss);
+  // Q not loaded in fp32 (load_q, lowp): the fix-up reads the state.
+  be.finish_r(R, nz, Qm, Qm.p ? nullptr : bt.list, kState1, lowp ? Rb.p : nullptr, ss);
   // The error feedback's and the update's product is A B^T in storage
   // orientation: P R^T (then P Q^T), or R P^T when B is stored transposed;
   // of the bf16 copies on the lowp path. (Rb and R hold Q for the update:
@@ -802,9 +821,7 @@ void step(Optimizer& opt, Group& g, const Batch& bt) {
 
   const bool in_state = m_in_state(be, bt, lowp, state_of(opt, t, 0).dtype, t.param_dtype);
   const auto [M, nz] = momentum_pass(opt, bt, lowp, in_state);
-  // Q in fp32, except on the lowp path, where the products read its bf16
-  // copy (Qtb, below) and finish_r's fix-up the state itself.
-  float* Q = lowp ? nullptr : load_ws(opt, bt, kState1, s.b * s.r);
+  const QLoad q = load_q(opt, bt, s, lowp);
 
   MatBatch Mm{M, t.geom.srows, t.geom.scols, t.geom.scols, n_el, T};  // bf16 elements on the lowp path
   const Split sp = split_of(opt, d, T);
@@ -813,43 +830,41 @@ void step(Optimizer& opt, Group& g, const Batch& bt) {
   float* const p_buf = P.p;  // P = B Q of each power iteration; orth may leave its result elsewhere
   float* own = sp.scatter ? opt.ws.take(sp.block * ar) : nullptr;  // this rank's reduced slots
   MatBatch R{opt.ws.take(T * br), s.b, s.r, s.r, br, T};
-  MatBatch Qm{Q, s.b, s.r, s.r, br, T};
-  ConstMatBatch Qt = Qm;
-  // bf16 copies of Q (the power iteration's right factor), P and R
+  // The power iteration's right factor: Q, then R; on the lowp path bf16
+  // copies of it (Qtb), of P and of R.
+  ConstMatBatch Qt = q.Qm, Qtb = q.Qtb;
   MatBatch Pb{lowp ? half(T * ar) : nullptr, s.a, s.r, s.r, ar, T};
   MatBatch Rb{lowp ? half(T * br) : nullptr, s.b, s.r, s.r, br, T};
-  ConstMatBatch Qtb{lowp ? half(T * br) : nullptr, s.b, s.r, s.r, br, T};
-  if (lowp) be.load_multi_bf16(const_cast<float*>(Qtb.p), bt.list, T, kState1, br);
   // P in bf16 over the split mesh (one power iteration: Pb is then final,
   // finished by the slots' owners, which need the all-zero flags first).
   const bool comm16 = o.power_iters == 1 && bf16_comm(lowp, sp, s);
   if (comm16) reduce_nz(d, nz, T);
   for (int it = 0; it < o.power_iters; ++it) {
     P.p = p_buf;
-    if (comm16) {  // P = B Q (partial over outer), straight into bf16
+    if (comm16) {
+      // P = B Q (partial over outer) straight into bf16, orthogonalized by
+      // the slots' owners and gathered into Pb; R = B^T P from that final Pb
       uint16_t* all = reinterpret_cast<uint16_t*>(half(sp.slots * ar));
       m_product_bf16(be, bt, in_state, s.bT, Mm, Qtb, MatBatch{reinterpret_cast<float*>(all), s.a, s.r, s.r, ar, T},
                      prec);
       orth_split_bf16(opt, g, s, d, sp, P, all, own, nz, Pb, it);
-      m_product(be, bt, in_state, true, !s.bT, Mm, ConstMatBatch(Pb), R, prec);  // R = B^T P from the final Pb
-      if (d.inner) d.inner->all_reduce(R.p, T * br, ReduceOp::kSum);
-      if (d.rep) d.rep->all_reduce(R.p, T * br, ReduceOp::kAvg);
-      continue;  // one power iteration (bf16_comm)
-    }
-    m_product(be, bt, in_state, lowp, s.bT, Mm, lowp ? Qtb : Qt, P, prec);  // P = B Q (partial over outer)
-    if (!sp.mesh) {
-      if (d.outer) d.outer->all_reduce(P.p, T * ar, ReduceOp::kSum);
-      // Compressed replicate sync (spec §2.6): average P = B Q and R = B^T P
-      // over the replicas instead of the gradient.
-      if (d.rep) d.rep->all_reduce(P.p, T * ar, ReduceOp::kAvg);
-      P.p = orth(opt, g, s, d, P, it);
+      m_product(be, bt, in_state, true, !s.bT, Mm, ConstMatBatch(Pb), R, prec);
     } else {
-      orth_split(opt, g, s, d, sp, P, own, it);
+      m_product(be, bt, in_state, lowp, s.bT, Mm, lowp ? Qtb : Qt, P, prec);  // P = B Q (partial over outer)
+      if (!sp.mesh) {
+        if (d.outer) d.outer->all_reduce(P.p, T * ar, ReduceOp::kSum);
+        // Compressed replicate sync (spec §2.6): average P = B Q and R = B^T P
+        // over the replicas instead of the gradient.
+        if (d.rep) d.rep->all_reduce(P.p, T * ar, ReduceOp::kAvg);
+        P.p = orth(opt, g, s, d, P, it);
+      } else {
+        orth_split(opt, g, s, d, sp, P, own, it);
+      }
+      r_product(be, bt, in_state, lowp, s.bT, Mm, P, Pb, R, prec);
     }
-    r_product(be, bt, in_state, lowp, s.bT, Mm, P, Pb, R, prec);
     if (d.inner) d.inner->all_reduce(R.p, T * br, ReduceOp::kSum);
     if (d.rep) d.rep->all_reduce(R.p, T * br, ReduceOp::kAvg);
-    if (it + 1 < o.power_iters) {
+    if (it + 1 < o.power_iters) {  // never with comm16 (one power iteration)
       // The next iteration starts from the un-normalised R: on the lowp path
       // its bf16 copy replaces Q~'s (this iteration's product has read it).
       if (lowp) {
@@ -862,7 +877,7 @@ void step(Optimizer& opt, Group& g, const Batch& bt) {
     }
   }
   if (!comm16) reduce_nz(d, nz, T);
-  finish(opt, g, bt, s, d, lowp, M, nz, Qm, P, R, Pb, Rb, comm16);
+  finish(opt, g, bt, s, d, lowp, M, nz, q.Qm, P, R, Pb, Rb, comm16);
 }
 
 // ---- The phased step of a group ----
@@ -1064,12 +1079,13 @@ bool step_group(Optimizer& opt, Group& g) {
     const dion_dtype_t mdt = state_of(opt, t, 0).dtype;
     u.lowp = lowp_path(be, o, mdt);
     u.in_state = m_in_state(be, bt, u.lowp, mdt, t.param_dtype);
-    const int64_t ar = u.s.a * u.s.r, br = u.s.b * u.s.r;
+    const int64_t ar = u.s.a * u.s.r;
     const MomentumPass mp = momentum_pass(opt, bt, u.lowp, u.in_state);
     u.M = mp.M;
     u.nz = mp.nz;
-    // Q in fp32 unless lowp (as step(): its bf16 copy Qtb, below, and the state)
-    u.Qm = MatBatch{u.lowp ? nullptr : load_ws(opt, bt, kState1, br), u.s.b, u.s.r, u.s.r, br, T};
+    const QLoad q = load_q(opt, bt, u.s, u.lowp);
+    u.Qm = q.Qm;
+    u.Qtb = q.Qtb;
     u.Pall = MatBatch{opt.ws.take(u.sp.slots * ar), u.s.a, u.s.r, u.s.r, ar, T};
     float* own = u.sp.scatter ? opt.ws.take(u.sp.block * ar) : nullptr;
     u.P1 = MatBatch{opt.ws.take(c * ar), u.s.a, u.s.r, u.s.r, ar, c};
@@ -1081,10 +1097,6 @@ bool step_group(Optimizer& opt, Group& g) {
       u.Pb = half(T * ar);
     }
     const MatBatch Mm{u.M, t.geom.srows, t.geom.scols, t.geom.scols, n_el, T};
-    if (u.lowp) {
-      u.Qtb = ConstMatBatch(half(T * br), u.s.b, u.s.r, u.s.r, br, T);
-      be.load_multi_bf16(const_cast<float*>(u.Qtb.p), bt.list, T, kState1, br);
-    }
     // As step() and orth_split(): P is a partial sum over outer, and each
     // replica's own under compressed sync.
     float* mine = u.Pall.p;

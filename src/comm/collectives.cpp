@@ -126,11 +126,17 @@ void Collectives::joined(F&& hook) {
   if (join_) join_->after();
 }
 
-void Collectives::all_reduce(float* buf, int64_t n, ReduceOp op) {
-  const char* what = "all_reduce";
+// The checks every all_reduce takes: a usable communicator, n >= 0 and a
+// buffer where n > 0.
+void Collectives::check_all_reduce(const char* what, const void* buf, int64_t n) const {
   check_usable(what);
   check_count(*this, what, "n", n);
   check_ptr(*this, what, "buf", buf, n);
+}
+
+void Collectives::all_reduce(float* buf, int64_t n, ReduceOp op) {
+  const char* what = "all_reduce";
+  check_all_reduce(what, buf, n);
   if (n == 0) return;  // n agrees across ranks: every rank returns here
   joined([&] { do_all_reduce(buf, n, op); });
   count(CollKind::kAllReduce, static_cast<uint64_t>(n) * sizeof(float));
@@ -140,10 +146,9 @@ void Collectives::all_reduce(int32_t* buf, int64_t n, ReduceOp op) { all_reduce_
 
 void Collectives::all_reduce(double* buf, int64_t n, ReduceOp op) {
   const char* what = "all_reduce(double)";
-  check_usable(what);
-  check_count(*this, what, "n", n);
-  check_ptr(*this, what, "buf", buf, n);
-  if (op == ReduceOp::kAvg) throw Error(DION_ERROR_INTERNAL, format("%s mesh: %s: sum or max only, not avg", mesh_.c_str(), what));
+  check_all_reduce(what, buf, n);
+  if (op == ReduceOp::kAvg)
+    throw Error(DION_ERROR_INTERNAL, format("%s mesh: %s: sum or max only, not avg", mesh_.c_str(), what));
   if (n == 0) return;
   joined([&] { do_all_reduce(buf, n, op); });
   count(CollKind::kAllReduce, static_cast<uint64_t>(n) * sizeof(double));
@@ -153,9 +158,7 @@ void Collectives::all_reduce_host(int32_t* buf, int64_t n, ReduceOp op) { all_re
 
 void Collectives::all_reduce_int(int32_t* buf, int64_t n, ReduceOp op, bool host) {
   const char* what = host ? "all_reduce(int32, host)" : "all_reduce(int32)";
-  check_usable(what);
-  check_count(*this, what, "n", n);
-  check_ptr(*this, what, "buf", buf, n);
+  check_all_reduce(what, buf, n);
   if (op == ReduceOp::kAvg)
     throw Error(DION_ERROR_INTERNAL, format("%s mesh: %s: avg is not defined on integers", mesh_.c_str(), what));
   if (n == 0) return;
@@ -188,9 +191,7 @@ void Collectives::reduce_scatter(const float* send, float* recv, int64_t block, 
 
 void Collectives::all_reduce_bf16(uint16_t* buf, int64_t n, ReduceOp op) {
   const char* what = "all_reduce(bf16)";
-  check_usable(what);
-  check_count(*this, what, "n", n);
-  check_ptr(*this, what, "buf", buf, n);
+  check_all_reduce(what, buf, n);
   if (op == ReduceOp::kMax) throw Error(DION_ERROR_INTERNAL, format("%s mesh: %s: sum or avg only", mesh_.c_str(), what));
   if (n == 0) return;
   joined([&] { do_all_reduce_bf16(buf, n, op); });

@@ -212,6 +212,7 @@ class Collectives {
  private:
   void check_usable(const char* what) const;
   // A reduce-scatter's checks (elements of `elem` bytes); returns size()*block.
+  void check_all_reduce(const char* what, const void* buf, int64_t n) const;
   int64_t check_reduce_scatter(const char* what, const void* send, const void* recv, int64_t block, size_t elem) const;
   void all_reduce_int(int32_t* buf, int64_t n, ReduceOp op, bool host);
   void count(CollKind k, uint64_t bytes);

@@ -556,7 +556,8 @@ class CudaBackend final : public Backend {
     const bool c16 = c_dtype == DION_DTYPE_BF16;
     DION_REQUIRE((trans_x ? cols : rows) == m && b.rows == k && b.cols == n && b.batch == count &&
                      c.batch == count && (x_dtype == DION_DTYPE_FP32 || x_dtype == DION_DTYPE_BF16) &&
-                     (c_dtype == DION_DTYPE_FP32 || (c16 && x_dtype == DION_DTYPE_BF16 && c.ld == n && c.stride == m * n)),
+                     (c_dtype == DION_DTYPE_FP32 ||
+                      (c16 && x_dtype == DION_DTYPE_BF16 && c.ld == n && c.stride == m * n)),
                  DION_ERROR_INTERNAL, "cuda gemm_field: bad shapes or dtype");
     if (count <= 0 || m == 0 || n == 0) return;
     DeviceScope ds(device_);
@@ -565,7 +566,8 @@ class CudaBackend final : public Backend {
     ps.detail([&] { return gemm_tag(lowp ? "gemm_field bf16" : "gemm_field fp32", m, n, k, trans_x, false, count); });
     if (k == 0) {  // an empty sum
       if (c16)
-        check(cudaMemsetAsync(c.p, 0, 2 * static_cast<size_t>(count * m * n), stream_), "cudaMemsetAsync (gemm_field)");
+        check(cudaMemsetAsync(c.p, 0, 2 * static_cast<size_t>(count * m * n), stream_),
+              "cudaMemsetAsync (gemm_field)");
       else
         kernels::scale_matrix(ctx(), c, 0.0f);
       return;

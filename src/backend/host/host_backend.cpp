@@ -495,16 +495,10 @@ class HostBackend final : public Backend {
   void finish_r(MatBatch r, const int32_t* flags, ConstMatBatch q, const TensorEntry* qlist, Field qf, void* rb,
                 double* sumsq) override {
     nan_to_num(r.p, r.batch * r.rows * r.cols);
-    if (qlist) {  // the flagged matrices' q from the field
-      const int64_t per = r.rows * r.cols;
-      std::vector<float>& x = fscratch_;
-      for (int64_t b = 0; b < r.batch; ++b) {
-        if (flags[b]) continue;
-        x.resize(static_cast<size_t>(per));
-        load(x.data(), qlist[b].ptr[qf], static_cast<dion_dtype_t>(qlist[b].dtype[qf]), per);
-        copy_where_flagged(flags + b, MatBatch{at(r, b), r.rows, r.cols, r.ld, per, 1},
-                           ConstMatBatch(x.data(), r.rows, r.cols, r.cols, per, 1));
-      }
+    if (qlist) {  // the flagged matrices' q loaded from the field (r dense, as the field)
+      for (int64_t b = 0; b < r.batch; ++b)
+        if (!flags[b])
+          load(at(r, b), qlist[b].ptr[qf], static_cast<dion_dtype_t>(qlist[b].dtype[qf]), r.rows * r.cols);
     } else {
       copy_where_flagged(flags, r, q);
     }
@@ -514,13 +508,9 @@ class HostBackend final : public Backend {
   void col_scale_store(MatBatch r, const double* sumsq, float eps, void* rb, const TensorEntry* list, Field f,
                        const int32_t* skip, bool write_r) override {
     MatBatch s = r;
-    if (!write_r) {  // scale a copy: r is left as it was
-      std::vector<float>& x = fscratch_;
-      x.resize(static_cast<size_t>(r.batch * r.rows * r.cols));
-      for (int64_t b = 0; b < r.batch; ++b)
-        for (int64_t i = 0; i < r.rows; ++i)
-          for (int64_t j = 0; j < r.cols; ++j) x[(b * r.rows + i) * r.cols + j] = at(r, b)[i * r.ld + j];
-      s = MatBatch{x.data(), r.rows, r.cols, r.cols, r.rows * r.cols, r.batch};
+    if (!write_r) {  // scale a copy (r dense): r is left as it was
+      fscratch_.assign(r.p, r.p + r.batch * r.rows * r.cols);
+      s.p = fscratch_.data();
     }
     col_scale_double(s, sumsq, eps);
     if (rb) store(rb, DION_DTYPE_BF16, s.p, s.batch * s.rows * s.cols);
