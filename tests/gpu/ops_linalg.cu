@@ -357,7 +357,7 @@ double orthonormality_error(const std::vector<float>& q, const Mat& shape) {
 }
 
 // Runs body once on a CUDA backend with its own blocked Cholesky (the
-// default up to 512 x 512) and once on one with cuSOLVER's potrf(Batched)
+// default up to 2048 x 2048) and once on one with cuSOLVER's potrf(Batched)
 // (DION_OWN_CHOLESKY=0): every Cholesky the backend takes, qr_r's fp64 one
 // included, goes through one or the other.
 // The variable is left as it was (tools/gpu_chol_check.sh times the tests
@@ -380,7 +380,7 @@ TEST_F(OpsTest, QrQAndR) {
   with_each_cholesky(cuda, [&] {
     struct Shape {
       int64_t p, r, B;
-    } shapes[] = {{60, 20, 3}, {16, 16, 2}, {300, 40, 1}, {700, 200, 3}};
+    } shapes[] = {{60, 20, 3}, {16, 16, 2}, {300, 40, 1}, {700, 200, 3}, {1500, 600, 1}};
     for (const Shape& s : shapes) {
       SCOPED_TRACE(testing::Message() << s.p << " x " << s.r << " batch " << s.B);
       Mat a = Mat::padded(s.p, s.r, s.B);
@@ -467,14 +467,14 @@ void fill_spd(Mat& m, std::mt19937& rng) {
 TEST_F(OpsTest, CholeskyAndFailures) {
   // Both factorizations (with_each_cholesky: the backend's own of 64-column
   // blocks, and cuSOLVER's potrfBatched, potrf per matrix for a batch of
-  // one) and the fix-up after them, on n = 12, 40 and 150, and n = 200 with
-  // failures both early and late (a blocked factorization meets them in its
-  // first and last block column: the first failure must be the one
-  // reported).
+  // one) and the fix-up after them, on n = 12, 40, 150 and 1100, and n =
+  // 200 and 700 (a last block column of 60) with failures both early and
+  // late (a blocked factorization meets them in its first and last block
+  // column: the first failure must be the one reported).
   with_each_cholesky(cuda, [&] {
     struct Shape {
       int64_t n, B;
-    } shapes[] = {{12, 5}, {150, 3}, {40, 1}, {200, 4}};
+    } shapes[] = {{12, 5}, {150, 3}, {40, 1}, {200, 4}, {700, 4}, {1100, 2}};
     for (const Shape& s : shapes) {
       SCOPED_TRACE(testing::Message() << "n " << s.n << " batch " << s.B);
       Mat a = Mat::padded(s.n, s.n, s.B);

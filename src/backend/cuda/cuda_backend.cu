@@ -46,10 +46,10 @@ constexpr size_t kCublasWorkspaceBytes = size_t(32) << 20;
 constexpr int64_t kPotrfBatchedMaxN = 4096;
 // Largest n factored by the backend's own blocked Cholesky
 // (blocked_cholesky): the sizes where it was measured faster than
-// potrfBatched (n = 32 to 512, docs/benchmarks.md); larger ones, where the
-// trailing GEMMs dominate both, keep cuSOLVER's until measured
-// (DION_OWN_CHOLESKY_MAX raises the bound for that).
-constexpr int64_t kOwnCholeskyMaxN = 512;
+// potrfBatched (n = 32 to 512 in isolation, and full-rank Dion's r = 768 and
+// 2048 in the step, docs/benchmarks.md); larger ones keep cuSOLVER's
+// (DION_OWN_CHOLESKY_MAX moves the bound).
+constexpr int64_t kOwnCholeskyMaxN = 2048;
 
 int64_t env_int(const char* name, int64_t dflt) {
   const char* e = std::getenv(name);
