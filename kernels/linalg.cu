@@ -294,36 +294,108 @@ __global__ void sym_block_pointers_kernel(ConstMatBatch a, bool ta, ConstMatBatc
   }
 }
 
-// One 32 x 32 tile per block (bs is a multiple of 32: a tile lies in one
-// block of the grid). A tile below the block diagonal goes through shared
-// memory to its transposed place above it (reads and writes both walk rows);
-// with a copy, the tiles below and on the diagonal are copied as read; then
-// the diagonal tiles add diag to their diagonal. A block writes only its own
-// tile's transposed place, the copy and its own diagonal elements, none of
-// which another block reads.
-__global__ void mirror_bf16_kernel(MatBatch m, int64_t bs, float diag, MatBatch copy) {
-  __shared__ uint16_t tile[32][33];
-  const int tx = threadIdx.x, ty = threadIdx.y;
-  const int64_t r0 = blockIdx.y * 32LL, c0 = blockIdx.x * 32LL;
-  const int64_t bi = r0 / bs, bj = c0 / bs;
-  const bool below = bi > bj, shift = diag != 0.0f && r0 == c0;
-  if (bi < bj || (!below && !copy.p && !shift)) return;
-  for (int64_t bt = blockIdx.z; bt < m.batch; bt += gridDim.z) {
-    uint16_t* base = reinterpret_cast<uint16_t*>(m.p) + bt * m.stride;
-    uint16_t* dst = copy.p ? reinterpret_cast<uint16_t*>(copy.p) + bt * copy.stride : nullptr;
-    for (int k = ty; k < 32; k += kTileY) {
-      const uint16_t v = base[(r0 + k) * m.ld + c0 + tx];
-      tile[k][tx] = v;
-      if (dst) dst[(r0 + k) * copy.ld + c0 + tx] = v;
+// mirror_bf16 by 64 x 64 tiles of the lower triangle, one tile and matrix
+// per CTA of 256 threads, each thread two chunks of 8 bf16 (16 bytes: Vec,
+// where every row start is 16-byte aligned; else 8 scalar accesses). bs is
+// a multiple of 32 dividing n, so a chunk lies in one block row and one
+// block column (the conditions below hold for its 8 elements alike), while
+// a tile may straddle blocks (bs = 288). Element (i, j) of tile (R, C), R >=
+// C, with block indices bi = i / bs and bj = j / bs:
+//  - bi > bj (below the block diagonal): copied as read, and written to its
+//    transposed place (j, i), which lies above the block diagonal;
+//  - bi == bj (a diagonal block, formed whole by gemm_bf16_lower): copied,
+//    and when R > C its transpose (j, i), in the same diagonal block but in
+//    a tile nothing else visits, copied too; diag added where i == j;
+//  - bi < bj (only in the upper part of a straddling diagonal tile): left.
+// Phase 1 loads the tile (row chunks), copies and shifts from registers and
+// puts it in shared memory; phase 2 writes its transposed chunks. Writes go
+// only to places above the block diagonal, which no CTA reads (those of a
+// diagonal tile are read by its own CTA in phase 1, before the barrier),
+// to the copy, and to diagonal elements only their own thread reads.
+// An (R, C) entirely inside one diagonal block has nothing to do without
+// a copy or, on the diagonal, a shift (most of them for 4 x 4 blocks).
+// Against one 32 x 32 tile per CTA of every matrix's whole grid: 380 -> 140
+// us per call for 24 matrices of 2048 (ncu, H100; docs/benchmarks.md).
+constexpr int kMirTile = 64, kMirPitch = kMirTile + 2, kMirThreads = 256;
+constexpr int kMirChunks = kMirTile * kMirTile / 8;  // 512 chunks of 8
+
+template <bool Vec>
+__device__ inline void mir_load8(const uint16_t* p, uint16_t (&v)[8]) {
+  if constexpr (Vec) {
+    const uint4 w = *reinterpret_cast<const uint4*>(p);
+    const uint32_t u[4] = {w.x, w.y, w.z, w.w};
+#pragma unroll
+    for (int q = 0; q < 4; ++q) {
+      v[2 * q] = static_cast<uint16_t>(u[q] & 0xffffu);
+      v[2 * q + 1] = static_cast<uint16_t>(u[q] >> 16);
     }
-    if (below) {
-      __syncthreads();
-      for (int k = ty; k < 32; k += kTileY) base[(c0 + k) * m.ld + r0 + tx] = tile[tx][k];
-      __syncthreads();
-    } else if (shift && tx % kTileY == ty) {
-      uint16_t* e = base + (r0 + tx) * m.ld + c0 + tx;
-      *e = float_to_bf16(bf16_to_float(*e) + diag);
+  } else {
+#pragma unroll
+    for (int q = 0; q < 8; ++q) v[q] = p[q];
+  }
+}
+template <bool Vec>
+__device__ inline void mir_store8(uint16_t* p, const uint16_t (&v)[8]) {
+  if constexpr (Vec) {
+    uint32_t u[4];
+#pragma unroll
+    for (int q = 0; q < 4; ++q) u[q] = static_cast<uint32_t>(v[2 * q]) | (static_cast<uint32_t>(v[2 * q + 1]) << 16);
+    *reinterpret_cast<uint4*>(p) = make_uint4(u[0], u[1], u[2], u[3]);
+  } else {
+#pragma unroll
+    for (int q = 0; q < 8; ++q) p[q] = v[q];
+  }
+}
+
+template <bool Vec>
+__global__ void __launch_bounds__(kMirThreads) mirror_bf16_kernel(MatBatch m, int64_t bs, float diag, MatBatch copy) {
+  __shared__ uint16_t tile[kMirTile][kMirPitch];
+  const int64_t n = m.rows, k = blockIdx.x;
+  // Tile k of the lower triangle in row order: (R, C), k = R (R + 1) / 2 + C.
+  int64_t R = static_cast<int64_t>((sqrt(8.0 * static_cast<double>(k) + 1.0) - 1.0) / 2.0);
+  while (R * (R + 1) / 2 > k) --R;
+  while ((R + 1) * (R + 2) / 2 <= k) ++R;
+  const int64_t C = k - R * (R + 1) / 2;
+  const int64_t r0 = R * kMirTile, c0 = C * kMirTile;
+  const int64_t r1 = min(r0 + kMirTile, n) - 1, c1 = min(c0 + kMirTile, n) - 1;
+  const bool on_diag = R == C;
+  const bool inside = r0 / bs == r1 / bs && c0 / bs == c1 / bs && r0 / bs == c0 / bs;
+  if (inside && !copy.p && !(on_diag && diag != 0.0f)) return;
+  const int t = static_cast<int>(threadIdx.x);
+  for (int64_t b = blockIdx.y; b < m.batch; b += gridDim.y) {
+    uint16_t* base = reinterpret_cast<uint16_t*>(m.p) + b * m.stride;
+    uint16_t* dst = copy.p ? reinterpret_cast<uint16_t*>(copy.p) + b * copy.stride : nullptr;
+    for (int e = t; e < kMirChunks; e += kMirThreads) {
+      const int li = e / 8, lj = (e % 8) * 8;
+      const int64_t i = r0 + li, j = c0 + lj;
+      uint16_t v[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+      if (i < n && j < n) {
+        mir_load8<Vec>(base + i * m.ld + j, v);
+        const int64_t bi = i / bs, bj = j / bs;
+        if (dst && bi >= bj) mir_store8<Vec>(dst + i * copy.ld + j, v);
+        if (on_diag && diag != 0.0f && i >= j && i < j + 8)
+          base[i * m.ld + i] = float_to_bf16(bf16_to_float(v[i - j]) + diag);
+      }
+#pragma unroll
+      for (int q = 0; q < 8; ++q) tile[li][lj + q] = v[q];
     }
+    __syncthreads();
+    for (int e = t; e < kMirChunks; e += kMirThreads) {
+      const int lj = e / 8, li = (e % 8) * 8;
+      const int64_t j = c0 + lj, i = r0 + li;  // the chunk (j, i .. i + 7): column j's rows i .. i + 7, transposed
+      if (i >= n || j >= n) continue;
+      const int64_t bi = i / bs, bj = j / bs;
+      uint16_t v[8];
+      if (bi > bj) {
+#pragma unroll
+        for (int q = 0; q < 8; ++q) v[q] = tile[li + q][lj];
+        mir_store8<Vec>(base + j * m.ld + i, v);
+      } else if (bi == bj && dst && !on_diag) {
+        mir_load8<Vec>(base + j * m.ld + i, v);
+        mir_store8<Vec>(dst + j * copy.ld + i, v);
+      }
+    }
+    __syncthreads();  // the tile is reused for the next matrix
   }
 }
 }  // namespace
@@ -341,9 +413,16 @@ void mirror_bf16(const Ctx& c, MatBatch m, int64_t bs, float diag, MatBatch copy
   if (n <= 0 || m.batch <= 0) return;
   DION_REQUIRE(m.cols == n && bs > 0 && bs % 32 == 0 && n % bs == 0 && (!copy.p || (copy.rows == n && copy.cols == n)),
                DION_ERROR_INTERNAL, "mirror_bf16: needs square matrices and blocks of a multiple of 32 dividing them");
-  const dim3 grid(static_cast<unsigned>(n / 32), static_cast<unsigned>(n / 32),
-                  static_cast<unsigned>(std::min<int64_t>(m.batch, 65535)));
-  mirror_bf16_kernel<<<grid, dim3(32, kTileY), 0, c.stream>>>(m, bs, diag, copy);
+  // 16-byte chunks where every row of m (and of the copy) starts 16-byte aligned.
+  const auto aligned = [](const MatBatch& x) {
+    return !x.p || (reinterpret_cast<uintptr_t>(x.p) % 16 == 0 && x.ld % 8 == 0 && x.stride % 8 == 0);
+  };
+  const int64_t nt = (n + kMirTile - 1) / kMirTile;
+  const dim3 grid(static_cast<unsigned>(nt * (nt + 1) / 2), static_cast<unsigned>(std::min<int64_t>(m.batch, 65535)));
+  if (aligned(m) && aligned(copy))
+    mirror_bf16_kernel<true><<<grid, kMirThreads, 0, c.stream>>>(m, bs, diag, copy);
+  else
+    mirror_bf16_kernel<false><<<grid, kMirThreads, 0, c.stream>>>(m, bs, diag, copy);
   cuda::check_launch("mirror_bf16 kernel");
 }
 

@@ -219,8 +219,8 @@ TEST_F(OpsTest, GemmBf16LowerAndMirrorMatchHost) {
     bool blocks;  // whether the CUDA backend forms this one by blocks
   };
   const Case cases[] = {{1024, 1536, 2, false, false, true}, {1152, 1280, 1, true, false, true},
-                        {1024, 1024, 2, false, true, true},  {768, 512, 2, false, false, false},
-                        {1000, 1000, 1, false, true, false}};
+                        {1024, 1024, 2, false, true, true},  {1152, 1152, 1, false, true, true},
+                        {768, 512, 2, false, false, false},  {1000, 1000, 1, false, true, false}};
   const uint16_t kSentinel = 0x7fc1;  // a NaN: the copy's blocks above the diagonal must keep it
   for (const Case& cs : cases) {
     const int64_t n = cs.n, l = cs.square ? cs.n : cs.l, B = cs.batch;
@@ -299,6 +299,57 @@ TEST_F(OpsTest, GemmBf16LowerAndMirrorMatchHost) {
     if (bs > 0) EXPECT_EQ(asymmetric, 0) << "elements whose transpose differs";
     EXPECT_EQ(bad_copy, 0) << "copy elements other than C's blocks on and below the diagonal, or overwritten above";
     EXPECT_LE(worst, 1.0) << "worst error / tolerance";
+  }
+}
+
+// mirror_bf16 alone against its contract, element by element, on any
+// square bf16 matrices (not products): every element (i, j) below the
+// block diagonal (i / bs > j / bs) is written to (j, i), the blocks on the
+// diagonal keep their elements but for the diagonal's shift (one bf16
+// rounding of x + diag, as add_diag_bf16), the copy receives every element
+// on and below the block diagonal as it was before the shift and keeps its
+// sentinel elsewhere, and nothing outside the n x n matrices (a row's
+// padding) is touched. Exact: the kernel moves bits. Shapes: 4 x 4 blocks
+// of 288 (64-column tiles straddle the blocks), of 256 and 512, blocks of
+// 32 on n = 160 (a last tile of 32) and on a row pitch of 97 and 163 (rows
+// not 16-byte aligned: the kernel's scalar path), batches of 1 to 3.
+TEST_F(OpsTest, MirrorBf16MatchesItsContract) {
+  struct Case {
+    int64_t n, bs, batch, pad;
+    bool copy;
+    float diag;
+  };
+  const Case cases[] = {{1152, 288, 2, 0, true, 0.0f}, {1152, 288, 1, 0, false, 3.5f}, {1024, 256, 2, 0, false, -1.25f},
+                        {2048, 512, 1, 0, true, 0.0f},  {160, 32, 2, 0, true, 2.0f},     {96, 32, 3, 1, true, 0.0f},
+                        {160, 32, 2, 3, false, 0.75f}};
+  const uint16_t kSentinel = 0x7fc1;
+  for (const Case& cs : cases) {
+    const int64_t n = cs.n, bs = cs.bs, B = cs.batch, ld = n + cs.pad, st = n * ld + cs.pad;
+    SCOPED_TRACE(testing::Message() << "n " << n << " bs " << bs << " batch " << B << " ld " << ld
+                                    << (cs.copy ? " copy" : "") << " diag " << cs.diag);
+    std::vector<uint16_t> m(static_cast<size_t>(B * st));
+    for (auto& v : m) v = float_to_bf16(gauss());
+    std::vector<uint16_t> want = m, want_copy(m.size(), kSentinel);
+    for (int64_t q = 0; q < B; ++q)
+      for (int64_t i = 0; i < n; ++i)
+        for (int64_t j = 0; j < n; ++j) {
+          const size_t e = static_cast<size_t>(q * st + i * ld + j), et = static_cast<size_t>(q * st + j * ld + i);
+          if (i / bs > j / bs) want[et] = m[e];
+          if (i / bs >= j / bs) want_copy[e] = m[e];
+          if (i == j && cs.diag != 0.0f) want[e] = float_to_bf16(bf16_to_float(m[e]) + cs.diag);
+        }
+    Dev<uint16_t> dm(m), dcopy(std::vector<uint16_t>(m.size(), kSentinel));
+    const MatBatch copy{reinterpret_cast<float*>(dcopy.p()), n, n, ld, st, B};
+    cuda->mirror_bf16(MatBatch{reinterpret_cast<float*>(dm.p()), n, n, ld, st, B}, bs, cs.diag,
+                      cs.copy ? &copy : nullptr);
+    const std::vector<uint16_t> got = dm.get(), got_copy = dcopy.get();
+    int64_t bad = 0, bad_copy = 0;
+    for (size_t e = 0; e < m.size(); ++e) {
+      bad += got[e] != want[e];
+      bad_copy += got_copy[e] != (cs.copy ? want_copy[e] : kSentinel);
+    }
+    EXPECT_EQ(bad, 0) << "elements of the matrices (or their padding) that differ from the contract";
+    EXPECT_EQ(bad_copy, 0) << "elements of the copy that differ from the contract";
   }
 }
 
