@@ -91,9 +91,9 @@ __global__ void frob_scale_kernel(MatBatch m, int64_t nchunks, const double* par
 // Backend::frob_scale_bf16: m[b] (bf16) <- bf16(sc (m[b] + diag I)), sc =
 // inv or inv^2 (power), inv = frob_inv of the given partial sums. For the
 // s x s matrices of the bf16 iteration's first step: dense rows of a
-// multiple of 8 in 16-byte chunks (one division per chunk; a chunk holds
-// the diagonal element of its row when the row's index falls in it),
-// anything else element by element.
+// multiple of 8 in 16-byte chunks (x walks rows four at a time, threads the
+// chunks of a row; chunk c of row r holds the diagonal element when r / 8
+// == c), anything else element by element.
 __global__ void frob_scale_bf16_kernel(MatBatch m, int64_t nparts, const double* parts, float factor, float eps,
                                        int power, float diag) {
   __shared__ double sh[33];
@@ -104,15 +104,25 @@ __global__ void frob_scale_bf16_kernel(MatBatch m, int64_t nparts, const double*
     const float sc = power == 2 ? inv * inv : inv;
     uint16_t* p = base + b * m.stride;
     if (m.ld == m.cols && m.cols % 8 == 0 && aligned16(p)) {
-      for (int64_t j = global_thread(); j < elems / 8; j += grid_threads()) {
-        float v[8];
-        load8(p, DION_DTYPE_BF16, j, v);
-        const int64_t r = 8 * j / m.cols, c0 = 8 * j - r * m.cols;
-        if (r >= c0 && r < c0 + 8) v[r - c0] += diag;
+      // Four rows' chunks loaded before any is stored (in place), by rows
+      // and chunks: no division by the row length per chunk.
+      const int64_t cpr = m.cols / 8;
+      for (int64_t r0 = 4 * static_cast<int64_t>(blockIdx.x); r0 < m.rows; r0 += 4 * static_cast<int64_t>(gridDim.x))
+        for (int64_t c = threadIdx.x; c < cpr; c += blockDim.x) {
+          float v[4][8];
 #pragma unroll
-        for (int k = 0; k < 8; ++k) v[k] *= sc;
-        store8(p, DION_DTYPE_BF16, j, v);
-      }
+          for (int u = 0; u < 4; ++u)
+            if (r0 + u < m.rows) load8(p + (r0 + u) * m.cols, DION_DTYPE_BF16, c, v[u]);
+#pragma unroll
+          for (int u = 0; u < 4; ++u) {
+            const int64_t r = r0 + u;
+            if (r >= m.rows) continue;
+            if (r / 8 == c) v[u][r % 8] += diag;
+#pragma unroll
+            for (int k = 0; k < 8; ++k) v[u][k] *= sc;
+            store8(p + r * m.cols, DION_DTYPE_BF16, c, v[u]);
+          }
+        }
       continue;
     }
     for (int64_t i = global_thread(); i < elems; i += grid_threads()) {

@@ -1552,13 +1552,14 @@ TEST_F(OpsTest, SelectMomentumIntoBf16) {
 // from the parts summed in another order (a tree on the device), which can
 // move inv by a float ulp: at most one bf16 unit per element. On padded,
 // non-square and square batches (dense ones with rows of a multiple of 8
-// take the 16-byte chunks), powers 1 and 2, with and without a shift of the
-// diagonal; the padding stays.
+// take the 16-byte chunks; 1030 x 2056: more chunks in a row than threads
+// in a block, a last group of rows short of four), powers 1 and 2, with and
+// without a shift of the diagonal; the padding stays.
 TEST_F(OpsTest, FrobScaleBf16) {
   struct Case {
     int64_t rows, cols, ld, batch, nparts;
   } cases[] = {{5, 7, 9, 3, 3},      {64, 64, 64, 4, 88}, {300, 200, 203, 2, 700},
-               {72, 48, 48, 2, 5}, {40, 96, 96, 3, 1}};
+               {72, 48, 48, 2, 5}, {40, 96, 96, 3, 1},  {1030, 2056, 2056, 2, 40}};
   for (const Case& c : cases)
     for (int power : {1, 2})
       for (float diag : {0.0f, 2.3f}) {
