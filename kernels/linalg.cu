@@ -458,6 +458,60 @@ static_assert(kCholSpan * kCholSpan == kCholThreads, "one 4 x 4 tile per thread"
 __device__ inline float chol_fma(float a, float b, float c) { return __fmaf_rn(a, b, c); }
 __device__ inline double chol_fma(double a, double b, double c) { return __fma_rn(a, b, c); }
 
+// Steps k = 16 KB .. 16 KB + 15 of cta_chol64 (see there). With KB fixed,
+// a thread's rows ty + 16 u for u < KB and columns tx + 16 v for v < KB are
+// at or above (left of) k, so their multipliers and factors are zero and
+// their fused multiply-adds, which change nothing for finite values, are
+// not issued: the a updates over u, v >= KB, Y's over u >= KB and v <= KB
+// (y_kc = 0 for c > k), 12.5 of the 32 per step on average. (Only after a
+// failed pivot, where the result is replaced anyway, can a skipped one
+// differ: 0 times an infinite multiplier.)
+template <class T, bool Inv, int KB>
+__device__ __forceinline__ void chol_steps(T (&a)[kCholTile][kCholTile], T (&y)[kCholTile][kCholTile], int& fail,
+                                           T* col, T* yrow, T* piv, int t, int tx, int ty) {
+#pragma unroll 1
+  for (int k = KB * kCholSpan; k < (KB + 1) * kCholSpan; ++k) {
+    T* c = col + (k & 1) * kCholBlock;
+    T* yr = yrow + (k & 1) * kCholBlock;
+    if (tx == k % kCholSpan) {  // column k: its entries in rows from 16 KB here
+#pragma unroll
+      for (int u = KB; u < kCholTile; ++u) c[ty + kCholSpan * u] = a[u][KB];
+    }
+    if (Inv && ty == k % kCholSpan) {  // row k of Y: its entries in columns below 16 (KB + 1) here
+#pragma unroll
+      for (int v = 0; v <= KB; ++v) yr[tx + kCholSpan * v] = y[KB][v];
+    }
+    __syncthreads();
+    const T d = c[k];
+    if (t == 0) piv[k] = d;
+    fail = fail == 0 && !(d > T(0)) ? k + 1 : fail;
+    const T rd = T(1) / d;
+    T m[kCholTile], f[kCholTile];
+#pragma unroll
+    for (int u = KB; u < kCholTile; ++u) {
+      const int i = ty + kCholSpan * u;
+      m[u] = i > k ? -(c[i] * rd) : T(0);
+    }
+#pragma unroll
+    for (int v = KB; v < kCholTile; ++v) {
+      const int j = tx + kCholSpan * v;
+      f[v] = j > k ? c[j] : T(0);
+    }
+#pragma unroll
+    for (int u = KB; u < kCholTile; ++u)
+#pragma unroll
+      for (int v = KB; v < kCholTile; ++v) a[u][v] = chol_fma(m[u], f[v], a[u][v]);
+    if (Inv) {
+#pragma unroll
+      for (int v = 0; v <= KB; ++v) {
+        const T e = yr[tx + kCholSpan * v];
+#pragma unroll
+        for (int u = KB; u < kCholTile; ++u) y[u][v] = chol_fma(m[u], e, y[u][v]);
+      }
+    }
+  }
+}
+
 // The CTA factors the 64 x 64 block of s (column-major, ld kCholLd; the
 // whole symmetric square) in place into its lower Cholesky factor and,
 // with Inv, writes the factor's inverse to x (zeros above the diagonal).
@@ -488,58 +542,10 @@ __device__ int cta_chol64(T* s, T* x, T* col, T* yrow, T* piv) {
       y[u][v] = i == j ? T(1) : T(0);
     }
   int fail = 0;
-#pragma unroll 1
-  for (int k = 0; k < kCholBlock; ++k) {
-    T* c = col + (k & 1) * kCholBlock;
-    T* yr = yrow + (k & 1) * kCholBlock;
-    const int kb = k / kCholSpan;
-    if (tx == k % kCholSpan) {  // column k: 4 of its entries here
-#pragma unroll
-      for (int u = 0; u < kCholTile; ++u) {
-        T v = a[u][0];
-#pragma unroll
-        for (int w = 1; w < kCholTile; ++w) v = kb == w ? a[u][w] : v;
-        c[ty + kCholSpan * u] = v;
-      }
-    }
-    if (Inv && ty == k % kCholSpan) {  // row k of Y
-#pragma unroll
-      for (int v = 0; v < kCholTile; ++v) {
-        T e = y[0][v];
-#pragma unroll
-        for (int w = 1; w < kCholTile; ++w) e = kb == w ? y[w][v] : e;
-        yr[tx + kCholSpan * v] = e;
-      }
-    }
-    __syncthreads();
-    const T d = c[k];
-    if (t == 0) piv[k] = d;
-    fail = fail == 0 && !(d > T(0)) ? k + 1 : fail;
-    const T rd = T(1) / d;
-    T m[kCholTile], f[kCholTile];
-#pragma unroll
-    for (int u = 0; u < kCholTile; ++u) {
-      const int i = ty + kCholSpan * u;
-      m[u] = i > k ? -(c[i] * rd) : T(0);
-    }
-#pragma unroll
-    for (int v = 0; v < kCholTile; ++v) {
-      const int j = tx + kCholSpan * v;
-      f[v] = j > k ? c[j] : T(0);
-    }
-#pragma unroll
-    for (int u = 0; u < kCholTile; ++u)
-#pragma unroll
-      for (int v = 0; v < kCholTile; ++v) a[u][v] = chol_fma(m[u], f[v], a[u][v]);
-    if (Inv) {
-#pragma unroll
-      for (int v = 0; v < kCholTile; ++v) {
-        const T e = yr[tx + kCholSpan * v];
-#pragma unroll
-        for (int u = 0; u < kCholTile; ++u) y[u][v] = chol_fma(m[u], e, y[u][v]);
-      }
-    }
-  }
+  chol_steps<T, Inv, 0>(a, y, fail, col, yrow, piv, t, tx, ty);
+  chol_steps<T, Inv, 1>(a, y, fail, col, yrow, piv, t, tx, ty);
+  chol_steps<T, Inv, 2>(a, y, fail, col, yrow, piv, t, tx, ty);
+  chol_steps<T, Inv, 3>(a, y, fail, col, yrow, piv, t, tx, ty);
   __syncthreads();  // piv complete
 #pragma unroll
   for (int u = 0; u < kCholTile; ++u) {
