@@ -525,7 +525,9 @@ __device__ __forceinline__ void chol_steps(T (&a)[kCholTile][kCholTile], T (&y)[
 // for i, j > k (a_kj = a_jk: the square stays symmetric) and the forward
 // elimination y_ic -= a_ik y_kc / a_kk (y_kc = 0 for c > k). Rows at or
 // above k take a zero multiplier and columns at or left of k a zero
-// factor, so every update is one fused multiply-add. At the end L_ij =
+// factor, so every update is one fused multiply-add, and those of a
+// thread's rows and columns wholly at or above (left of) k are left out
+// (chol_steps, 16 steps at a time). At the end L_ij =
 // a_ij / sqrt(a_jj) (a_ij as it was at step j) and L^-1 = diag(L)^-1 Y.
 // Returns 1 + the first pivot that is not positive (NaN included), 0 if
 // none, on every thread.
@@ -542,6 +544,7 @@ __device__ int cta_chol64(T* s, T* x, T* col, T* yrow, T* piv) {
       y[u][v] = i == j ? T(1) : T(0);
     }
   int fail = 0;
+  static_assert(kCholTile == 4, "four groups of steps");
   chol_steps<T, Inv, 0>(a, y, fail, col, yrow, piv, t, tx, ty);
   chol_steps<T, Inv, 1>(a, y, fail, col, yrow, piv, t, tx, ty);
   chol_steps<T, Inv, 2>(a, y, fail, col, yrow, piv, t, tx, ty);
