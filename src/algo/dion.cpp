@@ -413,39 +413,41 @@ int qr_method_now(const Group& g) {
 // its owner, factored there and the factors gathered; otherwise the sums
 // are all-reduced and every rank factors them all. own: the reduce-scatter's
 // receive buffer (sp.block matrices) where sp.scatter.
-// R1 = qr_r(S P) of the k x r sketches SP.
-void split_qr_r(Optimizer& opt, const Split& sp, Collectives* inner, MatBatch SP, MatBatch R1, float* own) {
-  Backend& be = *opt.backend;
-  const int64_t T = SP.batch, k = SP.rows, r = SP.cols, kr = k * r, rr = r * r;
+// The sums x (T matrices of e floats) this rank factors: its slots, first
+// .. first + count - 1, reduced to it, or all of them.
+struct OwnedSums {
+  float* p;
+  int64_t first, count;
+};
+OwnedSums owned_sums(Backend& be, const Split& sp, Collectives* inner, float* x, int64_t T, int64_t e, float* own) {
   if (!sp.mesh) {
-    if (inner) inner->all_reduce(SP.p, T * kr, ReduceOp::kSum);
-    be.qr_r(SP, R1);
-    return;
+    if (inner) inner->all_reduce(x, T * e, ReduceOp::kSum);
+    return {x, 0, T};
   }
-  zero_padding(be, sp, SP.p, T, kr);
-  float* mine = reduce_slots(sp, SP.p, T, kr, own);
-  float* r1 = R1.p + sp.first * rr;  // gathered in place
-  if (sp.count > 0) be.qr_r(MatBatch{mine, k, r, r, kr, sp.count}, MatBatch{r1, r, r, r, rr, sp.count});
-  gather_slots(opt, sp, T, rr, r1, R1.p);
+  zero_padding(be, sp, x, T, e);
+  return {reduce_slots(sp, x, T, e, own), sp.first, sp.count};
 }
-// The Cholesky factors of the r x r Gram matrices G, in place, and their
-// flags (info, T; the same on every rank of the mesh).
+// R1 = qr_r(S P) of the k x r sketches SP (dense).
+void split_qr_r(Optimizer& opt, const Split& sp, Collectives* inner, MatBatch SP, MatBatch R1, float* own) {
+  const int64_t T = SP.batch, k = SP.rows, r = SP.cols, kr = k * r, rr = r * r;
+  const OwnedSums o = owned_sums(*opt.backend, sp, inner, SP.p, T, kr, own);
+  float* r1 = R1.p + o.first * rr;  // gathered in place
+  if (o.count > 0) opt.backend->qr_r(MatBatch{o.p, k, r, r, kr, o.count}, MatBatch{r1, r, r, r, rr, o.count});
+  if (sp.mesh) gather_slots(opt, sp, T, rr, r1, R1.p);
+}
+// The Cholesky factors of the r x r Gram matrices G (dense), in place, and
+// their flags (info, T; the same on every rank of the mesh).
 void split_cholesky(Optimizer& opt, const Split& sp, Collectives* inner, MatBatch G, int32_t* info, float* own) {
   Backend& be = *opt.backend;
   const int64_t T = G.batch, r = G.rows, rr = r * r;
-  if (!sp.mesh) {
-    if (inner) inner->all_reduce(G.p, T * rr, ReduceOp::kSum);
-    be.cholesky_upper(G, info);
-    return;
-  }
-  zero_padding(be, sp, G.p, T, rr);
-  float* mine = reduce_slots(sp, G.p, T, rr, own);
-  // Each slot's flag is written by its owner only and summed over the
-  // mesh (the others hold 0), so every rank learns every matrix's: the
-  // fallback is decided the same way on all of them.
-  be.zero(info, sizeof(int32_t) * static_cast<size_t>(T));
-  if (sp.count > 0) be.cholesky_upper(MatBatch{mine, r, r, r, rr, sp.count}, info + sp.first);
-  gather_slots(opt, sp, T, rr, mine, G.p);
+  const OwnedSums o = owned_sums(be, sp, inner, G.p, T, rr, own);
+  // Over a mesh each slot's flag is written by its owner only and summed
+  // over the mesh (the others hold 0), so every rank learns every matrix's:
+  // the fallback is decided the same way on all of them.
+  if (sp.mesh) be.zero(info, sizeof(int32_t) * static_cast<size_t>(T));
+  if (o.count > 0) be.cholesky_upper(MatBatch{o.p, r, r, r, rr, o.count}, info + o.first);
+  if (!sp.mesh) return;
+  gather_slots(opt, sp, T, rr, o.p, G.p);
   sp.mesh->all_reduce(info, T, ReduceOp::kSum);
 }
 
