@@ -450,63 +450,67 @@ void extract_r(const Ctx& c, const float* cm, int64_t p, MatBatch r_out) {
 namespace {
 
 constexpr int kCholThreads = 256;
-constexpr int kCholLd = kCholBlock + 1;  // shared-memory column stride
-constexpr int kCholTile = 4;             // each thread's rows and columns of the block
-constexpr int kCholSpan = kCholBlock / kCholTile;  // 16: rows ty + 16 a, columns tx + 16 b
-static_assert(kCholSpan * kCholSpan == kCholThreads, "one 4 x 4 tile per thread");
+constexpr int kCholWarps = kCholThreads / 32;      // 8
+constexpr int kCholCols = kCholBlock / kCholWarps;  // 8 columns per warp: w + 8 c
+constexpr int kCholHalves = kCholBlock / 32;        // 2 rows per lane: l + 32 h
+constexpr int kCholLd = kCholBlock + 1;             // shared-memory column stride
+static_assert(kCholBlock == 64 && kCholWarps == kCholCols, "one group of steps per column of a warp");
 
 __device__ inline float chol_fma(float a, float b, float c) { return __fmaf_rn(a, b, c); }
 __device__ inline double chol_fma(double a, double b, double c) { return __fma_rn(a, b, c); }
 
-// Steps k = 16 KB .. 16 KB + 15 of cta_chol64 (see there). With KB fixed,
-// a thread's rows ty + 16 u for u < KB and columns tx + 16 v for v < KB are
-// at or above (left of) k, so their multipliers and factors are zero and
-// their fused multiply-adds, which change nothing for finite values, are
-// not issued: the a updates over u, v >= KB, Y's over u >= KB and v <= KB
-// (y_kc = 0 for c > k), 12.5 of the 32 per step on average. (Only after a
-// failed pivot, where the result is replaced anyway, can a skipped one
-// differ: 0 times an infinite multiplier.)
-template <class T, bool Inv, int KB>
-__device__ __forceinline__ void chol_steps(T (&a)[kCholTile][kCholTile], T (&y)[kCholTile][kCholTile], int& fail,
-                                           T* col, T* yrow, T* piv, int t, int tx, int ty) {
+// Step k's pivot, by the warp that keeps column k (its column G, rows
+// below k of its halves from G / 4 on): a_kk broadcast by a shuffle, and
+// the multipliers -a_ik / a_kk and factors a_ik of the rows below k (zero
+// for the others) put in mb and fb.
+template <class T, int G>
+__device__ __forceinline__ void chol_pivot(T (&a)[kCholHalves][kCholCols], T* mb, T* fb, T* piv, int k, int l) {
+  constexpr int H = G * kCholCols / 32;
+  const T d = __shfl_sync(0xffffffffu, a[H][G], k % 32);
+  if (l == 0) piv[k] = d;
+  const T rd = T(1) / d;
+#pragma unroll
+  for (int h = H; h < kCholHalves; ++h) {
+    const int i = l + 32 * h;
+    mb[i] = i > k ? -(a[h][G] * rd) : T(0);
+    fb[i] = i > k ? a[h][G] : T(0);
+  }
+}
+
+// Steps k = 8 G .. 8 G + 7 of cta_chol64 (see there). Column k is the
+// owning warp's (k % 8) column G, and with G fixed a thread's columns c < G
+// are left of k and its rows l + 32 h for h < G / 4 above it: their factors
+// and multipliers are zero, and those fused multiply-adds, which change
+// nothing for finite values, are not issued (nor Y's for columns right of
+// k: y_kc = 0 there). (Only after a failed pivot, where the result is
+// replaced anyway, can a skipped one differ: 0 times an infinite
+// multiplier.)
+template <class T, bool Inv, int G>
+__device__ __forceinline__ void chol_steps(T (&a)[kCholHalves][kCholCols], T (&y)[kCholHalves][kCholCols], T* mbuf,
+                                           T* fbuf, T* piv, int w, int l) {
+  constexpr int H = G * kCholCols / 32;  // the pivots' half: rows l + 32 h for h < H are done
 #pragma unroll 1
-  for (int k = KB * kCholSpan; k < (KB + 1) * kCholSpan; ++k) {
-    T* c = col + (k & 1) * kCholBlock;
-    T* yr = yrow + (k & 1) * kCholBlock;
-    if (tx == k % kCholSpan) {  // column k: its entries in rows from 16 KB here
-#pragma unroll
-      for (int u = KB; u < kCholTile; ++u) c[ty + kCholSpan * u] = a[u][KB];
-    }
-    if (Inv && ty == k % kCholSpan) {  // row k of Y: its entries in columns below 16 (KB + 1) here
-#pragma unroll
-      for (int v = 0; v <= KB; ++v) yr[tx + kCholSpan * v] = y[KB][v];
-    }
+  for (int kk = 0; kk < kCholCols; ++kk) {
+    const int k = G * kCholCols + kk;
+    T* mb = mbuf + (k & 1) * kCholBlock;  // by step parity: one barrier per step
+    T* fb = fbuf + (k & 1) * kCholBlock;
+    if (w == kk) chol_pivot<T, G>(a, mb, fb, piv, k, l);
     __syncthreads();
-    const T d = c[k];
-    if (t == 0) piv[k] = d;
-    fail = fail == 0 && !(d > T(0)) ? k + 1 : fail;
-    const T rd = T(1) / d;
-    T m[kCholTile], f[kCholTile];
+    T m[kCholHalves];
 #pragma unroll
-    for (int u = KB; u < kCholTile; ++u) {
-      const int i = ty + kCholSpan * u;
-      m[u] = i > k ? -(c[i] * rd) : T(0);
+    for (int h = H; h < kCholHalves; ++h) m[h] = mb[l + 32 * h];
+#pragma unroll
+    for (int c = G; c < kCholCols; ++c) {
+      const T f = fb[w + kCholCols * c];
+#pragma unroll
+      for (int h = H; h < kCholHalves; ++h) a[h][c] = chol_fma(m[h], f, a[h][c]);
     }
+    if (Inv) {  // row k of Y is lane k % 32's half H, in every warp
 #pragma unroll
-    for (int v = KB; v < kCholTile; ++v) {
-      const int j = tx + kCholSpan * v;
-      f[v] = j > k ? c[j] : T(0);
-    }
+      for (int c = 0; c <= G; ++c) {
+        const T e = __shfl_sync(0xffffffffu, y[H][c], k % 32);
 #pragma unroll
-    for (int u = KB; u < kCholTile; ++u)
-#pragma unroll
-      for (int v = KB; v < kCholTile; ++v) a[u][v] = chol_fma(m[u], f[v], a[u][v]);
-    if (Inv) {
-#pragma unroll
-      for (int v = 0; v <= KB; ++v) {
-        const T e = yr[tx + kCholSpan * v];
-#pragma unroll
-        for (int u = KB; u < kCholTile; ++u) y[u][v] = chol_fma(m[u], e, y[u][v]);
+        for (int h = H; h < kCholHalves; ++h) y[h][c] = chol_fma(m[h], e, y[h][c]);
       }
     }
   }
@@ -515,51 +519,55 @@ __device__ __forceinline__ void chol_steps(T (&a)[kCholTile][kCholTile], T (&y)[
 // The CTA factors the 64 x 64 block of s (column-major, ld kCholLd; the
 // whole symmetric square) in place into its lower Cholesky factor and,
 // with Inv, writes the factor's inverse to x (zeros above the diagonal).
-// Each thread keeps a 4 x 4 tile of the block (rows ty + 16 a, columns tx +
-// 16 b) and of Y, the inverse's rows before their scaling, in registers.
-// Step k (a rolled loop: unrolled steps are fetched from memory once each,
-// and that, not the arithmetic, bounded earlier versions): the owners of
-// column k of the block and of row k of Y put them in shared memory (two
-// buffers by step parity, so one barrier per step), then every thread
-// applies the unscaled right-looking recurrence a_ij -= a_ik a_kj / a_kk
-// for i, j > k (a_kj = a_jk: the square stays symmetric) and the forward
-// elimination y_ic -= a_ik y_kc / a_kk (y_kc = 0 for c > k). Rows at or
-// above k take a zero multiplier and columns at or left of k a zero
-// factor, so every update is one fused multiply-add, and those of a
-// thread's rows and columns wholly at or above (left of) k are left out
-// (chol_steps, 16 steps at a time). At the end L_ij =
-// a_ij / sqrt(a_jj) (a_ij as it was at step j) and L^-1 = diag(L)^-1 Y.
-// Returns 1 + the first pivot that is not positive (NaN included), 0 if
-// none, on every thread.
+// Warp w keeps columns w + 8 c of the block and of Y, the inverse's rows
+// before their scaling, in registers, lane l their rows l and l + 32. Step
+// k (a rolled loop: unrolled steps are fetched from memory once each, and
+// that, not the arithmetic, bounded earlier versions): the warp that keeps
+// column k (chol_pivot) broadcasts its pivot a_kk by a shuffle and puts the
+// multipliers -a_ik / a_kk and the factors a_jk (= a_kj: the square stays
+// symmetric) of rows below k, zero elsewhere, in shared memory (two buffers
+// by step parity, so one barrier per step); then every thread applies the unscaled
+// right-looking recurrence a_ij -= a_ik a_kj / a_kk to its columns right of
+// k and the forward elimination y_ic -= a_ik y_kc / a_kk, row k of Y taken
+// from the lane that keeps it by a shuffle. Every update is one fused
+// multiply-add. At the end L_ij = a_ij / sqrt(a_jj) (a_ij as it was at step
+// j) and L^-1 = diag(L)^-1 Y. Returns 1 + the first pivot that is not
+// positive (NaN included), 0 if none, on every thread.
 template <class T, bool Inv>
-__device__ int cta_chol64(T* s, T* x, T* col, T* yrow, T* piv) {
-  const int t = static_cast<int>(threadIdx.x), tx = t % kCholSpan, ty = t / kCholSpan;
-  T a[kCholTile][kCholTile], y[kCholTile][kCholTile];
+__device__ int cta_chol64(T* s, T* x, T* mbuf, T* fbuf, T* piv) {
+  const int t = static_cast<int>(threadIdx.x), w = t / 32, l = t % 32;
+  T a[kCholHalves][kCholCols], y[kCholHalves][kCholCols];
 #pragma unroll
-  for (int u = 0; u < kCholTile; ++u)
+  for (int h = 0; h < kCholHalves; ++h)
 #pragma unroll
-    for (int v = 0; v < kCholTile; ++v) {
-      const int i = ty + kCholSpan * u, j = tx + kCholSpan * v;
-      a[u][v] = s[j * kCholLd + i];
-      y[u][v] = i == j ? T(1) : T(0);
+    for (int c = 0; c < kCholCols; ++c) {
+      const int i = l + 32 * h, j = w + kCholCols * c;
+      a[h][c] = s[j * kCholLd + i];
+      y[h][c] = i == j ? T(1) : T(0);
     }
-  int fail = 0;
-  static_assert(kCholTile == 4, "four groups of steps");
-  chol_steps<T, Inv, 0>(a, y, fail, col, yrow, piv, t, tx, ty);
-  chol_steps<T, Inv, 1>(a, y, fail, col, yrow, piv, t, tx, ty);
-  chol_steps<T, Inv, 2>(a, y, fail, col, yrow, piv, t, tx, ty);
-  chol_steps<T, Inv, 3>(a, y, fail, col, yrow, piv, t, tx, ty);
+  chol_steps<T, Inv, 0>(a, y, mbuf, fbuf, piv, w, l);
+  chol_steps<T, Inv, 1>(a, y, mbuf, fbuf, piv, w, l);
+  chol_steps<T, Inv, 2>(a, y, mbuf, fbuf, piv, w, l);
+  chol_steps<T, Inv, 3>(a, y, mbuf, fbuf, piv, w, l);
+  chol_steps<T, Inv, 4>(a, y, mbuf, fbuf, piv, w, l);
+  chol_steps<T, Inv, 5>(a, y, mbuf, fbuf, piv, w, l);
+  chol_steps<T, Inv, 6>(a, y, mbuf, fbuf, piv, w, l);
+  chol_steps<T, Inv, 7>(a, y, mbuf, fbuf, piv, w, l);
   __syncthreads();  // piv complete
+  // The first pivot that is not positive: lanes l and l + 32 vote.
+  const unsigned lo = __ballot_sync(0xffffffffu, !(piv[l] > T(0)));
+  const unsigned hi = __ballot_sync(0xffffffffu, !(piv[l + 32] > T(0)));
+  const int fail = lo ? __ffs(lo) : hi ? 32 + __ffs(hi) : 0;
 #pragma unroll
-  for (int u = 0; u < kCholTile; ++u) {
-    const int i = ty + kCholSpan * u;
+  for (int h = 0; h < kCholHalves; ++h) {
+    const int i = l + 32 * h;
     const T ri = T(1) / sqrt(piv[i]);
 #pragma unroll
-    for (int v = 0; v < kCholTile; ++v) {
-      const int j = tx + kCholSpan * v;
-      if (i > j) s[j * kCholLd + i] = a[u][v] / sqrt(piv[j]);
+    for (int c = 0; c < kCholCols; ++c) {
+      const int j = w + kCholCols * c;
+      if (i > j) s[j * kCholLd + i] = a[h][c] / sqrt(piv[j]);
       if (i == j) s[j * kCholLd + i] = sqrt(piv[i]);
-      if (Inv) x[j * kCholLd + i] = i >= j ? y[u][v] * ri : T(0);
+      if (Inv) x[j * kCholLd + i] = i >= j ? y[h][c] * ri : T(0);
     }
   }
   return fail;
@@ -573,9 +581,9 @@ __global__ void __launch_bounds__(kCholThreads, 1) chol_block_kernel(CholBlock<T
   extern __shared__ __align__(16) unsigned char chol_smem[];
   T* s = reinterpret_cast<T*>(chol_smem);  // the block, column-major, ld kCholLd
   T* x = s + kCholBlock * kCholLd;         // its inverse
-  T* col = x + kCholBlock * kCholLd;       // 2 x 64: column k of the block, by step parity
-  T* yrow = col + 2 * kCholBlock;          // 2 x 64: row k of Y
-  T* piv = yrow + 2 * kCholBlock;          // 64 pivots
+  T* mbuf = x + kCholBlock * kCholLd;      // 2 x 64: step k's multipliers, by step parity
+  T* fbuf = mbuf + 2 * kCholBlock;         // 2 x 64: its factors
+  T* piv = fbuf + 2 * kCholBlock;          // 64 pivots
   const int t = static_cast<int>(threadIdx.x);
   const int nb = g.nb;
   const bool inv = g.inv != nullptr;
@@ -586,7 +594,7 @@ __global__ void __launch_bounds__(kCholThreads, 1) chol_block_kernel(CholBlock<T
       s[j * kCholLd + i] = i < nb && j < nb ? A[static_cast<int64_t>(j) * g.ld + i] : (i == j ? T(1) : T(0));
     }
     __syncthreads();
-    const int fail = inv ? cta_chol64<T, true>(s, x, col, yrow, piv) : cta_chol64<T, false>(s, x, col, yrow, piv);
+    const int fail = inv ? cta_chol64<T, true>(s, x, mbuf, fbuf, piv) : cta_chol64<T, false>(s, x, mbuf, fbuf, piv);
     __syncthreads();
     for (int e = t; e < kCholBlock * kCholBlock; e += kCholThreads) {
       const int i = e % kCholBlock, j = e / kCholBlock;
