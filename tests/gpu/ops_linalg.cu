@@ -17,6 +17,7 @@
 #include <cuda.h>
 
 #include <cstdlib>
+#include <cstring>
 
 #include "../reference/ref_linalg.h"
 #include "ops_util.h"
@@ -465,6 +466,40 @@ TEST_F(OpsTest, QrQAndR) {
       EXPECT_TRUE(close(align_columns(a, q), q, 0.0, 1e-4));
     }
   });
+}
+
+// qr_q spreads a batch's Householder QRs over up to 8 streams (one cuSOLVER
+// handle and workspace each): every matrix is still factored by the same
+// calls on the same data, so the Q of a batch of 11 (lanes reused, and a
+// last round of 3) has the same bits as with every matrix on the current
+// stream (DION_QR_STREAMS=1), on the default stream and on a caller's
+// non-blocking one (the lanes fork from and join back to it).
+TEST_F(OpsTest, QrQStreamsSameBits) {
+  const char* was = std::getenv("DION_QR_STREAMS");
+  const std::string before = was ? was : "";
+  const int64_t p = 300, r = 120, B = 11;
+  Mat a = Mat::padded(p, r, B);
+  a.fill([&] { return gauss(); });
+  std::vector<float> q[3];
+  cudaStream_t st = nullptr;
+  ASSERT_EQ(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking), cudaSuccess);
+  for (int v = 0; v < 3; ++v) {
+    ASSERT_EQ(setenv("DION_QR_STREAMS", v == 0 ? "1" : "8", 1), 0);
+    std::unique_ptr<Backend> be(make_cuda_backend(0));
+    if (v == 2) be->set_stream(st);
+    Mat x = Mat::padded(p, r, B);
+    x.h = a.h;
+    x.sync();
+    be->qr_q(x.D());
+    ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+    q[v] = x.dev();
+    EXPECT_LT(orthonormality_error(q[v], x), 1e-5) << "variant " << v;
+  }
+  ASSERT_EQ(cudaStreamDestroy(st), cudaSuccess);
+  ASSERT_EQ(was ? setenv("DION_QR_STREAMS", before.c_str(), 1) : unsetenv("DION_QR_STREAMS"), 0);
+  ASSERT_EQ(q[0].size(), q[1].size());
+  EXPECT_EQ(0, std::memcmp(q[0].data(), q[1].data(), q[0].size() * sizeof(float))) << "8 streams against 1";
+  EXPECT_EQ(0, std::memcmp(q[0].data(), q[2].data(), q[0].size() * sizeof(float))) << "on a caller's stream";
 }
 
 // Backend::gram: the CUDA backend sums S products over row chunks when the

@@ -35,6 +35,9 @@ struct GraphCase {
   // Matmul precision BF16 on kLargeShapes: the Newton-Schulz products by
   // blocks (Backend::gemm_bf16_lower and mirror_bf16, s >= 1024).
   bool large_bf16 = false;
+  // Dion with Householder QR (DION_QR_QR): the batch's geqrf / orgqr spread
+  // over the backend's QR streams, forked from and joined to the captured one.
+  bool householder = false;
 };
 void PrintTo(const GraphCase& c, std::ostream* os) { *os << c.name; }
 
@@ -42,7 +45,8 @@ std::vector<GraphCase> graph_cases() {
   return {
       {"Dion_RCQR", DION_ALGO_DION}, {"Muon", DION_ALGO_MUON}, {"AdamW", DION_ALGO_ADAMW}, {"Dion2", DION_ALGO_DION2},
       {"Dion_RCQR_bf16_momentum_products", DION_ALGO_DION, true},
-      {"Muon_bf16_symmetric_blocks", DION_ALGO_MUON, false, true}};
+      {"Muon_bf16_symmetric_blocks", DION_ALGO_MUON, false, true},
+      {"Dion_Householder_QR_streams", DION_ALGO_DION, false, false, true}};
 }
 
 dion_group_options_t case_options(const GraphCase& c) {
@@ -59,6 +63,7 @@ dion_group_options_t case_options(const GraphCase& c) {
     // sketch) runs, not the Householder QR a square P would get.
     g.qr_method = DION_QR_RCQR;
     g.rank_fraction = 0.5;
+    if (c.householder) g.qr_method = DION_QR_QR;
   }
   return g;
 }

@@ -50,6 +50,12 @@ constexpr int64_t kPotrfBatchedMaxN = 4096;
 // 2048 in the step, docs/benchmarks.md); larger ones keep cuSOLVER's
 // (DION_OWN_CHOLESKY_MAX moves the bound).
 constexpr int64_t kOwnCholeskyMaxN = 2048;
+// Streams over which qr_q spreads its matrices (qr_lanes): cuSOLVER's geqrf /
+// orgqr have no batched form at these sizes, and one call on a matrix of a
+// few hundred to a few thousand columns leaves most of the device idle (its
+// panel factorizations are latency-bound). DION_QR_STREAMS lowers it (1:
+// every matrix on the current stream, as before).
+constexpr int kQrLanesMax = 8;
 
 int64_t env_int(const char* name, int64_t dflt) {
   const char* e = std::getenv(name);
@@ -605,15 +611,26 @@ class CudaBackend final : public Backend {
     DION_REQUIRE(p >= r, DION_ERROR_INTERNAL, "cuda qr_q: needs rows >= cols");
     DeviceScope ds(device_);
     ProfScope ps(prof_, "qr_q", stream_);
-    float* cm = householder(a);
-    const int P = static_cast<int>(p), R = static_cast<int>(r);
+    const int P = to_int(p, "qr rows"), R = to_int(r, "qr cols");
+    to_int(a.batch, "qr batch");
+    const int lanes = qr_lanes(a.batch);
+    float* cm = static_cast<float*>(scratch(kMat, sizeof(float) * static_cast<size_t>(a.batch * p * r)));
+    float* tau = static_cast<float*>(scratch(kTau, sizeof(float) * static_cast<size_t>(a.batch * r)));
+    int* info = static_cast<int*>(scratch(kInfo, sizeof(int) * static_cast<size_t>(a.batch)));
     const int lwork = qr_lwork(P, R, true);
-    float* tau = static_cast<float*>(scratch_[kTau].p);
-    float* work = static_cast<float*>(scratch_[kWork].p);
-    int* info = static_cast<int*>(scratch_[kInfo].p);
-    for (int64_t b = 0; b < a.batch; ++b)
-      check(cusolverDnSorgqr(solver_, P, R, R, cm + b * p * r, P, tau + b * r, work, lwork, info + b),
-            "cusolverDnSorgqr");
+    float* work = static_cast<float*>(scratch(kWork, sizeof(float) * static_cast<size_t>(lwork) * lanes));
+    // Row-major p x r with leading dimension ld, transposed, is column-major p x r with leading dimension p.
+    kernels::transpose(ctx(), a.p, p, r, a.ld, a.stride, cm, p, p * r, a.batch);
+    // Matrix b on lane b % lanes: Householder QR, then Q formed in place.
+    qr_fork(lanes);
+    for (int64_t b = 0; b < a.batch; ++b) {
+      const int lane = static_cast<int>(b % lanes);
+      cusolverDnHandle_t h = lanes > 1 ? qr_solvers_[lane] : solver_;
+      float* w = work + static_cast<size_t>(lwork) * lane;
+      check(cusolverDnSgeqrf(h, P, R, cm + b * p * r, P, tau + b * r, w, lwork, info + b), "cusolverDnSgeqrf");
+      check(cusolverDnSorgqr(h, P, R, R, cm + b * p * r, P, tau + b * r, w, lwork, info + b), "cusolverDnSorgqr");
+    }
+    qr_join(lanes);
     kernels::transpose(ctx(), cm, r, p, p, p * r, a.p, a.ld, a.stride, a.batch);
   }
 
@@ -1349,25 +1366,66 @@ class CudaBackend final : public Backend {
     return std::max(lwork, 1);
   }
 
-  // Copies the batch a (p x r row-major) to column-major p x r matrices in
-  // scratch and runs geqrf on each (looping over the batch); returns the
-  // column-major buffer (R in the upper triangle, Householder vectors below,
-  // tau in scratch). Grows every scratch buffer qr_q / qr_r use first.
-  float* householder(const MatBatch& a) {
-    const int64_t p = a.rows, r = a.cols;
-    const int P = to_int(p, "qr rows"), R = to_int(r, "qr cols");
-    to_int(a.batch, "qr batch");
-    float* cm = static_cast<float*>(scratch(kMat, sizeof(float) * static_cast<size_t>(a.batch * p * r)));
-    float* tau = static_cast<float*>(scratch(kTau, sizeof(float) * static_cast<size_t>(a.batch * r)));
-    int* info = static_cast<int*>(scratch(kInfo, sizeof(int) * static_cast<size_t>(a.batch)));
-    const int lwork = qr_lwork(P, R, true);
-    float* work = static_cast<float*>(scratch(kWork, sizeof(float) * static_cast<size_t>(lwork)));
-    // Row-major p x r with leading dimension ld, transposed, is column-major p x r with leading dimension p.
-    kernels::transpose(ctx(), a.p, p, r, a.ld, a.stride, cm, p, p * r, a.batch);
-    for (int64_t b = 0; b < a.batch; ++b)
-      check(cusolverDnSgeqrf(solver_, P, R, cm + b * p * r, P, tau + b * r, work, lwork, info + b),
-            "cusolverDnSgeqrf");
-    return cm;
+  // ---- qr_q's lanes ----
+  // How many streams qr_q spreads a batch over: min(batch, DION_QR_STREAMS,
+  // kQrLanesMax). The streams (non-blocking), their cuSOLVER handles and the
+  // events that fork them from the current stream and join them back are
+  // made on the first call that uses them, outside a capture (like a
+  // scratch buffer's growth); a capture then takes the forked work along.
+  int qr_lanes(int64_t batch) {
+    const int n = static_cast<int>(std::min<int64_t>({batch, qr_lanes_max_, kQrLanesMax}));
+    if (n <= 1) return 1;
+    if (qr_ready_) return n;
+    cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
+    check(cudaStreamIsCapturing(stream_, &capture), "cudaStreamIsCapturing");
+    DION_REQUIRE(capture == cudaStreamCaptureStatusNone, DION_ERROR_INVALID_USAGE,
+                 "cuda backend: the QR streams are made on the first Householder QR, which is being captured into a "
+                 "CUDA graph; run one step with the same shapes before capturing");
+    try {
+      check(cudaEventCreateWithFlags(&qr_fork_, cudaEventDisableTiming), "cudaEventCreateWithFlags (qr fork)");
+      for (int i = 0; i < kQrLanesMax; ++i) {
+        check(cudaEventCreateWithFlags(&qr_joins_[i], cudaEventDisableTiming), "cudaEventCreateWithFlags (qr join)");
+        check(cusolverDnCreate(&qr_solvers_[i]), "cusolverDnCreate (qr stream)");
+        check(cusolverDnSetDeterministicMode(qr_solvers_[i], CUSOLVER_DETERMINISTIC_RESULTS),
+              "cusolverDnSetDeterministicMode (qr stream)");
+        check(cudaStreamCreateWithFlags(&qr_streams_[i], cudaStreamNonBlocking),
+              "cudaStreamCreateWithFlags (qr stream)");
+        check(cusolverDnSetStream(qr_solvers_[i], qr_streams_[i]), "cusolverDnSetStream (qr stream)");
+      }
+    } catch (...) {
+      destroy_qr_lanes();
+      throw;
+    }
+    qr_ready_ = true;
+    return n;
+  }
+  // Never throws (teardown, or a failed qr_lanes).
+  void destroy_qr_lanes() noexcept {
+    qr_ready_ = false;
+    for (int i = 0; i < kQrLanesMax; ++i) {
+      if (qr_streams_[i]) (void)cudaStreamSynchronize(qr_streams_[i]);
+      if (qr_solvers_[i]) (void)cusolverDnDestroy(qr_solvers_[i]);
+      if (qr_streams_[i]) (void)cudaStreamDestroy(qr_streams_[i]);
+      if (qr_joins_[i]) (void)cudaEventDestroy(qr_joins_[i]);
+      qr_solvers_[i] = nullptr;
+      qr_streams_[i] = nullptr;
+      qr_joins_[i] = nullptr;
+    }
+    if (qr_fork_) (void)cudaEventDestroy(qr_fork_);
+    qr_fork_ = nullptr;
+  }
+  void qr_fork(int lanes) {
+    if (lanes <= 1) return;
+    check(cudaEventRecord(qr_fork_, stream_), "cudaEventRecord (fork to the qr streams)");
+    for (int i = 0; i < lanes; ++i)
+      check(cudaStreamWaitEvent(qr_streams_[i], qr_fork_, 0), "cudaStreamWaitEvent (fork to a qr stream)");
+  }
+  void qr_join(int lanes) {
+    if (lanes <= 1) return;
+    for (int i = 0; i < lanes; ++i) {
+      check(cudaEventRecord(qr_joins_[i], qr_streams_[i]), "cudaEventRecord (join from a qr stream)");
+      check(cudaStreamWaitEvent(stream_, qr_joins_[i], 0), "cudaStreamWaitEvent (join from a qr stream)");
+    }
   }
 
   void set_wait_guard(WaitGuard* guard) override { guard_ = guard; }
@@ -1433,6 +1491,7 @@ class CudaBackend final : public Backend {
     if (done_) (void)cudaEventSynchronize(done_);
     if (own_) (void)cudaStreamSynchronize(own_);
     if (comm_) (void)cudaStreamSynchronize(comm_);
+    destroy_qr_lanes();
     if (fork_) (void)cudaEventDestroy(fork_);
     if (join_) (void)cudaEventDestroy(join_);
     fork_ = join_ = nullptr;
@@ -1473,6 +1532,12 @@ class CudaBackend final : public Backend {
   cudaEvent_t fork_ = nullptr;     // current stream -> comm stream
   cudaEvent_t join_ = nullptr;     // comm stream -> current stream
   cudaEvent_t marks_[kCommMarks] = {};
+  cudaStream_t qr_streams_[kQrLanesMax] = {};  // qr_q's lanes (qr_lanes), made on first use
+  cusolverDnHandle_t qr_solvers_[kQrLanesMax] = {};
+  cudaEvent_t qr_joins_[kQrLanesMax] = {};  // lane i -> current stream
+  cudaEvent_t qr_fork_ = nullptr;           // current stream -> the lanes
+  bool qr_ready_ = false;                   // all of the above made
+  int64_t qr_lanes_max_ = env_int("DION_QR_STREAMS", kQrLanesMax);
   WaitGuard* guard_ = nullptr;
   int32_t poke_ = 0;
   Profiler prof_;
