@@ -484,12 +484,9 @@ class HostBackend final : public Backend {
       for (int64_t i = b * per; i < (b + 1) * per; ++i) {  // dense: p.stride == per
         float v = flags[b] ? p.p[i] : 0.0f;
         nan_to_num(&v, 1);
-        if (float_bits(v) != float_bits(p.p[i])) {
-          p.p[i] = v;
-        } else if (!pb_all) {
-          continue;
-        }
-        if (o) o[i] = float_to_bf16(v);
+        const bool changed = float_bits(v) != float_bits(p.p[i]);
+        p.p[i] = v;
+        if (o && (changed || pb_all)) o[i] = float_to_bf16(v);
       }
   }
   void finish_r(MatBatch r, const int32_t* flags, ConstMatBatch q, const TensorEntry* qlist, Field qf, void* rb,
