@@ -100,6 +100,18 @@ __device__ __forceinline__ double block_sum(double v, double* smem) {
   return r;
 }
 
+// 1 / (factor ||m[b]||_F + eps) from the partial sums of matrix b. Every
+// block that calls it (with kThreads threads) adds the same partials in the
+// same order, so frob_normalize and frob_normalize_bf16 get the same float.
+// Contains __syncthreads: call it from all threads of the block.
+__device__ __forceinline__ float frob_inv(const double* partial, int64_t b, int64_t nchunks, float factor, float eps,
+                                          double* sh) {
+  double s = 0.0;
+  for (int64_t c = threadIdx.x; c < nchunks; c += blockDim.x) s += partial[b * nchunks + c];
+  s = block_sum(s, sh);
+  return static_cast<float>(1.0 / (factor * sqrt(s) + eps));
+}
+
 // Walks the flat element range [e0, e1) of a rows x cols row-major matrix
 // (leading dimension ld) with a fixed step, keeping (row, col) up to date
 // without a division per element.

@@ -162,8 +162,10 @@ void sum_parts(const Ctx& c, const float* parts, int64_t S, MatBatch out);
 // = C's block (i, j).
 void sym_block_pointers(const Ctx& c, ConstMatBatch a, bool ta, ConstMatBatch b, bool tb, MatBatch m, int64_t nb,
                         int64_t bs, const void** out);
-// Backend::mirror_bf16 (copy.p null: no copy); bs a multiple of 32 dividing n.
-void mirror_bf16(const Ctx& c, MatBatch m, int64_t bs, float diag, MatBatch copy);
+// Backend::mirror_bf16 (copy.p null: no copy; power 0: no scale, else
+// frob_scale_bf16's scale from parts); bs a multiple of 32 dividing n.
+void mirror_bf16(const Ctx& c, MatBatch m, int64_t bs, float diag, MatBatch copy, const double* parts, int64_t nparts,
+                 float factor, float eps, int power);
 // m[b] (bf16 elements; ld and stride count elements) += v on the diagonal.
 void add_diag_bf16(const Ctx& c, MatBatch m, float v);
 // out[b] (rows x cols, row-major, dense) <- m[b] in double.

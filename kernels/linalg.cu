@@ -313,7 +313,17 @@ __global__ void sym_block_pointers_kernel(ConstMatBatch a, bool ta, ConstMatBatc
 // diagonal tile are read by its own CTA in phase 1, before the barrier),
 // to the copy, and to diagonal elements only their own thread reads.
 // An (R, C) entirely inside one diagonal block has nothing to do without
-// a copy or, on the diagonal, a shift (most of them for 4 x 4 blocks).
+// a copy, a scale or, on the diagonal, a shift (most of them for 4 x 4
+// blocks).
+// With a scale (power 1 or 2: frob_scale_bf16's sc from the partial sums
+// `parts`, computed by frob_inv as there), every element on and below the
+// block diagonal (i / bs >= j / bs) becomes bf16(sc (x + diag [i == j])),
+// the operations and roundings of frob_scale_bf16, and is written back in
+// place, to the copy and, below the block diagonal, to its transposed place:
+// the matrix frob_scale_bf16 gives after (or, diag 0, before) the plain
+// mirror, in the mirror's one pass. Phase 2 also rewrites the transposed
+// tile of an off-diagonal tile inside a diagonal block (only its CTA visits
+// it).
 // Against one 32 x 32 tile per CTA of every matrix's whole grid: 380 -> 140
 // us per call for 24 matrices of 2048 (ncu, H100; docs/benchmarks.md).
 constexpr int kMirTile = 64, kMirPitch = kMirTile + 2, kMirThreads = 256;
@@ -347,9 +357,21 @@ __device__ inline void mir_store8(uint16_t* p, const uint16_t (&v)[8]) {
   }
 }
 
+__device__ inline void mir_scale8(uint16_t (&v)[8], int64_t i, int64_t j, float diag, float sc) {
+#pragma unroll
+  for (int q = 0; q < 8; ++q) {
+    float x = bf16_to_float(v[q]);
+    if (i == j + q) x += diag;
+    v[q] = float_to_bf16(x * sc);
+  }
+}
+
 template <bool Vec>
-__global__ void __launch_bounds__(kMirThreads) mirror_bf16_kernel(MatBatch m, int64_t bs, float diag, MatBatch copy) {
+__global__ void __launch_bounds__(kMirThreads)
+    mirror_bf16_kernel(MatBatch m, int64_t bs, float diag, MatBatch copy, const double* parts, int64_t nparts,
+                       float factor, float eps, int power) {
   __shared__ uint16_t tile[kMirTile][kMirPitch];
+  __shared__ double sh[33];
   const int64_t n = m.rows, k = blockIdx.x;
   // Tile k of the lower triangle in row order: (R, C), k = R (R + 1) / 2 + C.
   int64_t R = static_cast<int64_t>((sqrt(8.0 * static_cast<double>(k) + 1.0) - 1.0) / 2.0);
@@ -360,9 +382,15 @@ __global__ void __launch_bounds__(kMirThreads) mirror_bf16_kernel(MatBatch m, in
   const int64_t r1 = min(r0 + kMirTile, n) - 1, c1 = min(c0 + kMirTile, n) - 1;
   const bool on_diag = R == C;
   const bool inside = r0 / bs == r1 / bs && c0 / bs == c1 / bs && r0 / bs == c0 / bs;
-  if (inside && !copy.p && !(on_diag && diag != 0.0f)) return;
+  const bool scaled = power != 0;
+  if (inside && !copy.p && !scaled && !(on_diag && diag != 0.0f)) return;
   const int t = static_cast<int>(threadIdx.x);
   for (int64_t b = blockIdx.y; b < m.batch; b += gridDim.y) {
+    float sc = 1.0f;
+    if (scaled) {
+      const float inv = frob_inv(parts, b, nparts, factor, eps, sh);
+      sc = power == 2 ? inv * inv : inv;
+    }
     uint16_t* base = reinterpret_cast<uint16_t*>(m.p) + b * m.stride;
     uint16_t* dst = copy.p ? reinterpret_cast<uint16_t*>(copy.p) + b * copy.stride : nullptr;
     for (int e = t; e < kMirChunks; e += kMirThreads) {
@@ -372,8 +400,12 @@ __global__ void __launch_bounds__(kMirThreads) mirror_bf16_kernel(MatBatch m, in
       if (i < n && j < n) {
         mir_load8<Vec>(base + i * m.ld + j, v);
         const int64_t bi = i / bs, bj = j / bs;
+        if (scaled && bi >= bj) {
+          mir_scale8(v, i, j, diag, sc);
+          mir_store8<Vec>(base + i * m.ld + j, v);
+        }
         if (dst && bi >= bj) mir_store8<Vec>(dst + i * copy.ld + j, v);
-        if (on_diag && diag != 0.0f && i >= j && i < j + 8)
+        if (!scaled && on_diag && diag != 0.0f && i >= j && i < j + 8)
           base[i * m.ld + i] = float_to_bf16(bf16_to_float(v[i - j]) + diag);
       }
 #pragma unroll
@@ -390,9 +422,13 @@ __global__ void __launch_bounds__(kMirThreads) mirror_bf16_kernel(MatBatch m, in
 #pragma unroll
         for (int q = 0; q < 8; ++q) v[q] = tile[li + q][lj];
         mir_store8<Vec>(base + j * m.ld + i, v);
-      } else if (bi == bj && dst && !on_diag) {
+      } else if (bi == bj && !on_diag && (dst || scaled)) {
         mir_load8<Vec>(base + j * m.ld + i, v);
-        mir_store8<Vec>(dst + j * copy.ld + i, v);
+        if (scaled) {  // j < i: no diagonal element here
+          mir_scale8(v, j, i, 0.0f, sc);
+          mir_store8<Vec>(base + j * m.ld + i, v);
+        }
+        if (dst) mir_store8<Vec>(dst + j * copy.ld + i, v);
       }
     }
     __syncthreads();  // the tile is reused for the next matrix
@@ -408,11 +444,14 @@ void sym_block_pointers(const Ctx& c, ConstMatBatch a, bool ta, ConstMatBatch b,
   cuda::check_launch("gemm_bf16_lower pointer kernel");
 }
 
-void mirror_bf16(const Ctx& c, MatBatch m, int64_t bs, float diag, MatBatch copy) {
+void mirror_bf16(const Ctx& c, MatBatch m, int64_t bs, float diag, MatBatch copy, const double* parts, int64_t nparts,
+                 float factor, float eps, int power) {
   const int64_t n = m.rows;
   if (n <= 0 || m.batch <= 0) return;
   DION_REQUIRE(m.cols == n && bs > 0 && bs % 32 == 0 && n % bs == 0 && (!copy.p || (copy.rows == n && copy.cols == n)),
                DION_ERROR_INTERNAL, "mirror_bf16: needs square matrices and blocks of a multiple of 32 dividing them");
+  DION_REQUIRE(power == 0 || ((power == 1 || power == 2) && parts && nparts > 0), DION_ERROR_INTERNAL,
+               "mirror_bf16: a scale needs power 1 or 2 and partial sums");
   // 16-byte chunks where every row of m (and of the copy) starts 16-byte aligned.
   const auto aligned = [](const MatBatch& x) {
     return !x.p || (reinterpret_cast<uintptr_t>(x.p) % 16 == 0 && x.ld % 8 == 0 && x.stride % 8 == 0);
@@ -420,9 +459,11 @@ void mirror_bf16(const Ctx& c, MatBatch m, int64_t bs, float diag, MatBatch copy
   const int64_t nt = (n + kMirTile - 1) / kMirTile;
   const dim3 grid(static_cast<unsigned>(nt * (nt + 1) / 2), static_cast<unsigned>(std::min<int64_t>(m.batch, 65535)));
   if (aligned(m) && aligned(copy))
-    mirror_bf16_kernel<true><<<grid, kMirThreads, 0, c.stream>>>(m, bs, diag, copy);
+    mirror_bf16_kernel<true>
+        <<<grid, kMirThreads, 0, c.stream>>>(m, bs, diag, copy, parts, nparts, factor, eps, power);
   else
-    mirror_bf16_kernel<false><<<grid, kMirThreads, 0, c.stream>>>(m, bs, diag, copy);
+    mirror_bf16_kernel<false>
+        <<<grid, kMirThreads, 0, c.stream>>>(m, bs, diag, copy, parts, nparts, factor, eps, power);
   cuda::check_launch("mirror_bf16 kernel");
 }
 

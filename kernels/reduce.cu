@@ -63,18 +63,6 @@ __global__ void frob_partial_kernel(MatBatch m, int64_t nchunks, double* partial
   }
 }
 
-// 1 / (factor ||m[b]||_F + eps) from the partial sums of matrix b. Every
-// block that calls it (with kThreads threads) adds the same partials in the
-// same order, so frob_normalize and frob_normalize_bf16 get the same float.
-// Contains __syncthreads: call it from all threads of the block.
-__device__ __forceinline__ float frob_inv(const double* partial, int64_t b, int64_t nchunks, float factor, float eps,
-                                          double* sh) {
-  double s = 0.0;
-  for (int64_t c = threadIdx.x; c < nchunks; c += blockDim.x) s += partial[b * nchunks + c];
-  s = block_sum(s, sh);
-  return static_cast<float>(1.0 / (factor * sqrt(s) + eps));
-}
-
 __global__ void frob_scale_kernel(MatBatch m, int64_t nchunks, const double* partial, float factor, float eps) {
   __shared__ double sh[33];
   const int64_t elems = m.rows * m.cols, chunk = ceil_div(elems, nchunks);

@@ -57,12 +57,18 @@ MatBatch newton_schulz_bf16(Backend& be, const dion_group_options_t& o, MatBatch
     // below the diagonal of each (bs > 0), and mirror_bf16 completes them:
     // A's with B's C (A's lower blocks: B = b A + c A A) in the same pass,
     // B's with a's shift (below) where no first-step scaling follows.
+    // The first step's scale (A = inv^2 X X^T, then (a I + B) inv) is
+    // applied by the mirrors where the products were formed by blocks, in
+    // their pass, else by frob_scale_bf16.
+    const FrobScale sc2{scale ? raw->parts : nullptr, scale ? raw->nparts : 0, factor, eps, 2};
+    const FrobScale sc1{sc2.parts, sc2.nparts, factor, eps, 1};
     const int64_t bs_a = be.gemm_bf16_lower(tall, !tall, 1.0f, cur, cur, 0.0f, A);
-    if (scale) be.frob_scale_bf16(A, raw->parts, raw->nparts, factor, eps, 2, 0.0f);  // the unmirrored half too
-    if (bs_a > 0)
-      be.mirror_bf16(A, bs_a, 0.0f, &B);
-    else
+    if (bs_a > 0) {
+      be.mirror_bf16(A, bs_a, 0.0f, &B, scale ? &sc2 : nullptr);
+    } else {
+      if (scale) be.frob_scale_bf16(A, raw->parts, raw->nparts, factor, eps, 2, 0.0f);
       be.copy(B.p, A.p, sizeof(uint16_t) * static_cast<size_t>(ns));
+    }
     const int64_t bs_b = be.gemm_bf16_lower(false, false, static_cast<float>(k.c), A, A, static_cast<float>(k.b), B);
     // B holds only A's lower blocks where A was formed by blocks: the same
     // square, aligned buffers are then formed by blocks of the same size.
@@ -70,11 +76,10 @@ MatBatch newton_schulz_bf16(Backend& be, const dion_group_options_t& o, MatBatch
     // X' = a X + B X = (a I + B) X: the a X term goes into B's diagonal (a
     // rounding of the small s x s matrix) instead of into a copy of X as C
     // of the last product, which would move the whole s x l matrix once more.
-    if (scale) {
-      if (bs_b > 0) be.mirror_bf16(B, bs_b, 0.0f, nullptr);
+    if (bs_b > 0) {
+      be.mirror_bf16(B, bs_b, static_cast<float>(k.a), nullptr, scale ? &sc1 : nullptr);
+    } else if (scale) {
       be.frob_scale_bf16(B, raw->parts, raw->nparts, factor, eps, 1, static_cast<float>(k.a));
-    } else if (bs_b > 0) {
-      be.mirror_bf16(B, bs_b, static_cast<float>(k.a), nullptr);
     } else {
       be.add_diag_bf16(B, static_cast<float>(k.a));
     }

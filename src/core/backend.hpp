@@ -71,6 +71,16 @@ struct GroupScalars {
   int64_t pad;
 };
 
+// The Frobenius scale of the bf16 iteration's first step, as
+// frob_scale_bf16 takes it: sc = inv (power 1) or inv * inv (power 2), inv =
+// 1 / (factor sqrt(t) + eps), t the total of parts[b * nparts .. + nparts).
+struct FrobScale {
+  const double* parts;
+  int64_t nparts;
+  float factor, eps;
+  int power;
+};
+
 // Per-optimizer step status in backend memory.
 struct StepStatus {
   int32_t skip;           // this (last) step was skipped: a gradient held NaN/Inf (what writes read)
@@ -224,7 +234,7 @@ class Backend {
   // symmetric A, with beta 0 or a symmetric C. A device backend may form
   // only the blocks on and below the diagonal of a grid of bs x bs blocks
   // (the products of the Muon family's iterations: 3/8 of the FLOPs fewer at
-  // 4 x 4 blocks), leaving those above it as they were for mirror_bf16;
+  // 4 x 4 blocks, 7/16 at 8 x 8), leaving those above it as they were for mirror_bf16;
   // each element formed is the one gemm_bf16 would compute, up to the
   // products' summation order. Returns bs, or 0 where the whole product was
   // formed (by default: gemm_bf16's).
@@ -239,9 +249,13 @@ class Backend {
   // shape), m's blocks on and below the diagonal copied into it (those a
   // following gemm_bf16_lower reads as its C; the others are left); then
   // `diag` added to m's diagonal (rounded to bf16; none when 0).
+  // With `scale` (the bf16 iteration's first step): the matrix and copy
+  // frob_scale_bf16(m, scale's parts, nparts, factor, eps, power, diag)
+  // would leave after the mirror without the shift, bit for bit (or before
+  // it, where diag is 0), in the same pass.
   // By default no product is formed by blocks, so there is nothing to complete.
-  virtual void mirror_bf16(MatBatch m, int64_t bs, float diag, const MatBatch* copy) {
-    (void)m, (void)diag, (void)copy;
+  virtual void mirror_bf16(MatBatch m, int64_t bs, float diag, const MatBatch* copy, const FrobScale* scale) {
+    (void)m, (void)diag, (void)copy, (void)scale;
     fail(DION_ERROR_INTERNAL, "mirror_bf16: blocks of %lld, but this backend forms whole products",
          static_cast<long long>(bs));
   }

@@ -201,8 +201,8 @@ TEST_F(OpsTest, GemmOnBf16BuffersMatchesHost) {
 }
 
 // gemm_bf16_lower and mirror_bf16, the iteration's symmetric products by
-// blocks (4 x 4 blocks for n >= 1024 a multiple of 128, else the full
-// product and bs = 0), against the host's gemm_bf16 (and add_diag_bf16) of
+// blocks (8 x 8 blocks for n >= 2048 a multiple of 256, 4 x 4 for n >= 1024
+// a multiple of 128, else the full product and bs = 0), against the host's gemm_bf16 (and add_diag_bf16) of
 // the same bf16 operands, with GemmOnBf16BuffersMatchesHost's bound: 1e-5 of
 // the sum of |terms| (here its Cauchy-Schwarz bound |alpha| |row_i| |col_j| +
 // |beta c_ij|) for the accumulation order, plus one bf16 ulp (2^-7 of the
@@ -219,7 +219,8 @@ TEST_F(OpsTest, GemmBf16LowerAndMirrorMatchHost) {
     bool tall, square;
     bool blocks;  // whether the CUDA backend forms this one by blocks
   };
-  const Case cases[] = {{1024, 1536, 2, false, false, true}, {1152, 1280, 1, true, false, true},
+  const Case cases[] = {{2048, 256, 1, false, false, true},  {1024, 1536, 2, false, false, true},
+                        {1152, 1280, 1, true, false, true},
                         {1024, 1024, 2, false, true, true},  {1152, 1152, 1, false, true, true},
                         {768, 512, 2, false, false, false},  {1000, 1000, 1, false, true, false}};
   const uint16_t kSentinel = 0x7fc1;  // a NaN: the copy's blocks above the diagonal must keep it
@@ -260,10 +261,11 @@ TEST_F(OpsTest, GemmBf16LowerAndMirrorMatchHost) {
     const int64_t bs =
         cuda->gemm_bf16_lower(ta, tb, alpha, cm(dx.p(), xr, xc, B), cm(dx.p(), xr, xc, B), beta, mm(dc.p(), n, n, B));
     EXPECT_EQ(bs > 0, cs.blocks) << "bs " << bs;
+    if (std::getenv("DION_SYM_BLOCKS") == nullptr && bs > 0) EXPECT_EQ(bs, n >= 2048 ? n / 8 : n / 4);
     const MatBatch copy = mm(dcopy.p(), n, n, B);
     if (bs > 0) {
       EXPECT_EQ(n % bs, 0);
-      cuda->mirror_bf16(mm(dc.p(), n, n, B), bs, shift, cs.square ? nullptr : &copy);
+      cuda->mirror_bf16(mm(dc.p(), n, n, B), bs, shift, cs.square ? nullptr : &copy, nullptr);
     } else if (shift != 0.0f) {
       cuda->add_diag_bf16(mm(dc.p(), n, n, B), shift);
     }
@@ -342,7 +344,7 @@ TEST_F(OpsTest, MirrorBf16MatchesItsContract) {
     Dev<uint16_t> dm(m), dcopy(std::vector<uint16_t>(m.size(), kSentinel));
     const MatBatch copy{reinterpret_cast<float*>(dcopy.p()), n, n, ld, st, B};
     cuda->mirror_bf16(MatBatch{reinterpret_cast<float*>(dm.p()), n, n, ld, st, B}, bs, cs.diag,
-                      cs.copy ? &copy : nullptr);
+                      cs.copy ? &copy : nullptr, nullptr);
     const std::vector<uint16_t> got = dm.get(), got_copy = dcopy.get();
     int64_t bad = 0, bad_copy = 0;
     for (size_t e = 0; e < m.size(); ++e) {
@@ -351,6 +353,65 @@ TEST_F(OpsTest, MirrorBf16MatchesItsContract) {
     }
     EXPECT_EQ(bad, 0) << "elements of the matrices (or their padding) that differ from the contract";
     EXPECT_EQ(bad_copy, 0) << "elements of the copy that differ from the contract";
+  }
+}
+
+// mirror_bf16 with the first step's scale against the two passes it
+// replaces, bit for bit: the plain mirror (no shift, no copy), then
+// frob_scale_bf16 with the shift (both on the device: the same frob_inv
+// over the same partial sums); the copy must then hold the result's elements
+// on and below the block diagonal and keep its sentinel elsewhere, and a
+// row's padding is left alone. The iteration's two uses (power 2, no shift,
+// a copy: A; power 1, the shift a, no copy: B) and the others, on the
+// shapes of MirrorBf16MatchesItsContract (blocks straddling 64-column tiles,
+// unaligned rows) and 8 x 8 blocks of 256.
+TEST_F(OpsTest, MirrorBf16ScaledMatchesFrobScale) {
+  struct Case {
+    int64_t n, bs, batch, pad;
+    bool copy;
+    float diag;
+    int power;
+  };
+  const Case cases[] = {{1152, 288, 2, 0, true, 0.0f, 2},  {1152, 288, 1, 0, false, 3.5f, 1},
+                        {2048, 256, 2, 0, true, 0.0f, 2},  {2048, 256, 2, 0, false, -2.75f, 1},
+                        {1024, 512, 1, 0, true, 1.5f, 1},  {160, 32, 2, 0, false, 2.0f, 2},
+                        {96, 32, 3, 1, true, 0.0f, 2},     {160, 32, 2, 3, false, 0.75f, 1}};
+  const uint16_t kSentinel = 0x7fc1;
+  const int64_t nparts = 37;
+  for (const Case& cs : cases) {
+    const int64_t n = cs.n, bs = cs.bs, B = cs.batch, ld = n + cs.pad, st = n * ld + cs.pad;
+    SCOPED_TRACE(testing::Message() << "n " << n << " bs " << bs << " batch " << B << " ld " << ld
+                                    << (cs.copy ? " copy" : "") << " diag " << cs.diag << " power " << cs.power);
+    std::vector<uint16_t> m(static_cast<size_t>(B * st));
+    for (auto& v : m) v = float_to_bf16(gauss());
+    // Partial sums of squares of the order of an n x 3n start's (norms of a few tens).
+    std::vector<double> parts(static_cast<size_t>(B * nparts));
+    for (auto& v : parts) v = 3.0 * static_cast<double>(n) / nparts * (1.0 + 0.25 * std::fabs(gauss()));
+    Dev<double> dparts(parts);
+    const float factor = 1.02f, eps = 1e-7f;
+    auto mb = [&](uint16_t* p) { return MatBatch{reinterpret_cast<float*>(p), n, n, ld, st, B}; };
+    Dev<uint16_t> dref(m), dm(m), dcopy(std::vector<uint16_t>(m.size(), kSentinel));
+    cuda->mirror_bf16(mb(dref.p()), bs, 0.0f, nullptr, nullptr);
+    cuda->frob_scale_bf16(mb(dref.p()), dparts.p(), nparts, factor, eps, cs.power, cs.diag);
+    const FrobScale sc{dparts.p(), nparts, factor, eps, cs.power};
+    const MatBatch copy = mb(dcopy.p());
+    cuda->mirror_bf16(mb(dm.p()), bs, cs.diag, cs.copy ? &copy : nullptr, &sc);
+    const std::vector<uint16_t> want = dref.get(), got = dm.get(), got_copy = dcopy.get();
+    int64_t bad = 0, bad_copy = 0, changed = 0;
+    for (int64_t q = 0; q < B; ++q)
+      for (int64_t i = 0; i < n; ++i)
+        for (int64_t j = 0; j < ld; ++j) {
+          const size_t e = static_cast<size_t>(q * st + i * ld + j);
+          const bool inside = j < n, lower = inside && i / bs >= j / bs;
+          bad += got[e] != (inside ? want[e] : m[e]);
+          bad_copy += got_copy[e] != (cs.copy && lower ? want[e] : kSentinel);
+          changed += inside && want[e] != m[e];
+        }
+    for (int64_t q = 0; q < B; ++q)  // each matrix's padding after its last row
+      for (int64_t e = q * st + n * ld; e < (q + 1) * st; ++e) bad += got[static_cast<size_t>(e)] != m[static_cast<size_t>(e)];
+    EXPECT_EQ(bad, 0) << "elements that differ from the mirror followed by frob_scale_bf16 (or padding touched)";
+    EXPECT_EQ(bad_copy, 0) << "elements of the copy that differ from the result's lower blocks, or not left";
+    EXPECT_GT(changed, B * n * n / 2) << "the scale should change most elements";
   }
 }
 

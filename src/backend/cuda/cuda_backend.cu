@@ -517,8 +517,8 @@ class CudaBackend final : public Backend {
     gemm_bf16_to(ta, tb, alpha, a, b, beta, c, CUDA_R_16BF, "gemm_bf16");
   }
   // The blocks on and below the diagonal of an nb x nb grid in one
-  // pointer-array GEMM (sym_blocks says when; else the full product). At 4 x
-  // 4 blocks, 10 of 16 block products: on an H100 (bench/micro/sym_blocks.cu)
+  // pointer-array GEMM (sym_blocks says when and how many; else the full
+  // product). At 4 x 4 blocks, 10 of 16 block products: on an H100 (bench/micro/sym_blocks.cu)
   // the Gram matrix of 24 2048 x 8192 matrices 2.04 -> 1.29 ms, A A of 24
   // symmetric 2048 x 2048 ones 0.54 -> 0.35 ms, with the full product's bits.
   int64_t gemm_bf16_lower(bool ta, bool tb, float alpha, ConstMatBatch a, ConstMatBatch b, float beta,
@@ -547,10 +547,12 @@ class CudaBackend final : public Backend {
           "cublasGemmBatchedEx (gemm_bf16_lower)");
     return bs;
   }
-  void mirror_bf16(MatBatch m, int64_t bs, float diag, const MatBatch* copy) override {
+  void mirror_bf16(MatBatch m, int64_t bs, float diag, const MatBatch* copy, const FrobScale* scale) override {
     DeviceScope ds(device_);
     ProfScope ps(prof_, "mirror_bf16", stream_);
-    kernels::mirror_bf16(ctx(), m, bs, diag, copy ? *copy : MatBatch{nullptr, 0, 0, 0, 0, 0});
+    kernels::mirror_bf16(ctx(), m, bs, diag, copy ? *copy : MatBatch{nullptr, 0, 0, 0, 0, 0},
+                         scale ? scale->parts : nullptr, scale ? scale->nparts : 0, scale ? scale->factor : 1.0f,
+                         scale ? scale->eps : 0.0f, scale ? scale->power : 0);
   }
   // One pointer-array GEMM: the fields' pointers from the table (a small
   // setup kernel), B's and C's from their strides. Row-major C = op(X) B is
@@ -1251,18 +1253,24 @@ class CudaBackend final : public Backend {
 
   kernels::Ctx ctx() const { return kernels::Ctx{stream_, sms_}; }
 
-  // gemm_bf16_lower's grid: 4 x 4 blocks for n >= 1024, a multiple of 128
-  // (blocks of a multiple of 32, as mirror_bf16 needs), else 1 (the full
-  // product): below that the saving does not pay for the extra launches (an
-  // H100, gpt-160m Muon, s = 768: 3.94 -> 4.43 ms with 4 x 4 blocks of 192;
-  // gpt-1.3b Dion2, s = 512: 13.55 -> 14.0), nor where the product is empty,
-  // DION_SYM_PRODUCTS=0, or a block pointer would not be 16-byte aligned
-  // (the pointer-array kernels assume it: strides and lds multiples of 8
-  // elements, the bases aligned).
+  // gemm_bf16_lower's grid: 8 x 8 blocks for n >= 2048, a multiple of 256,
+  // 4 x 4 for n >= 1024, a multiple of 128 (blocks of a multiple of 32, as
+  // mirror_bf16 needs), else 1 (the full product): below that the saving
+  // does not pay for the extra launches (an H100, gpt-160m Muon, s = 768:
+  // 3.94 -> 4.43 ms with 4 x 4 blocks of 192; gpt-1.3b Dion2, s = 512: 13.55
+  // -> 14.0), nor where the product is empty, DION_SYM_PRODUCTS=0, or a
+  // block pointer would not be 16-byte aligned (the pointer-array kernels
+  // assume it: strides and lds multiples of 8 elements, the bases aligned).
+  // At s = 2048 (gpt-1.3b Muon, bf16, an H100) 8 x 8 blocks of 256 (36 of
+  // 64 block products) ran 77.9 / 78.2 -> 76.3 / 77.1 ms against 4 x 4, and
+  // 16 x 16 of 128 79.8 / 79.8. DION_SYM_BLOCKS=nb sets the grid (where n is
+  // a multiple of 32 nb).
   int64_t sym_blocks(ConstMatBatch a, ConstMatBatch b, ConstMatBatch c, int64_t k) const {
     if (!sym_products_ || k <= 0 || c.batch <= 0 || c.rows != c.cols) return 1;
-    const int64_t n = c.rows, nb = 4;
-    if (n < 1024 || n % 128 != 0) return 1;
+    const int64_t n = c.rows;
+    if (n < 1024) return 1;
+    const int64_t nb = sym_grid_ > 0 ? sym_grid_ : n >= 2048 && n % 256 == 0 ? 8 : 4;
+    if (nb < 2 || n % (32 * nb) != 0) return 1;
     auto aligned = [](const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; };
     for (const ConstMatBatch* m : {&a, &b, &c})
       if (!aligned(m->p) || m->ld % 8 != 0 || m->stride % 8 != 0) return 1;
@@ -1558,6 +1566,7 @@ class CudaBackend final : public Backend {
   bool tri_inverse_levels_ = env_int("DION_TRI_INVERSE_LEVELS", 1) != 0;
   // gemm_bf16_lower by blocks (sym_blocks); DION_SYM_PRODUCTS=0 keeps the full products.
   bool sym_products_ = env_int("DION_SYM_PRODUCTS", 1) != 0;
+  int64_t sym_grid_ = env_int("DION_SYM_BLOCKS", 0);  // gemm_bf16_lower's nb x nb grid (0: sym_blocks' choice)
   cublasHandle_t blas_ = nullptr;
   cusolverDnHandle_t solver_ = nullptr;
   void* blas_ws_ = nullptr;
