@@ -218,7 +218,9 @@ void chol_place_panels(const Ctx& c, T* a, int64_t n, int64_t ld, int64_t stride
 // backend's creation: before any launch or capture).
 void chol_block_init();
 size_t orth_fallback_scratch(const Ctx& c, const MatBatch& p);
-void orth_fallback(const Ctx& c, MatBatch p, ConstMatBatch p0, const int32_t* info, void* scratch);
+// p0_bf16 given: P0's elements are bf16 there (dense, p0's shape; p0.p not read).
+void orth_fallback(const Ctx& c, MatBatch p, ConstMatBatch p0, const uint16_t* p0_bf16, const int32_t* info,
+                   void* scratch);
 
 // ---- randn.cu ----
 // Returns the launch status (the file has no dependency on the rest of the

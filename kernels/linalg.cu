@@ -167,22 +167,24 @@ __device__ double project_out(float* p, int64_t ld, int64_t rows, int64_t j, dou
   return sqrt(block_sum(s, red));
 }
 
+// P0's elements are floats, or bf16 where p0_bf16 is given (dense, P0's shape).
 __global__ void __launch_bounds__(kOrthThreads)
-    orth_fallback_kernel(MatBatch P, ConstMatBatch P0, const int32_t* info, double* scratch) {
+    orth_fallback_kernel(MatBatch P, ConstMatBatch P0, const uint16_t* p0_bf16, const int32_t* info, double* scratch) {
   __shared__ double red[33];
   __shared__ double part[32][33];
   const int64_t rows = P.rows, cols = P.cols;
   for (int64_t b = blockIdx.x; b < P.batch; b += gridDim.x) {
     if (info[b] == 0) continue;  // the Cholesky path succeeded: nothing to do
     float* p = mat_at(P, b);
-    const float* p0 = mat_at(P0, b);
+    const float* p0 = p0_bf16 ? nullptr : mat_at(P0, b);
+    const uint16_t* p16 = p0_bf16 ? p0_bf16 + b * P0.stride : nullptr;
     double* d = scratch + b * cols;
     int64_t next_unit = 0;  // unit vectors are tried in order e_0, e_1, ...
     for (int64_t j = 0; j < cols; ++j) {
       // Column j of P0 (read and written by the same thread: P may alias P0).
       double s0 = 0.0;
       for (int64_t i = threadIdx.x; i < rows; i += blockDim.x) {
-        const float x = p0[i * P0.ld + j];
+        const float x = p16 ? bf16_to_float(p16[i * P0.ld + j]) : p0[i * P0.ld + j];
         p[i * P.ld + j] = x;
         s0 += static_cast<double>(x) * x;
       }
@@ -719,10 +721,11 @@ size_t orth_fallback_scratch(const Ctx& c, const MatBatch& p) {
   return sizeof(double) * static_cast<size_t>(std::max<int64_t>(p.batch * p.cols, 1));
 }
 
-void orth_fallback(const Ctx& c, MatBatch p, ConstMatBatch p0, const int32_t* info, void* scratch) {
+void orth_fallback(const Ctx& c, MatBatch p, ConstMatBatch p0, const uint16_t* p0_bf16, const int32_t* info,
+                   void* scratch) {
   if (p.batch <= 0 || p.rows <= 0 || p.cols <= 0) return;
   const unsigned blocks = static_cast<unsigned>(std::min<int64_t>(p.batch, 65535));
-  orth_fallback_kernel<<<blocks, kOrthThreads, 0, c.stream>>>(p, p0, info, static_cast<double*>(scratch));
+  orth_fallback_kernel<<<blocks, kOrthThreads, 0, c.stream>>>(p, p0, p0_bf16, info, static_cast<double*>(scratch));
   cuda::check_launch("orth_fallback kernel");
 }
 

@@ -938,6 +938,10 @@ struct PhasedRun {
   // the reduce-scatter's bf16 slots, this rank's reduced slots in bf16
   // (before they are widened into P), and Pb: the bf16 P gathered
   bool comm16 = false;
+  // comm16 with RCQR and no inner mesh (solve16_on): this rank's slots stay
+  // in bf16 (mineb), where the first solve and the fallback read them, and
+  // are not widened into P
+  bool solve16 = false;
   int64_t first_slot() const { return sp.mesh ? sp.first : 0; }  // this rank's first slot in the batch
   void *Pallb = nullptr, *ownb = nullptr, *mineb = nullptr, *Pb = nullptr;
   ConstMatBatch Qtb{nullptr, 0, 0, 0, 0, 0};
@@ -945,6 +949,19 @@ struct PhasedRun {
 };
 
 bool phased_enabled() { return env_on("DION_PHASED"); }
+
+// Where P's slots arrive in bf16 (bf16_comm), RCQR's first solve P R1^-1
+// multiplies them as they are by R1^-1 rounded to bf16 (bf16 tensor cores,
+// fp32 accumulation), instead of widening them into fp32 for a TF32 product
+// with the fp32 inverse: P itself is exact in bf16, and the solve only
+// preconditions P for the Cholesky QR pass that follows, which absorbs the
+// inverse's rounding (2^-9 against TF32's 2^-12) as it does the TF32
+// product's; the fallback reads the bf16 slots too. DION_P_BF16_SOLVE=0 keeps
+// the widening (read once).
+bool solve16_on(const PhasedRun& u, int method, dion_matmul_precision_t prec) {
+  static const bool enabled = env_on("DION_P_BF16_SOLVE");
+  return enabled && u.comm16 && method == DION_QR_RCQR && !u.d.inner && prec == DION_MATMUL_BF16;
+}
 
 // A bucket's split in the phased step: split_of's, except that a path-3
 // batch of two or more (rows over inner) whose P is a partial sum over the
@@ -1067,7 +1084,7 @@ bool step_group(Optimizer& opt, Group& g) {
   // A: M + G, P = B Q, reduced to this rank's slots (deferred: bucket i's
   // reduction overlaps bucket i + 1's momentum pass and product), their sketch.
   auto sketch = [&](PhasedRun& u) {  // once this bucket's reduction is done
-    if (u.comm16 && u.P.batch > 0) be.load(u.P.p, u.mineb, DION_DTYPE_BF16, u.P.batch * u.s.a * u.s.r);
+    if (u.comm16 && !u.solve16 && u.P.batch > 0) be.load(u.P.p, u.mineb, DION_DTYPE_BF16, u.P.batch * u.s.a * u.s.r);
     if (method != DION_QR_RCQR || u.P.batch == 0) return;
     const size_t m = opt.ws.mark();
     sketch_product(opt, g, u.s, 0, u.P, slice(SP, u.first, u.P.batch), prec, u.comm16 ? u.mineb : nullptr);
@@ -1093,6 +1110,7 @@ bool step_group(Optimizer& opt, Group& g) {
     u.P1 = MatBatch{opt.ws.take(c * ar), u.s.a, u.s.r, u.s.r, ar, c};
     u.Y = MatBatch{opt.ws.take(c * ar), u.s.a, u.s.r, u.s.r, ar, c};
     u.comm16 = bf16_comm(u.lowp, u.sp, u.s);
+    u.solve16 = solve16_on(u, method, prec);
     if (u.comm16) {
       u.Pallb = half(u.sp.slots * ar);
       u.ownb = u.sp.scatter ? half(u.sp.block * ar) : nullptr;
@@ -1135,17 +1153,19 @@ bool step_group(Optimizer& opt, Group& g) {
   sketch(runs.back());
   // X U^-1 for every bucket's slots (in -> out) in one call, which may form
   // all the inverses at once.
-  auto solve_all = [&](const MatBatch& U, MatBatch PhasedRun::*in, MatBatch PhasedRun::*out) {
+  // (first: RCQR's first solve, which takes the bf16 slots where solve16.)
+  auto solve_all = [&](const MatBatch& U, MatBatch PhasedRun::*in, MatBatch PhasedRun::*out, bool first) {
     thread_local std::vector<Backend::TrsmPart> parts;  // capacity kept: no allocation after the first step
     parts.clear();
     for (PhasedRun& u : runs)
-      if (u.P.batch > 0) parts.push_back(Backend::TrsmPart{u.*in, u.*out, u.first});
+      if (u.P.batch > 0)
+        parts.push_back(Backend::TrsmPart{u.*in, u.*out, u.first, first && u.solve16 ? u.mineb : nullptr});
     be.trsm_right_upper_many(U, parts.data(), static_cast<int64_t>(parts.size()), prec);
   };
   // B, C: R1 for all, then P1 = P R1^-1 (RCQR); the Gram matrices.
   if (method == DION_QR_RCQR && slots > 0) {
     split_qr_r(opt, fs, d0.inner, SP, R1, own_sp);
-    solve_all(R1, &PhasedRun::P, &PhasedRun::P1);
+    solve_all(R1, &PhasedRun::P, &PhasedRun::P1, true);
   }
   for (PhasedRun& u : runs) {
     if (method != DION_QR_RCQR) u.P1 = u.P;  // CQR factors P itself
@@ -1155,7 +1175,7 @@ bool step_group(Optimizer& opt, Group& g) {
   // D: the Cholesky factors of all, and P = P1 U^-1 for all in one call.
   if (slots > 0) {
     split_cholesky(opt, fs, d0.inner, G, info, own_g);
-    solve_all(G, &PhasedRun::P1, &PhasedRun::Y);
+    solve_all(G, &PhasedRun::P1, &PhasedRun::Y, false);
   }
   // E: per bucket, the fallback from P where the Cholesky failed and the
   // slots gathered (deferred: bucket i's gather overlaps bucket i - 1's
@@ -1188,6 +1208,8 @@ bool step_group(Optimizer& opt, Group& g) {
         const size_t m = opt.ws.mark();
         inner_fallback(opt, u.d, u.s, u.P, u.Y, info + u.first);
         opt.ws.rewind(m);
+      } else if (u.solve16) {
+        be.orth_fallback_bf16(u.Y, u.mineb, info + u.first);
       } else {
         be.orth_fallback(u.Y, u.P, info + u.first);
       }

@@ -300,18 +300,36 @@ class Backend {
   // same as one trsm_right_upper per part (this default); a backend may form
   // the inverses of all of u in one go (the CUDA backend's explicit-inverse
   // path), since their cost is per call rather than per matrix.
+  // A part's `in_bf16`, where not null, is its input as dense bf16 matrices
+  // of in's shape (in.p is then not read; out must be dense): the CUDA
+  // backend multiplies them by the inverses rounded to bf16 (bf16 tensor
+  // cores, fp32 accumulation) at precision BF16 (Dion's P as its bf16
+  // collectives left it, ahead of RCQR's second pass); otherwise, and in
+  // this default, they are widened into out and solved in place.
   struct TrsmPart {
     ConstMatBatch in;
     MatBatch out;
     int64_t first;
+    const void* in_bf16 = nullptr;
   };
   virtual void trsm_right_upper_many(ConstMatBatch u, const TrsmPart* parts, int64_t count,
                                      dion_matmul_precision_t precision) {
     for (int64_t i = 0; i < count; ++i) {
       const TrsmPart& pt = parts[i];
-      trsm_right_upper(ConstMatBatch(u.p + pt.first * u.stride, u.rows, u.cols, u.ld, u.stride, pt.in.batch), pt.in,
-                       pt.out, precision);
+      const ConstMatBatch ui(u.p + pt.first * u.stride, u.rows, u.cols, u.ld, u.stride, pt.in.batch);
+      if (pt.in_bf16) {
+        widen_dense(pt.out, pt.in_bf16);
+        trsm_right_upper(ui, pt.out, pt.out, precision);
+      } else {
+        trsm_right_upper(ui, pt.in, pt.out, precision);
+      }
     }
+  }
+  // out (dense) <- the widening of the dense bf16 matrices x of its shape.
+  void widen_dense(MatBatch out, const void* x) {
+    if (out.ld != out.cols || out.stride != out.rows * out.cols)
+      fail(DION_ERROR_INTERNAL, "widen_dense: the output must be dense");
+    load(out.p, x, DION_DTYPE_BF16, out.batch * out.rows * out.cols);
   }
   // dst <- src, matrix by matrix (the same shape; one copy when both are dense).
   void copy_mats(ConstMatBatch src, MatBatch dst) {
@@ -328,6 +346,13 @@ class Backend {
   // For each matrix b with info[b] != 0: P[b] <- an orthonormal basis of the
   // columns of P0[b] (p x r, p >= r; rank-deficient columns are completed).
   virtual void orth_fallback(MatBatch p, ConstMatBatch p0, const int32_t* info) = 0;
+  // The same with P0 given as dense bf16 matrices of p's shape (its values
+  // widened exactly). No backend needs it but the CUDA one (Dion's bf16
+  // collectives of P).
+  virtual void orth_fallback_bf16(MatBatch p, const void* p0, const int32_t* info) {
+    (void)p, (void)p0, (void)info;
+    fail(DION_ERROR_INTERNAL, "orth_fallback_bf16: not implemented by this backend");
+  }
 
   // ---- element-wise and reductions (fp32 buffers of n elements) ----
   // y = a * y + b * x

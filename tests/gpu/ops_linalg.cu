@@ -803,6 +803,92 @@ TEST_F(OpsTest, TrsmRightUpperManyMatchesHostPerPart) {
   }
 }
 
+// Parts given in bf16 (TrsmPart::in_bf16: Dion's P as its bf16 collectives
+// left it): at precision BF16 the CUDA backend multiplies them by the
+// inverses rounded to bf16, within a normwise 2^-7 of the host's fp32 solve
+// of their widening (the inverse's rounding, 2^-9 per element, times
+// cond(U) < 2 here, with a factor 2 to spare); at TF32 they are widened and
+// solved as fp32 inputs (TrsmRightUpperByInverse's TF32 bound); the host
+// backend's default widens and solves them exactly as their widening. A
+// part in fp32 beside them keeps its fp32 path (FP32-bound).
+TEST_F(OpsTest, TrsmRightUpperManyTakesBf16Parts) {
+  const int64_t n = 64, nu = 5;
+  Mat u(n, n, n, n * n, nu);
+  const double off_scale = 0.3 / std::sqrt(static_cast<double>(n));
+  for (int64_t b = 0; b < nu; ++b)
+    for (int64_t i = 0; i < n; ++i)
+      for (int64_t j = 0; j < n; ++j) u.at(b, i, j) = i == j ? 2.0f : i < j ? static_cast<float>(off_scale * gauss()) : NAN;
+  u.sync();
+  const int64_t rows[2] = {4 * n + 8, 6 * n}, count[2] = {2, 3}, first[2] = {0, 2};
+  // part 0 in bf16, part 1 in fp32
+  std::vector<uint16_t> x16(static_cast<size_t>(rows[0] * n * count[0]));
+  for (auto& v : x16) v = float_to_bf16(gauss());
+  std::vector<float> x0(x16.size());
+  for (size_t i = 0; i < x16.size(); ++i) x0[i] = bf16_to_float(x16[i]);
+  Dev<uint16_t> d16(x16);
+  Mat in1(rows[1], n, n, rows[1] * n, count[1]);
+  in1.fill([&] { return gauss(); });
+  auto host_solve = [&](const std::vector<float>& x, int p) {
+    std::vector<float> want = x;
+    host->trsm_right_upper(ConstMatBatch(u.h.data() + first[p] * n * n, n, n, n, n * n, count[p]),
+                           MatBatch{want.data(), rows[p], n, n, rows[p] * n, count[p]});
+    return want;
+  };
+  auto rel = [](const std::vector<float>& got, const std::vector<float>& want) {
+    double num = 0, den = 0;
+    for (size_t i = 0; i < want.size(); ++i) {
+      if (!std::isfinite(got[i])) return 1e30;
+      num += std::pow(static_cast<double>(got[i]) - want[i], 2);
+      den += std::pow(static_cast<double>(want[i]), 2);
+    }
+    return std::sqrt(num / den);
+  };
+  const std::vector<float> want0 = host_solve(x0, 0), want1 = host_solve(in1.h, 1);
+  for (dion_matmul_precision_t prec : {DION_MATMUL_BF16, DION_MATMUL_TF32}) {
+    SCOPED_TRACE("precision " + std::to_string(static_cast<int>(prec)));
+    Mat out0(rows[0], n, n, rows[0] * n, count[0]), out1(rows[1], n, n, rows[1] * n, count[1]);
+    // part 0's fp32 input: NaN, which must not be read
+    Mat nan0(rows[0], n, n, rows[0] * n, count[0]);
+    nan0.fill([] { return NAN; });
+    const Backend::TrsmPart parts[2] = {{nan0.D(), out0.D(), first[0], d16.p()}, {in1.D(), out1.D(), first[1]}};
+    cuda->trsm_right_upper_many(u.D(), parts, 2, prec);
+    EXPECT_LT(rel(out0.dev(), want0), prec == DION_MATMUL_BF16 ? std::ldexp(1.0, -7) : 4e-3) << "the bf16 part";
+    EXPECT_LT(rel(out1.dev(), want1), 4e-3) << "the fp32 part";
+  }
+  // The host backend's default: the widening, solved.
+  std::vector<float> hout(x0.size(), NAN), hnan(x0.size(), NAN);
+  const Backend::TrsmPart hp{ConstMatBatch(hnan.data(), rows[0], n, n, rows[0] * n, count[0]),
+                             MatBatch{hout.data(), rows[0], n, n, rows[0] * n, count[0]}, first[0], x16.data()};
+  host->trsm_right_upper_many(u.H(), &hp, 1, DION_MATMUL_BF16);
+  EXPECT_TRUE(hout == want0) << "the host default differs from the solve of the widened input";
+}
+
+// orth_fallback_bf16: the same bits as orth_fallback on the widened P0
+// (rank-deficient and full-rank matrices, one left alone by its info).
+TEST_F(OpsTest, OrthFallbackBf16MatchesWidened) {
+  const int64_t p = 100, r = 40, B = 3;
+  std::vector<uint16_t> x16(static_cast<size_t>(B * p * r));
+  for (auto& v : x16) v = float_to_bf16(gauss());
+  for (int64_t i = 0; i < p; ++i) {  // matrix 2: rank deficient
+    x16[static_cast<size_t>((2 * p + i) * r + 3)] = x16[static_cast<size_t>((2 * p + i) * r + 1)];
+    x16[static_cast<size_t>((2 * p + i) * r + 5)] = 0;
+  }
+  Mat p0(p, r, r, p * r, B);
+  for (size_t i = 0; i < x16.size(); ++i) p0.h[i] = bf16_to_float(x16[i]);
+  p0.sync();
+  Dev<uint16_t> d16(x16);
+  Mat a(p, r, r, p * r, B), b(p, r, r, p * r, B);
+  a.fill([] { return 5.0f; });
+  b.fill([] { return 5.0f; });
+  Dev<int32_t> info(std::vector<int32_t>{1, 0, 2});
+  cuda->orth_fallback(a.D(), p0.D(), info.p());
+  cuda->orth_fallback_bf16(b.D(), d16.p(), info.p());
+  const std::vector<float> ga = a.dev(), gb = b.dev();
+  EXPECT_TRUE(ga == gb) << "orth_fallback_bf16 differs from orth_fallback on the widened input";
+  EXPECT_EQ(gb[static_cast<size_t>(p * r)], 5.0f) << "matrix 1 (info 0) must be left alone";
+  EXPECT_NE(gb[0], 5.0f) << "matrix 0 (info 1) must be replaced";
+}
+
 // max over columns of || P P^T p0_j - p0_j || / ||p0_j||: P's span holds P0's columns.
 double span_error(const std::vector<float>& p, const Mat& p0, int64_t b) {
   double worst = 0;

@@ -826,13 +826,16 @@ class CudaBackend final : public Backend {
   void trsm_right_upper_many(ConstMatBatch u, const TrsmPart* parts, int64_t count,
                              dion_matmul_precision_t precision) override {
     const int64_t n = u.rows;
-    bool all = trsm_via_inverse_ && n >= 32 && u.stride != 0 && count > 0;
+    bool all = trsm_via_inverse_ && n >= 32 && u.stride != 0 && count > 0, any16 = false;
     for (int64_t i = 0; i < count && all; ++i) {
       const TrsmPart& pt = parts[i];
       const int64_t rows = pt.out.rows;
       all = rows >= 4 * n && pt.in.ld == n && pt.in.stride == rows * n && pt.out.ld == n &&
             pt.out.stride == rows * n && pt.in.p != pt.out.p && pt.first + pt.in.batch <= u.batch;
+      any16 = any16 || (pt.in_bf16 && pt.in.batch > 0);
     }
+    // bf16 inputs take bf16 products at precision BF16 only (else the default widens them).
+    all = all && (!any16 || precision == DION_MATMUL_BF16);
     if (!all) {
       Backend::trsm_right_upper_many(u, parts, count, precision);
       return;
@@ -844,9 +847,25 @@ class CudaBackend final : public Backend {
     float* tmp = static_cast<float*>(scratch(kTmp, sizeof(float) * static_cast<size_t>((nu * n * n + 3) / 4)));
     tri_inverse_upper(u, MatBatch{inv, n, n, n, n * n, nu}, tmp);
     const dion_matmul_precision_t p = precision == DION_MATMUL_FP32 ? DION_MATMUL_FP32 : DION_MATMUL_TF32;
+    // The inverses rounded to bf16 for the parts given in bf16 (Dion's P as
+    // its bf16 collectives left it: RCQR's first solve, whose error the
+    // second pass absorbs as it does the TF32 product's).
+    uint16_t* inv16 = nullptr;
+    if (any16) {
+      inv16 = static_cast<uint16_t*>(scratch(kInv16, sizeof(uint16_t) * static_cast<size_t>(nu * n * n)));
+      store(inv16, DION_DTYPE_BF16, inv, nu * n * n);
+    }
     for (int64_t i = 0; i < count; ++i) {
       const TrsmPart& pt = parts[i];
       if (pt.in.batch <= 0) continue;
+      if (pt.in_bf16) {
+        const float* i16 = reinterpret_cast<const float*>(inv16 + pt.first * n * n);  // bf16 elements
+        gemm_bf16_f32(false, false, 1.0f,
+                      ConstMatBatch(static_cast<const float*>(pt.in_bf16), pt.out.rows, n, n, pt.out.rows * n,
+                                    pt.in.batch),
+                      ConstMatBatch(i16, n, n, n, n * n, pt.in.batch), 0.0f, pt.out);
+        continue;
+      }
       gemm(false, false, 1.0f, pt.in, ConstMatBatch(inv + pt.first * n * n, n, n, n, n * n, pt.in.batch), 0.0f, pt.out,
            p);
     }
@@ -1002,7 +1021,15 @@ class CudaBackend final : public Backend {
     DeviceScope ds(device_);
     ProfScope ps(prof_, "orth_fallback", stream_);
     void* s = scratch(kReduce, kernels::orth_fallback_scratch(ctx(), p));
-    kernels::orth_fallback(ctx(), p, p0, info, s);
+    kernels::orth_fallback(ctx(), p, p0, nullptr, info, s);
+  }
+  void orth_fallback_bf16(MatBatch p, const void* p0, const int32_t* info) override {
+    if (p.batch <= 0 || p.rows <= 0 || p.cols <= 0) return;
+    DeviceScope ds(device_);
+    ProfScope ps(prof_, "orth_fallback", stream_);
+    void* s = scratch(kReduce, kernels::orth_fallback_scratch(ctx(), p));
+    const ConstMatBatch shape(nullptr, p.rows, p.cols, p.cols, p.rows * p.cols, p.batch);
+    kernels::orth_fallback(ctx(), p, shape, static_cast<const uint16_t*>(p0), info, s);
   }
 
   // ---- element-wise and reductions ----
@@ -1243,7 +1270,7 @@ class CudaBackend final : public Backend {
  private:
   // Scratch buffers, one per purpose, so that one call can hold several.
   enum Slot {
-    kPtrA, kPtrB, kMat, kTau, kWork, kInfo, kReduce, kDblA, kDblG, kInv, kTmp, kPos, kPtrLevel, kPtrGemm, kGram, kCholInv, kCholPanel, kSlotCount
+    kPtrA, kPtrB, kMat, kTau, kWork, kInfo, kReduce, kDblA, kDblG, kInv, kTmp, kPos, kPtrLevel, kPtrGemm, kGram, kCholInv, kCholPanel, kInv16, kSlotCount
   };
   enum LworkOp { kOpGeqrf, kOpOrgqr, kOpPotrf, kOpDpotrf };
   struct Buffer {
