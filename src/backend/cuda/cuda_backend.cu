@@ -239,6 +239,9 @@ class CudaBackend final : public Backend {
     // From here on the destructor releases whatever was created, if a later step throws.
     try {
       check(cudaDeviceGetAttribute(&sms_, cudaDevAttrMultiProcessorCount, device), "cudaDeviceGetAttribute");
+      int major = 0;
+      check(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device), "cudaDeviceGetAttribute");
+      if (major >= 9) solver_workspace_bytes_ = size_t(32) << 20;
       check(cublasCreate(&blas_), "cublasCreate");
       check(cusolverDnCreate(&solver_), "cusolverDnCreate");
       // Same bits on every run (cuSOLVER's default, made explicit; cuBLAS is
@@ -269,7 +272,7 @@ class CudaBackend final : public Backend {
   }
   void* stream() const override { return stream_; }
   size_t scratch_bytes() const override {
-    size_t n = kCublasWorkspaceBytes;
+    size_t n = kCublasWorkspaceBytes + static_cast<size_t>(qr_made_) * solver_workspace_bytes_;
     for (const Buffer& b : scratch_) n += b.bytes;
     return n;
   }
@@ -1405,47 +1408,58 @@ class CudaBackend final : public Backend {
   // How many streams qr_q spreads a batch over: min(batch, DION_QR_STREAMS,
   // kQrLanesMax). The streams (non-blocking), their cuSOLVER handles and the
   // events that fork them from the current stream and join them back are
-  // made on the first call that uses them, outside a capture (like a
-  // scratch buffer's growth); a capture then takes the forked work along.
+  // made as a call first needs them, outside a capture (like a scratch
+  // buffer's growth); a capture then takes the forked work along. Each
+  // handle holds the cuBLAS workspace cusolverDnCreate allocates for its
+  // stream (kSolverWorkspaceBytes), counted in scratch_bytes().
   int qr_lanes(int64_t batch) {
     const int n = static_cast<int>(std::min<int64_t>({batch, qr_lanes_max_, kQrLanesMax}));
     if (n <= 1) return 1;
-    if (qr_ready_) return n;
+    if (qr_made_ >= n) return n;
     cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
     check(cudaStreamIsCapturing(stream_, &capture), "cudaStreamIsCapturing");
     DION_REQUIRE(capture == cudaStreamCaptureStatusNone, DION_ERROR_INVALID_USAGE,
-                 "cuda backend: the QR streams are made on the first Householder QR, which is being captured into a "
-                 "CUDA graph; run one step with the same shapes before capturing");
-    try {
+                 "cuda backend: %d more QR streams are needed by a Householder QR that is being captured into a CUDA "
+                 "graph; run one step with the same shapes before capturing",
+                 n - qr_made_);
+    if (!qr_fork_)
       check(cudaEventCreateWithFlags(&qr_fork_, cudaEventDisableTiming), "cudaEventCreateWithFlags (qr fork)");
-      for (int i = 0; i < kQrLanesMax; ++i) {
-        check(cudaEventCreateWithFlags(&qr_joins_[i], cudaEventDisableTiming), "cudaEventCreateWithFlags (qr join)");
-        check(cusolverDnCreate(&qr_solvers_[i]), "cusolverDnCreate (qr stream)");
-        check(cusolverDnSetDeterministicMode(qr_solvers_[i], CUSOLVER_DETERMINISTIC_RESULTS),
+    for (int i = qr_made_; i < n; ++i) {
+      cudaEvent_t join = nullptr;
+      cusolverDnHandle_t h = nullptr;
+      cudaStream_t st = nullptr;
+      try {
+        check(cudaEventCreateWithFlags(&join, cudaEventDisableTiming), "cudaEventCreateWithFlags (qr join)");
+        check(cusolverDnCreate(&h), "cusolverDnCreate (qr stream)");
+        check(cusolverDnSetDeterministicMode(h, CUSOLVER_DETERMINISTIC_RESULTS),
               "cusolverDnSetDeterministicMode (qr stream)");
-        check(cudaStreamCreateWithFlags(&qr_streams_[i], cudaStreamNonBlocking),
-              "cudaStreamCreateWithFlags (qr stream)");
-        check(cusolverDnSetStream(qr_solvers_[i], qr_streams_[i]), "cusolverDnSetStream (qr stream)");
+        check(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking), "cudaStreamCreateWithFlags (qr stream)");
+        check(cusolverDnSetStream(h, st), "cusolverDnSetStream (qr stream)");
+      } catch (...) {
+        if (h) (void)cusolverDnDestroy(h);
+        if (st) (void)cudaStreamDestroy(st);
+        if (join) (void)cudaEventDestroy(join);
+        throw;
       }
-    } catch (...) {
-      destroy_qr_lanes();
-      throw;
+      qr_joins_[i] = join;
+      qr_solvers_[i] = h;
+      qr_streams_[i] = st;
+      qr_made_ = i + 1;
     }
-    qr_ready_ = true;
     return n;
   }
-  // Never throws (teardown, or a failed qr_lanes).
+  // Never throws (teardown).
   void destroy_qr_lanes() noexcept {
-    qr_ready_ = false;
-    for (int i = 0; i < kQrLanesMax; ++i) {
-      if (qr_streams_[i]) (void)cudaStreamSynchronize(qr_streams_[i]);
-      if (qr_solvers_[i]) (void)cusolverDnDestroy(qr_solvers_[i]);
-      if (qr_streams_[i]) (void)cudaStreamDestroy(qr_streams_[i]);
-      if (qr_joins_[i]) (void)cudaEventDestroy(qr_joins_[i]);
+    for (int i = 0; i < qr_made_; ++i) {
+      (void)cudaStreamSynchronize(qr_streams_[i]);
+      (void)cusolverDnDestroy(qr_solvers_[i]);
+      (void)cudaStreamDestroy(qr_streams_[i]);
+      (void)cudaEventDestroy(qr_joins_[i]);
       qr_solvers_[i] = nullptr;
       qr_streams_[i] = nullptr;
       qr_joins_[i] = nullptr;
     }
+    qr_made_ = 0;
     if (qr_fork_) (void)cudaEventDestroy(qr_fork_);
     qr_fork_ = nullptr;
   }
@@ -1567,11 +1581,14 @@ class CudaBackend final : public Backend {
   cudaEvent_t fork_ = nullptr;     // current stream -> comm stream
   cudaEvent_t join_ = nullptr;     // comm stream -> current stream
   cudaEvent_t marks_[kCommMarks] = {};
-  cudaStream_t qr_streams_[kQrLanesMax] = {};  // qr_q's lanes (qr_lanes), made on first use
+  // cusolverDnCreate's cuBLAS workspace (cuSOLVER's documentation: 32 MiB
+  // on compute capability 9.0 and later, 4 MiB before).
+  size_t solver_workspace_bytes_ = size_t(4) << 20;
+  cudaStream_t qr_streams_[kQrLanesMax] = {};  // qr_q's lanes (qr_lanes), made as needed
   cusolverDnHandle_t qr_solvers_[kQrLanesMax] = {};
   cudaEvent_t qr_joins_[kQrLanesMax] = {};  // lane i -> current stream
   cudaEvent_t qr_fork_ = nullptr;           // current stream -> the lanes
-  bool qr_ready_ = false;                   // all of the above made
+  int qr_made_ = 0;                         // lanes 0 .. qr_made_ - 1 exist
   int64_t qr_lanes_max_ = env_int("DION_QR_STREAMS", kQrLanesMax);
   WaitGuard* guard_ = nullptr;
   int32_t poke_ = 0;
