@@ -628,12 +628,20 @@ class CudaBackend final : public Backend {
     kernels::transpose(ctx(), a.p, p, r, a.ld, a.stride, cm, p, p * r, a.batch);
     // Matrix b on lane b % lanes: Householder QR, then Q formed in place.
     qr_fork(lanes);
-    for (int64_t b = 0; b < a.batch; ++b) {
-      const int lane = static_cast<int>(b % lanes);
-      cusolverDnHandle_t h = lanes > 1 ? qr_solvers_[lane] : solver_;
-      float* w = work + static_cast<size_t>(lwork) * lane;
-      check(cusolverDnSgeqrf(h, P, R, cm + b * p * r, P, tau + b * r, w, lwork, info + b), "cusolverDnSgeqrf");
-      check(cusolverDnSorgqr(h, P, R, R, cm + b * p * r, P, tau + b * r, w, lwork, info + b), "cusolverDnSorgqr");
+    try {
+      for (int64_t b = 0; b < a.batch; ++b) {
+        const int lane = static_cast<int>(b % lanes);
+        cusolverDnHandle_t h = lanes > 1 ? qr_solvers_[lane] : solver_;
+        float* w = work + static_cast<size_t>(lwork) * lane;
+        check(cusolverDnSgeqrf(h, P, R, cm + b * p * r, P, tau + b * r, w, lwork, info + b), "cusolverDnSgeqrf");
+        check(cusolverDnSorgqr(h, P, R, R, cm + b * p * r, P, tau + b * r, w, lwork, info + b), "cusolverDnSorgqr");
+      }
+    } catch (...) {
+      // The step's stream still waits for what the lanes were given, so
+      // nothing enqueued after the error overtakes it (scratch reused by the
+      // next call, a step retried by the caller).
+      qr_join_noexcept(lanes);
+      throw;
     }
     qr_join(lanes);
     kernels::transpose(ctx(), cm, r, p, p, p * r, a.p, a.ld, a.stride, a.batch);
@@ -1475,6 +1483,12 @@ class CudaBackend final : public Backend {
       check(cudaEventRecord(qr_joins_[i], qr_streams_[i]), "cudaEventRecord (join from a qr stream)");
       check(cudaStreamWaitEvent(stream_, qr_joins_[i], 0), "cudaStreamWaitEvent (join from a qr stream)");
     }
+  }
+
+  void qr_join_noexcept(int lanes) noexcept {
+    for (int i = 0; i < lanes && lanes > 1; ++i)
+      if (cudaEventRecord(qr_joins_[i], qr_streams_[i]) == cudaSuccess)
+        (void)cudaStreamWaitEvent(stream_, qr_joins_[i], 0);
   }
 
   void set_wait_guard(WaitGuard* guard) override { guard_ = guard; }
