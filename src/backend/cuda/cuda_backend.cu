@@ -239,9 +239,6 @@ class CudaBackend final : public Backend {
     // From here on the destructor releases whatever was created, if a later step throws.
     try {
       check(cudaDeviceGetAttribute(&sms_, cudaDevAttrMultiProcessorCount, device), "cudaDeviceGetAttribute");
-      int major = 0;
-      check(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device), "cudaDeviceGetAttribute");
-      if (major >= 9) solver_workspace_bytes_ = size_t(32) << 20;
       check(cublasCreate(&blas_), "cublasCreate");
       check(cusolverDnCreate(&solver_), "cusolverDnCreate");
       // Same bits on every run (cuSOLVER's default, made explicit; cuBLAS is
@@ -272,7 +269,7 @@ class CudaBackend final : public Backend {
   }
   void* stream() const override { return stream_; }
   size_t scratch_bytes() const override {
-    size_t n = kCublasWorkspaceBytes + static_cast<size_t>(qr_made_) * solver_workspace_bytes_;
+    size_t n = kCublasWorkspaceBytes + handle_bytes_;
     for (const Buffer& b : scratch_) n += b.bytes;
     return n;
   }
@@ -1412,14 +1409,28 @@ class CudaBackend final : public Backend {
     return std::max(lwork, 1);
   }
 
+  // Free device memory now, and the memory taken since `before` (0 where it
+  // grew: something else freed memory meanwhile). Measured around the
+  // library handles' creation, which allocates device memory of its own that
+  // no API reports; what other threads or processes allocate on the device
+  // at that moment is counted too.
+  static size_t free_device_memory() {
+    size_t free = 0, total = 0;
+    check(cudaMemGetInfo(&free, &total), "cudaMemGetInfo");
+    return free;
+  }
+  static size_t taken_since(size_t before) {
+    const size_t now = free_device_memory();
+    return before > now ? before - now : 0;
+  }
   // ---- qr_q's lanes ----
   // How many streams qr_q spreads a batch over: min(batch, DION_QR_STREAMS,
   // kQrLanesMax). The streams (non-blocking), their cuSOLVER handles and the
   // events that fork them from the current stream and join them back are
   // made as a call first needs them, outside a capture (like a scratch
-  // buffer's growth); a capture then takes the forked work along. Each
-  // handle holds the cuBLAS workspace cusolverDnCreate allocates for its
-  // stream (kSolverWorkspaceBytes), counted in scratch_bytes().
+  // buffer's growth); a capture then takes the forked work along. The
+  // device memory each lane's creation takes (its cuSOLVER handle's, mostly)
+  // is measured and counted in scratch_bytes() (handle_bytes_).
   int qr_lanes(int64_t batch) {
     const int n = static_cast<int>(std::min<int64_t>({batch, qr_lanes_max_, kQrLanesMax}));
     if (n <= 1) return 1;
@@ -1436,6 +1447,7 @@ class CudaBackend final : public Backend {
       cudaEvent_t join = nullptr;
       cusolverDnHandle_t h = nullptr;
       cudaStream_t st = nullptr;
+      const size_t free0 = free_device_memory();
       try {
         check(cudaEventCreateWithFlags(&join, cudaEventDisableTiming), "cudaEventCreateWithFlags (qr join)");
         check(cusolverDnCreate(&h), "cusolverDnCreate (qr stream)");
@@ -1453,6 +1465,7 @@ class CudaBackend final : public Backend {
       qr_solvers_[i] = h;
       qr_streams_[i] = st;
       qr_made_ = i + 1;
+      handle_bytes_ += taken_since(free0);
     }
     return n;
   }
@@ -1595,9 +1608,13 @@ class CudaBackend final : public Backend {
   cudaEvent_t fork_ = nullptr;     // current stream -> comm stream
   cudaEvent_t join_ = nullptr;     // comm stream -> current stream
   cudaEvent_t marks_[kCommMarks] = {};
-  // cusolverDnCreate's cuBLAS workspace (cuSOLVER's documentation: 32 MiB
-  // on compute capability 9.0 and later, 4 MiB before).
-  size_t solver_workspace_bytes_ = size_t(4) << 20;
+  // The device memory qr_q's lanes took when they were made (a step's
+  // growth, like the scratch), counted in scratch_bytes(): on an H100 with
+  // CUDA 13 each lane's cuSOLVER handle takes 96 MiB
+  // (bench/micro/handle_memory.cu, docs/ENV.md), three times the 32 MiB
+  // cuBLAS workspace cuSOLVER's documentation names. (The backend's own two
+  // handles, made with the optimizer, are not counted.)
+  size_t handle_bytes_ = 0;
   cudaStream_t qr_streams_[kQrLanesMax] = {};  // qr_q's lanes (qr_lanes), made as needed
   cusolverDnHandle_t qr_solvers_[kQrLanesMax] = {};
   cudaEvent_t qr_joins_[kQrLanesMax] = {};  // lane i -> current stream
