@@ -936,7 +936,7 @@ struct PhasedRun {
   MatBatch Qm{}, Pall{}, P{}, P1{}, Y{};
   // bf16 communication of P (bf16_comm): the batch's P in bf16 (sp.slots),
   // the reduce-scatter's bf16 slots, this rank's reduced slots in bf16
-  // (before they are widened into P), and Pb: the bf16 P gathered
+  // (widened into P unless solve16), and Pb: the bf16 P gathered
   bool comm16 = false;
   // comm16 with RCQR and no inner mesh (solve16_on): this rank's slots stay
   // in bf16 (mineb), where the first solve and the fallback read them, and

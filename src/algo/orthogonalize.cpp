@@ -66,7 +66,7 @@ MatBatch newton_schulz_bf16(Backend& be, const dion_group_options_t& o, MatBatch
     if (bs_a > 0) {
       be.mirror_bf16(A, bs_a, 0.0f, &B, scale ? &sc2 : nullptr);
     } else {
-      if (scale) be.frob_scale_bf16(A, raw->parts, raw->nparts, factor, eps, 2, 0.0f);
+      if (scale) be.frob_scale_bf16(A, sc2, 0.0f);
       be.copy(B.p, A.p, sizeof(uint16_t) * static_cast<size_t>(ns));
     }
     const int64_t bs_b = be.gemm_bf16_lower(false, false, static_cast<float>(k.c), A, A, static_cast<float>(k.b), B);
@@ -79,7 +79,7 @@ MatBatch newton_schulz_bf16(Backend& be, const dion_group_options_t& o, MatBatch
     if (bs_b > 0) {
       be.mirror_bf16(B, bs_b, static_cast<float>(k.a), nullptr, scale ? &sc1 : nullptr);
     } else if (scale) {
-      be.frob_scale_bf16(B, raw->parts, raw->nparts, factor, eps, 1, static_cast<float>(k.a));
+      be.frob_scale_bf16(B, sc1, static_cast<float>(k.a));
     } else {
       be.add_diag_bf16(B, static_cast<float>(k.a));
     }

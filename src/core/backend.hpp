@@ -250,8 +250,7 @@ class Backend {
   // following gemm_bf16_lower reads as its C; the others are left); then
   // `diag` added to m's diagonal (rounded to bf16; none when 0).
   // With `scale` (the bf16 iteration's first step): the matrix and copy
-  // frob_scale_bf16(m, scale's parts, nparts, factor, eps, power, diag)
-  // would leave after the mirror without the shift, bit for bit (or before
+  // frob_scale_bf16(m, *scale, diag) would leave after the mirror without the shift, bit for bit (or before
   // it, where diag is 0), in the same pass.
   // By default no product is formed by blocks, so there is nothing to complete.
   virtual void mirror_bf16(MatBatch m, int64_t bs, float diag, const MatBatch* copy, const FrobScale* scale) {
@@ -409,13 +408,11 @@ class Backend {
   virtual void frob_normalize_bf16_parts(ConstMatBatch x, const double* parts, int64_t nparts, float factor,
                                          float eps, void* out) = 0;
   // In place on bf16 matrices (as for gemm_bf16): m[b] <- bf16(sc * (m[b] +
-  // diag * I)), the sum and product in fp32, sc = inv (power 1) or inv * inv
-  // (power 2) with inv = 1 / (factor sqrt(t) + eps) as frob_normalize takes
-  // it, t the total of parts[b * nparts .. + nparts). The bf16 iteration's
-  // first step on an unnormalised start X = s Y (Y the unit-norm matrix, s =
-  // 1 / inv): A = inv^2 X X^T and (a I + B) inv, so X is never rescaled.
-  virtual void frob_scale_bf16(MatBatch m, const double* parts, int64_t nparts, float factor, float eps, int power,
-                               float diag) = 0;
+  // diag * I)), the sum and product in fp32, sc the FrobScale's (inv as
+  // frob_normalize takes it, or its square). The bf16 iteration's first step
+  // on an unnormalised start X = s Y (Y the unit-norm matrix, s = 1 / inv):
+  // A = inv^2 X X^T and (a I + B) inv, so X is never rescaled.
+  virtual void frob_scale_bf16(MatBatch m, const FrobScale& scale, float diag) = 0;
 
   // ---- optimizer updates ----
   // Decay and orthonormal update (fp32 buffers): with lr = gs->lr, wd =

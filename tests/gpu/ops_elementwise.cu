@@ -1572,11 +1572,11 @@ TEST_F(OpsTest, FrobScaleBf16) {
         Dev<double> dparts(parts);
         Dev<uint16_t> dm(m);
         cuda->frob_scale_bf16(MatBatch{reinterpret_cast<float*>(dm.p()), c.rows, c.cols, c.ld, c.rows * c.ld, c.batch},
-                              dparts.p(), c.nparts, 1.02f, 1e-7f, power, diag);
+                              FrobScale{dparts.p(), c.nparts, 1.02f, 1e-7f, power}, diag);
         std::vector<uint16_t> want = m;
         host->frob_scale_bf16(MatBatch{reinterpret_cast<float*>(want.data()), c.rows, c.cols, c.ld, c.rows * c.ld,
                                        c.batch},
-                              parts.data(), c.nparts, 1.02f, 1e-7f, power, diag);
+                              FrobScale{parts.data(), c.nparts, 1.02f, 1e-7f, power}, diag);
         const std::vector<uint16_t> got = dm.get();
         int64_t far = 0, changed = 0;
         for (size_t i = 0; i < got.size(); ++i) {

@@ -392,8 +392,8 @@ TEST_F(OpsTest, MirrorBf16ScaledMatchesFrobScale) {
     auto mb = [&](uint16_t* p) { return MatBatch{reinterpret_cast<float*>(p), n, n, ld, st, B}; };
     Dev<uint16_t> dref(m), dm(m), dcopy(std::vector<uint16_t>(m.size(), kSentinel));
     cuda->mirror_bf16(mb(dref.p()), bs, 0.0f, nullptr, nullptr);
-    cuda->frob_scale_bf16(mb(dref.p()), dparts.p(), nparts, factor, eps, cs.power, cs.diag);
     const FrobScale sc{dparts.p(), nparts, factor, eps, cs.power};
+    cuda->frob_scale_bf16(mb(dref.p()), sc, cs.diag);
     const MatBatch copy = mb(dcopy.p());
     cuda->mirror_bf16(mb(dm.p()), bs, cs.diag, cs.copy ? &copy : nullptr, &sc);
     const std::vector<uint16_t> want = dref.get(), got = dm.get(), got_copy = dcopy.get();

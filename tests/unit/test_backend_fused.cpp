@@ -570,7 +570,7 @@ TEST_F(HostFused, FrobScaleBf16ScalesAndShiftsTheDiagonal) {
       for (uint16_t& e : m) e = float_to_bf16(std::normal_distribution<float>()(rng));
       const std::vector<uint16_t> before = m;
       be->frob_scale_bf16(MatBatch{reinterpret_cast<float*>(m.data()), rows, cols, ld, rows * ld, batch},
-                          parts.data(), nparts, 1.02f, 1e-7f, power, diag);
+                          FrobScale{parts.data(), nparts, 1.02f, 1e-7f, power}, diag);
       for (int64_t b = 0; b < batch; ++b) {
         const double t = parts[b * nparts] + parts[b * nparts + 1] + parts[b * nparts + 2];
         const float inv = static_cast<float>(1.0 / (1.02f * std::sqrt(t) + 1e-7f));

@@ -637,10 +637,10 @@ class CudaBackend final : public Backend {
       // The step's stream still waits for what the lanes were given, so
       // nothing enqueued after the error overtakes it (scratch reused by the
       // next call, a step retried by the caller).
-      qr_join_noexcept(lanes);
+      (void)qr_join(lanes);
       throw;
     }
-    qr_join(lanes);
+    check(qr_join(lanes), "joining the qr streams (event record / wait)");
     kernels::transpose(ctx(), cm, r, p, p, p * r, a.p, a.ld, a.stride, a.batch);
   }
 
@@ -1025,19 +1025,11 @@ class CudaBackend final : public Backend {
 
  public:
   void orth_fallback(MatBatch p, ConstMatBatch p0, const int32_t* info) override {
-    if (p.batch <= 0 || p.rows <= 0 || p.cols <= 0) return;
-    DeviceScope ds(device_);
-    ProfScope ps(prof_, "orth_fallback", stream_);
-    void* s = scratch(kReduce, kernels::orth_fallback_scratch(ctx(), p));
-    kernels::orth_fallback(ctx(), p, p0, nullptr, info, s);
+    fallback(p, p0, nullptr, info);
   }
   void orth_fallback_bf16(MatBatch p, const void* p0, const int32_t* info) override {
-    if (p.batch <= 0 || p.rows <= 0 || p.cols <= 0) return;
-    DeviceScope ds(device_);
-    ProfScope ps(prof_, "orth_fallback", stream_);
-    void* s = scratch(kReduce, kernels::orth_fallback_scratch(ctx(), p));
-    const ConstMatBatch shape(nullptr, p.rows, p.cols, p.cols, p.rows * p.cols, p.batch);
-    kernels::orth_fallback(ctx(), p, shape, static_cast<const uint16_t*>(p0), info, s);
+    fallback(p, ConstMatBatch(nullptr, p.rows, p.cols, p.cols, p.rows * p.cols, p.batch),
+             static_cast<const uint16_t*>(p0), info);
   }
 
   // ---- element-wise and reductions ----
@@ -1097,12 +1089,11 @@ class CudaBackend final : public Backend {
     ProfScope ps(prof_, "frob_normalize_bf16_parts", stream_);
     kernels::frob_normalize_bf16_parts(ctx(), m, parts, nparts, factor, eps, out);
   }
-  void frob_scale_bf16(MatBatch m, const double* parts, int64_t nparts, float factor, float eps, int power,
-                       float diag) override {
+  void frob_scale_bf16(MatBatch m, const FrobScale& s, float diag) override {
     if (m.batch <= 0 || m.rows <= 0 || m.cols <= 0) return;
     DeviceScope ds(device_);
     ProfScope ps(prof_, "frob_scale_bf16", stream_);
-    kernels::frob_scale_bf16(ctx(), m, parts, nparts, factor, eps, power, diag);
+    kernels::frob_scale_bf16(ctx(), m, s.parts, s.nparts, s.factor, s.eps, s.power, diag);
   }
   void col_normalize(MatBatch m, float eps) override {
     if (m.batch <= 0 || m.rows <= 0 || m.cols <= 0) return;
@@ -1409,6 +1400,15 @@ class CudaBackend final : public Backend {
     return std::max(lwork, 1);
   }
 
+  // orth_fallback from fp32 P0, or from dense bf16 P0 (p16, of p0's shape).
+  void fallback(MatBatch p, ConstMatBatch p0, const uint16_t* p16, const int32_t* info) {
+    if (p.batch <= 0 || p.rows <= 0 || p.cols <= 0) return;
+    DeviceScope ds(device_);
+    ProfScope ps(prof_, "orth_fallback", stream_);
+    void* s = scratch(kReduce, kernels::orth_fallback_scratch(ctx(), p));
+    kernels::orth_fallback(ctx(), p, p0, p16, info, s);
+  }
+
   // Free device memory now, and the memory taken since `before` (0 where it
   // grew: something else freed memory meanwhile). Measured around the
   // library handles' creation, which allocates device memory of its own that
@@ -1490,18 +1490,17 @@ class CudaBackend final : public Backend {
     for (int i = 0; i < lanes; ++i)
       check(cudaStreamWaitEvent(qr_streams_[i], qr_fork_, 0), "cudaStreamWaitEvent (fork to a qr stream)");
   }
-  void qr_join(int lanes) {
-    if (lanes <= 1) return;
-    for (int i = 0; i < lanes; ++i) {
-      check(cudaEventRecord(qr_joins_[i], qr_streams_[i]), "cudaEventRecord (join from a qr stream)");
-      check(cudaStreamWaitEvent(stream_, qr_joins_[i], 0), "cudaStreamWaitEvent (join from a qr stream)");
+  // The step's stream waits for every lane (each one tried even after an
+  // error, so the error path can join them all without throwing); the first
+  // error, else cudaSuccess.
+  cudaError_t qr_join(int lanes) noexcept {
+    cudaError_t first = cudaSuccess;
+    for (int i = 0; i < lanes && lanes > 1; ++i) {
+      cudaError_t e = cudaEventRecord(qr_joins_[i], qr_streams_[i]);
+      if (e == cudaSuccess) e = cudaStreamWaitEvent(stream_, qr_joins_[i], 0);
+      if (first == cudaSuccess) first = e;
     }
-  }
-
-  void qr_join_noexcept(int lanes) noexcept {
-    for (int i = 0; i < lanes && lanes > 1; ++i)
-      if (cudaEventRecord(qr_joins_[i], qr_streams_[i]) == cudaSuccess)
-        (void)cudaStreamWaitEvent(stream_, qr_joins_[i], 0);
+    return first;
   }
 
   void set_wait_guard(WaitGuard* guard) override { guard_ = guard; }

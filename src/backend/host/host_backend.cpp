@@ -446,11 +446,10 @@ class HostBackend final : public Backend {
                                  void* out) override {
     frob_bf16(m, parts, nparts, factor, eps, out);
   }
-  void frob_scale_bf16(MatBatch m, const double* parts, int64_t nparts, float factor, float eps, int power,
-                       float diag) override {
+  void frob_scale_bf16(MatBatch m, const FrobScale& s, float diag) override {
     uint16_t* base = reinterpret_cast<uint16_t*>(m.p);
     for (int64_t b = 0; b < m.batch; ++b) {
-      const float inv = inv_of_parts(parts, b, nparts, factor, eps), sc = power == 2 ? inv * inv : inv;
+      const float inv = inv_of_parts(s.parts, b, s.nparts, s.factor, s.eps), sc = s.power == 2 ? inv * inv : inv;
       for (int64_t i = 0; i < m.rows; ++i)
         for (int64_t j = 0; j < m.cols; ++j) {
           uint16_t& e = base[b * m.stride + i * m.ld + j];
