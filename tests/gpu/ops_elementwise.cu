@@ -1117,16 +1117,19 @@ TEST_F(OpsTest, StoreSlicesMulti) {
 // bound. fp32 and bf16 states, both orientations; a misaligned table (shift)
 // for the momentum only (the pointer-array GEMM needs 16-byte alignment).
 TEST_F(OpsTest, MomentumInStateAndGemmField) {
-  const int64_t rows = 40, cols = 24, r = 8, T = 3, n = rows * cols;
+  const int64_t r = 8, T = 3;
   struct Case {
     int dt;
     dion_matmul_precision_t prec;
   };
+  // tall and wide: at TF32 op(M) = M takes B as given (k > m) or K-major (k <= m)
+  for (const auto& shape : {std::pair<int64_t, int64_t>{40, 24}, std::pair<int64_t, int64_t>{24, 40}})
   for (const Case c : {Case{0, DION_MATMUL_FP32}, Case{0, DION_MATMUL_TF32}, Case{1, DION_MATMUL_BF16}})
     for (int64_t shift : {0, 1})
       for (int32_t skip : {0, 1}) {
-        SCOPED_TRACE(::testing::Message() << "state dtype " << c.dt << ", precision " << static_cast<int>(c.prec)
-                                          << ", shift " << shift << ", skip " << skip);
+        const int64_t rows = shape.first, cols = shape.second, n = rows * cols;
+        SCOPED_TRACE(::testing::Message() << rows << " x " << cols << ", state dtype " << c.dt << ", precision "
+                                          << static_cast<int>(c.prec) << ", shift " << shift << ", skip " << skip);
         TensorPair tp(rng, std::vector<std::vector<int>>(T, {-1, 0, c.dt, -1}), n, shift);
         Dev<int32_t> dskip(std::vector<int32_t>{skip}), fa(std::vector<int32_t>(T, 0)), fb(std::vector<int32_t>(T, 0));
         Dev<float> U(T * n);

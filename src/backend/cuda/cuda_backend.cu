@@ -477,6 +477,12 @@ class CudaBackend final : public Backend {
       return;
     }
     const cublasComputeType_t compute = compute_type(precision);
+    // A small B (k <= m: the inverse of a triangular solve) is given K-major
+    // to TF32 products (tf32_kmajor).
+    if (tf32_kmajor(precision, !tb && !ta && k <= m, m, n, k, c.batch)) {
+      b = kmajor_copy(b, k, n);
+      tb = true;
+    }
     // Row-major C = op(A) op(B) is column-major C^T = op(B)^T op(A)^T: the
     // buffers are passed as they are, B first, with m and n swapped.
     const int M = to_int(m, "gemm m"), N = to_int(n, "gemm n"), K = to_int(k, "gemm k");
@@ -487,6 +493,33 @@ class CudaBackend final : public Backend {
                                      CUDA_R_32F, ldc, c.stride, to_int(c.batch, "gemm batch"), compute,
                                      CUBLAS_GEMM_DEFAULT),
           "cublasGemmStridedBatchedEx");
+  }
+
+  // TF32 products want their operands K-major (the inner dimension
+  // contiguous): with B row-major k x n (n contiguous) cuBLAS's choice on an
+  // H100 ran gpt-1.3b Dion's P = B Q at 231 TFLOP/s and R = B^T P at 250,
+  // against 390 and 421 with Q, P stored transposed (bench/micro/tf32_layouts.cu:
+  // 24 8192 x 2048 matrices at rank 512, 1.81 -> 1.19 and 1.69 -> 0.99 ms);
+  // fp32 (SIMT) products ran the same either way. So where B is the small
+  // operand, or A is read transposed, B is copied transposed (one pass over
+  // B: 0.27 ms for the P of that batch) and passed with OP_T: gpt-1.3b Dion
+  // at TF32 39.5 -> 37.4 ms. Only for fp32 B at TF32, and only for products
+  // of at least 16 GFLOP a batch: gpt-160m's (at most 11) ran 2.91 -> 2.95 ms
+  // with the copies. DION_TF32_KMAJOR=0 turns it off.
+  bool tf32_kmajor(dion_matmul_precision_t precision, bool wanted, int64_t m, int64_t n, int64_t k,
+                   int64_t batch) const {
+    return tf32_kmajor_ && precision == DION_MATMUL_TF32 && wanted && batch > 0 &&
+           2.0 * static_cast<double>(m) * static_cast<double>(n) * static_cast<double>(k) * static_cast<double>(batch) >=
+               tf32_kmajor_min_flop_;
+  }
+  // B (k x n row-major, its ld and stride) copied to scratch as n x k
+  // row-major (ld k, stride n k): the same matrix, read with OP_T.
+  // A B shared by the batch (stride 0) is copied once.
+  ConstMatBatch kmajor_copy(ConstMatBatch b, int64_t k, int64_t n) {
+    const int64_t copies = b.stride == 0 ? 1 : b.batch;
+    float* t = static_cast<float*>(scratch(kKmajor, sizeof(float) * static_cast<size_t>(copies * n * k)));
+    kernels::transpose(ctx(), b.p, k, n, b.ld, b.stride, t, k, n * k, copies);
+    return ConstMatBatch(t, n, k, k, b.stride == 0 ? 0 : n * k, b.batch);
   }
 
   // A^T A as S products over row chunks of A, summed (kernels::sum_parts),
@@ -580,6 +613,9 @@ class CudaBackend final : public Backend {
         kernels::scale_matrix(ctx(), c, 0.0f);
       return;
     }
+    // At TF32, Q (k <= m: P = B Q) and P (X read transposed: R = B^T P) go K-major (tf32_kmajor).
+    const bool kmaj = !lowp && tf32_kmajor(precision, trans_x || k <= m, m, n, k, count);
+    if (kmaj) b = kmajor_copy(b, k, n);
     void** ptr = static_cast<void**>(scratch(kPtrGemm, sizeof(void*) * static_cast<size_t>(3 * count) + 64));
     const kernels::PtrSource src[3] = {{b.p, b.stride * (lowp ? 2 : 4), -1},
                                        {nullptr, 0, static_cast<int>(f)},
@@ -588,9 +624,9 @@ class CudaBackend final : public Backend {
     const cublasComputeType_t compute = lowp ? CUBLAS_COMPUTE_32F : compute_type(precision);
     const cudaDataType_t type = lowp ? CUDA_R_16BF : CUDA_R_32F;
     const float alpha = 1.0f, beta = 0.0f;
-    check(cublasGemmBatchedEx(blas_, CUBLAS_OP_N, trans_x ? CUBLAS_OP_T : CUBLAS_OP_N, to_int(n, "gemm_field n"),
-                              to_int(m, "gemm_field m"), to_int(k, "gemm_field k"), &alpha, ptr, type,
-                              to_int(std::max<int64_t>(b.ld, 1), "gemm_field ldb"), ptr + count, type,
+    check(cublasGemmBatchedEx(blas_, kmaj ? CUBLAS_OP_T : CUBLAS_OP_N, trans_x ? CUBLAS_OP_T : CUBLAS_OP_N,
+                              to_int(n, "gemm_field n"), to_int(m, "gemm_field m"), to_int(k, "gemm_field k"), &alpha,
+                              ptr, type, to_int(std::max<int64_t>(b.ld, 1), "gemm_field ldb"), ptr + count, type,
                               to_int(cols, "gemm_field ldx"), &beta, ptr + 2 * count, c16 ? CUDA_R_16BF : CUDA_R_32F,
                               to_int(std::max<int64_t>(c.ld, 1), "gemm_field ldc"), to_int(count, "gemm_field batch"),
                               compute, CUBLAS_GEMM_DEFAULT),
@@ -1269,7 +1305,7 @@ class CudaBackend final : public Backend {
  private:
   // Scratch buffers, one per purpose, so that one call can hold several.
   enum Slot {
-    kPtrA, kPtrB, kMat, kTau, kWork, kInfo, kReduce, kDblA, kDblG, kInv, kTmp, kPos, kPtrLevel, kPtrGemm, kGram, kCholInv, kCholPanel, kInv16, kSlotCount
+    kPtrA, kPtrB, kMat, kTau, kWork, kInfo, kReduce, kDblA, kDblG, kInv, kTmp, kPos, kPtrLevel, kPtrGemm, kGram, kCholInv, kCholPanel, kInv16, kKmajor, kSlotCount
   };
   enum LworkOp { kOpGeqrf, kOpOrgqr, kOpPotrf, kOpDpotrf };
   struct Buffer {
@@ -1628,6 +1664,8 @@ class CudaBackend final : public Backend {
   int64_t potrf_batched_max_ = env_int("DION_POTRF_BATCHED_MAX", kPotrfBatchedMaxN);
   // Gram matrices as split sums where that fills the device (gram).
   bool gram_split_ = env_int("DION_GRAM_SPLIT", 1) != 0;
+  bool tf32_kmajor_ = env_int("DION_TF32_KMAJOR", 1) != 0;
+  double tf32_kmajor_min_flop_ = 1e6 * static_cast<double>(env_int("DION_TF32_KMAJOR_MIN_MFLOP", 16000));
   // DION_TRSM_INVERSE=0 keeps cuBLAS's triangular solve for tall B too.
   bool trsm_via_inverse_ = env_int("DION_TRSM_INVERSE", 1) != 0;
   // Largest n for the backend's own blocked Cholesky (blocked_cholesky;
