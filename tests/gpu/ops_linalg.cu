@@ -706,8 +706,8 @@ TEST_F(OpsTest, TrsmRightUpper) {
   EXPECT_TRUE(close(b1.h, b1.dev(), 0.0, 1e-4 * max_abs(b1.h)));
 }
 
-// Tall dense B (rows >= 4n, n >= 32) takes the CUDA backend's explicit-inverse
-// path: U^{-1} by blocked recursion (diagonal blocks of at most 64 solved,
+// Dense B at least as tall as U (rows >= n, n >= 32) takes the CUDA backend's explicit-inverse
+// path (square, 2n + 5 and 4n + 5 rows here): U^{-1} by blocked recursion (diagonal blocks of at most 64 solved,
 // the rest GEMMs), then one GEMM. n = L 2^k with L <= 64 runs by levels (one
 // batched call per depth): n = 64 is a single block, 96 is 2 x 48, 200 is
 // 4 x 50, 192 is 4 x 48 and 512 is 8 x 64 (Dion's r for gpt-1.3b); 150 is not
@@ -718,11 +718,12 @@ TEST_F(OpsTest, TrsmRightUpper) {
 // TF32 (operands rounded to 2^-11) within 4 * 2^-11 * cond(U) < 4e-3.
 TEST_F(OpsTest, TrsmRightUpperByInverse) {
   const int64_t B = 3;
-  for (int64_t n : {64, 96, 150, 192, 200, 512}) {
-    const int64_t rows = 4 * n + 5;
+  for (int64_t n : {64, 96, 150, 192, 200, 512})
+  for (int64_t rows : {n, 2 * n + 5, 4 * n + 5}) {
     for (bool shared_u : {false, true}) {
       for (dion_matmul_precision_t prec : {DION_MATMUL_FP32, DION_MATMUL_TF32, DION_MATMUL_BF16}) {
-        SCOPED_TRACE("n " + std::to_string(n) + (shared_u ? ", one U" : ", one U per matrix") + ", precision " +
+        SCOPED_TRACE("n " + std::to_string(n) + ", rows " + std::to_string(rows) +
+                     (shared_u ? ", one U" : ", one U per matrix") + ", precision " +
                      std::to_string(static_cast<int>(prec)));
         Mat u = Mat::padded(n, n, B);
         if (shared_u) u.stride = 0;
@@ -775,7 +776,7 @@ TEST_F(OpsTest, TrsmRightUpperManyMatchesHostPerPart) {
           for (int64_t j = 0; j < n; ++j)
             u.at(b, i, j) = i == j ? 2.0f : i < j ? static_cast<float>(off_scale * gauss()) : NAN;
       u.sync();
-      const int64_t rows[2] = {4 * n + 5, 6 * n}, count[2] = {2, 3}, first[2] = {0, 2};
+      const int64_t rows[2] = {3 * n, 6 * n}, count[2] = {2, 3}, first[2] = {0, 2};
       std::vector<Mat> in, out;
       for (int p = 0; p < 2; ++p) {
         in.emplace_back(rows[p], n, n, rows[p] * n, count[p]);

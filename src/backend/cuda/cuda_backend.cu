@@ -822,7 +822,7 @@ class CudaBackend final : public Backend {
     kernels::chol_place_panels(ctx(), a, n, ld, stride, batch, panels);
   }
 
-  // B U^{-1}. A tall B (RCQR's P, a >= 4r) goes through the explicit
+  // B U^{-1}. A tall B (RCQR's P, a >= r: via_inverse) goes through the explicit
   // inverse, formed in fp32 by blocked recursion (tri_inverse_upper), then
   // one GEMM, which runs several times faster than cuBLAS's triangular solve
   // on these shapes. The product has the column space of B exactly (any
@@ -832,6 +832,21 @@ class CudaBackend final : public Backend {
   // otherwise: for the BF16/TF32 groups, whose P comes out of
   // reduced-precision products, a TF32 product (unit roundoff 2^-11) adds an
   // error below theirs.
+  // Whether B (rows x n) U^-1 takes the explicit inverse: n >= 32 and B at
+  // least 4 n tall (RCQR's P at rank fraction 1/4 or less), or at least n
+  // tall (DION_TRSM_INVERSE_ROWS: that many times n) where cuBLAS's trsm is
+  // the slower: at TF32 and BF16 (the product then runs on tensor cores,
+  // cublasStrsmBatched in fp32) and at FP32 for n <= 1024. On an H100,
+  // full-rank Dion's 3d x d factors (qkv) by the inverse: gpt-160m fp32
+  // (n = 768) 40.0 -> 38.9 ms per step, gpt-1.3b tf32 (n = 2048) 364.8 ->
+  // 328.9; but gpt-1.3b fp32 952.3 -> 959.0, the inverse's extra n^3 / 3
+  // against a trsm already at the SIMT GEMM rate, so FP32 keeps trsm there.
+  bool via_inverse(int64_t rows, int64_t n, dion_matmul_precision_t precision) const {
+    if (!trsm_via_inverse_ || n < 32) return false;
+    if (rows >= 4 * n) return true;
+    return (precision != DION_MATMUL_FP32 || n <= 1024) && rows >= trsm_inverse_rows_ * n;
+  }
+
   using Backend::trsm_right_upper;
   void trsm_right_upper(ConstMatBatch u, ConstMatBatch in, MatBatch bm, dion_matmul_precision_t precision) override {
     const int64_t n = u.rows, rows = bm.rows;
@@ -841,7 +856,7 @@ class CudaBackend final : public Backend {
     DeviceScope ds(device_);
     ProfScope ps(prof_, "trsm_right_upper", stream_);
     const auto dense = [&](int64_t ld, int64_t stride) { return ld == n && stride == rows * n; };
-    if (rows >= 4 * n && n >= 32 && dense(in.ld, in.stride) && dense(bm.ld, bm.stride) && trsm_via_inverse_) {
+    if (via_inverse(rows, n, precision) && dense(in.ld, in.stride) && dense(bm.ld, bm.stride)) {
       // One inverse per distinct U (stride 0: one U for the whole batch).
       const int64_t nu = u.stride == 0 ? 1 : bm.batch;
       float* inv = static_cast<float*>(scratch(kInv, sizeof(float) * static_cast<size_t>(nu * n * n)));
@@ -870,11 +885,11 @@ class CudaBackend final : public Backend {
   void trsm_right_upper_many(ConstMatBatch u, const TrsmPart* parts, int64_t count,
                              dion_matmul_precision_t precision) override {
     const int64_t n = u.rows;
-    bool all = trsm_via_inverse_ && n >= 32 && u.stride != 0 && count > 0, any16 = false;
+    bool all = u.stride != 0 && count > 0, any16 = false;
     for (int64_t i = 0; i < count && all; ++i) {
       const TrsmPart& pt = parts[i];
       const int64_t rows = pt.out.rows;
-      all = rows >= 4 * n && pt.in.ld == n && pt.in.stride == rows * n && pt.out.ld == n &&
+      all = via_inverse(rows, n, precision) && pt.in.ld == n && pt.in.stride == rows * n && pt.out.ld == n &&
             pt.out.stride == rows * n && pt.in.p != pt.out.p && pt.first + pt.in.batch <= u.batch;
       any16 = any16 || (pt.in_bf16 && pt.in.batch > 0);
     }
@@ -1668,6 +1683,7 @@ class CudaBackend final : public Backend {
   double tf32_kmajor_min_flop_ = 1e6 * static_cast<double>(env_int("DION_TF32_KMAJOR_MIN_MFLOP", 16000));
   // DION_TRSM_INVERSE=0 keeps cuBLAS's triangular solve for tall B too.
   bool trsm_via_inverse_ = env_int("DION_TRSM_INVERSE", 1) != 0;
+  int64_t trsm_inverse_rows_ = std::max<int64_t>(1, env_int("DION_TRSM_INVERSE_ROWS", 1));
   // Largest n for the backend's own blocked Cholesky (blocked_cholesky;
   // cuSOLVER's potrf(Batched) above it): DION_OWN_CHOLESKY_MAX, default
   // kOwnCholeskyMaxN; DION_OWN_CHOLESKY=0 makes it 0 (cuSOLVER's for all).
