@@ -6,9 +6,7 @@
 // the heuristic's first algorithm, and of the fastest of its first 32.
 // Build and run on the GPU machine:
 //   nvcc -arch=sm_90 -O2 -o lt_algos bench/micro/lt_algos.cu -lcublasLt -lcublas && ./lt_algos
-#include <cublasLt.h>
-
-#include "micro_util.cuh"
+#include "micro_lt.cuh"
 
 struct Case {
   const char* name;
@@ -60,49 +58,18 @@ int main() {
                                     c.k, &one, A, CUDA_R_16BF, lda, sa, B, CUDA_R_16BF, ldb, sb, &c.beta, C, ct, c.m,
                                     sc, c.batch, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
     });
-    cublasLtMatmulDesc_t desc;
-    CK(cublasLtMatmulDescCreate(&desc, CUBLAS_COMPUTE_32F, CUDA_R_32F));
-    cublasOperation_t oa = c.ta ? CUBLAS_OP_T : CUBLAS_OP_N, ob = c.tb ? CUBLAS_OP_T : CUBLAS_OP_N;
-    CK(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_TRANSA, &oa, sizeof(oa)));
-    CK(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_TRANSB, &ob, sizeof(ob)));
-    auto layout = [&](cudaDataType_t t, int rows, int cols, int ld, long stride) {
-      cublasLtMatrixLayout_t l;
-      CK(cublasLtMatrixLayoutCreate(&l, t, rows, cols, ld));
-      int32_t bc = c.batch;
-      int64_t so = stride;
-      CK(cublasLtMatrixLayoutSetAttribute(l, CUBLASLT_MATRIX_LAYOUT_BATCH_COUNT, &bc, sizeof(bc)));
-      CK(cublasLtMatrixLayoutSetAttribute(l, CUBLASLT_MATRIX_LAYOUT_STRIDED_BATCH_OFFSET, &so, sizeof(so)));
-      return l;
-    };
-    cublasLtMatrixLayout_t la = layout(CUDA_R_16BF, c.ta ? c.k : c.m, c.ta ? c.m : c.k, lda, sa);
-    cublasLtMatrixLayout_t lb = layout(CUDA_R_16BF, c.tb ? c.n : c.k, c.tb ? c.k : c.n, ldb, sb);
-    cublasLtMatrixLayout_t lc = layout(ct, c.m, c.n, c.m, sc);
-    cublasLtMatmulPreference_t pref;
-    CK(cublasLtMatmulPreferenceCreate(&pref));
-    uint64_t wsb = wsz;
-    CK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &wsb, sizeof(wsb)));
-    cublasLtMatmulHeuristicResult_t res[32];
-    int nres = 0;
-    CK(cublasLtMatmulAlgoGetHeuristic(lt, desc, la, lb, lc, lc, pref, 32, res, &nres));
-    float t0 = -1, best = 1e30f;
-    int bi = -1;
-    for (int i = 0; i < nres; ++i) {
-      if (res[i].state != CUBLAS_STATUS_SUCCESS) continue;
-      bool ok = true;
-      const float t = time_it([&] {
-        if (cublasLtMatmul(lt, desc, &one, A, la, B, lb, &c.beta, C, lc, C, lc, &res[i].algo, ws, wsz, st) !=
-            CUBLAS_STATUS_SUCCESS)
-          ok = false;
-      });
-      if (!ok) continue;
-      if (i == 0) t0 = t;
-      if (t < best) best = t, bi = i;
-    }
-    CK(cudaStreamSynchronize(st));
-    CK(cudaGetLastError());
+    cublasLtMatmulDesc_t desc =
+        lt_desc(CUBLAS_COMPUTE_32F, c.ta ? CUBLAS_OP_T : CUBLAS_OP_N, c.tb ? CUBLAS_OP_T : CUBLAS_OP_N);
+    cublasLtMatrixLayout_t la = lt_layout(CUDA_R_16BF, c.ta ? c.k : c.m, c.ta ? c.m : c.k, lda, c.batch, sa);
+    cublasLtMatrixLayout_t lb = lt_layout(CUDA_R_16BF, c.tb ? c.n : c.k, c.tb ? c.k : c.n, ldb, c.batch, sb);
+    cublasLtMatrixLayout_t lc = lt_layout(ct, c.m, c.n, c.m, c.batch, sc);
+    const LtTiming lt_t = lt_time_algos(rig, lt, desc, la, lb, lc, 32, 11, [&](const cublasLtMatmulAlgo_t* algo) {
+      return cublasLtMatmul(lt, desc, &one, A, la, B, lb, &c.beta, C, lc, C, lc, algo, ws, wsz, st);
+    });
+    const float t0 = lt_t.first, best = lt_t.best;
+    const int bi = lt_t.best_index, nres = lt_t.count;
     const double tf = 2.0 * c.m * c.n * (double)c.k * c.batch / (std::min(best, t_def) * 1e-3) / 1e12;
     printf("%-32s %9.3f %9.3f %9.3f %2d/%-2d %8.1f\n", c.name, t_def, t0, best, bi, nres, tf);
-    cublasLtMatmulPreferenceDestroy(pref);
     cublasLtMatrixLayoutDestroy(la);
     cublasLtMatrixLayoutDestroy(lb);
     cublasLtMatrixLayoutDestroy(lc);

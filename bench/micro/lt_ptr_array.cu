@@ -8,9 +8,7 @@
 // fastest of its first 16. TF32 (fp32 operands) and bf16 (bf16 operands and C).
 // Build and run on the GPU machine:
 //   nvcc -arch=sm_90 -O2 -o lt_ptr_array bench/micro/lt_ptr_array.cu -lcublasLt -lcublas && ./lt_ptr_array
-#include <cublasLt.h>
-
-#include "micro_util.cuh"
+#include "micro_lt.cuh"
 
 int main() {
   MicroRig rig(64u << 20);
@@ -46,50 +44,17 @@ int main() {
                                    CUBLAS_GEMM_DEFAULT));
           },
           9);
-      cublasLtMatmulDesc_t desc;
-      CK(cublasLtMatmulDescCreate(&desc, compute, CUDA_R_32F));
-      cublasOperation_t o1 = CUBLAS_OP_T, o2 = CUBLAS_OP_N;
-      CK(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_TRANSA, &o1, sizeof(o1)));
-      CK(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_TRANSB, &o2, sizeof(o2)));
-      auto layout = [&](int rows, int cols, int ld) {
-        cublasLtMatrixLayout_t l;
-        CK(cublasLtMatrixLayoutCreate(&l, t, rows, cols, ld));
-        int32_t bc = batch;
-        uint32_t mode = CUBLASLT_BATCH_MODE_POINTER_ARRAY;
-        CK(cublasLtMatrixLayoutSetAttribute(l, CUBLASLT_MATRIX_LAYOUT_BATCH_COUNT, &bc, sizeof(bc)));
-        CK(cublasLtMatrixLayoutSetAttribute(l, CUBLASLT_MATRIX_LAYOUT_BATCH_MODE, &mode, sizeof(mode)));
-        return l;
-      };
-      cublasLtMatrixLayout_t l1 = layout(r, b, r), l2 = layout(r, a, r), lc = layout(b, a, b);
-      cublasLtMatmulPreference_t pref;
-      CK(cublasLtMatmulPreferenceCreate(&pref));
-      uint64_t wsb = rig.wsz;
-      CK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &wsb, sizeof(wsb)));
-      cublasLtMatmulHeuristicResult_t res[16];
-      int nres = 0;
-      float t0 = -1, best = 1e30f;
-      int bi = -1;
-      const cublasStatus_t hs = cublasLtMatmulAlgoGetHeuristic(lt, desc, l1, l2, lc, lc, pref, 16, res, &nres);
-      if (hs != CUBLAS_STATUS_SUCCESS) printf("heuristic: status %d\n", (int)hs);
-      for (int i = 0; hs == CUBLAS_STATUS_SUCCESS && i < nres; ++i) {
-        if (res[i].state != CUBLAS_STATUS_SUCCESS) continue;
-        bool ok = true;
-        const float tt = rig.median_ms(
-            [&] {
-              if (cublasLtMatmul(lt, desc, &one, dp, l1, dp + batch, l2, &one, dp + 2 * batch, lc, dp + 2 * batch, lc,
-                                 &res[i].algo, rig.ws, rig.wsz, rig.st) != CUBLAS_STATUS_SUCCESS)
-                ok = false;
-            },
-            9);
-        if (!ok) continue;
-        if (i == 0) t0 = tt;
-        if (tt < best) best = tt, bi = i;
-      }
-      CK(cudaStreamSynchronize(rig.st));
-      CK(cudaGetLastError());
+      cublasLtMatmulDesc_t desc = lt_desc(compute, CUBLAS_OP_T, CUBLAS_OP_N);
+      cublasLtMatrixLayout_t l1 = lt_layout(t, r, b, r, batch, 0, true), l2 = lt_layout(t, r, a, r, batch, 0, true),
+                             lc = lt_layout(t, b, a, b, batch, 0, true);
+      const LtTiming lt_t = lt_time_algos(rig, lt, desc, l1, l2, lc, 16, 9, [&](const cublasLtMatmulAlgo_t* algo) {
+        return cublasLtMatmul(lt, desc, &one, dp, l1, dp + batch, l2, &one, dp + 2 * batch, lc, dp + 2 * batch, lc,
+                              algo, rig.ws, rig.wsz, rig.st);
+      });
+      const float t0 = lt_t.first, best = lt_t.best;
+      const int bi = lt_t.best_index, nres = lt_t.count;
       printf("%5d x %-5d r %-8d %-5s %9.3f %9.3f %9.3f %2d/%-2d\n", a, b, r, bf ? "bf16" : "tf32", t_def, t0, best, bi,
              nres);
-      cublasLtMatmulPreferenceDestroy(pref);
       cublasLtMatrixLayoutDestroy(l1);
       cublasLtMatrixLayoutDestroy(l2);
       cublasLtMatrixLayoutDestroy(lc);

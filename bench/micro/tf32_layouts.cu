@@ -9,9 +9,7 @@
 // device's TF32 rate for scale.
 // Build and run on the GPU machine:
 //   nvcc -arch=sm_90 -O2 -o tf32_layouts bench/micro/tf32_layouts.cu -lcublasLt -lcublas && ./tf32_layouts
-#include <cublasLt.h>
-
-#include "micro_util.cuh"
+#include "micro_lt.cuh"
 
 struct Case {
   const char* name;
@@ -70,46 +68,19 @@ int main(int argc, char** argv) {
         CK(cublasGemmStridedBatchedEx(h, o1, o2, MM, NN, c.k, &one, P1, CUDA_R_32F, ld1, s1, P2, CUDA_R_32F, ld2, s2,
                                       &c.beta, C, CUDA_R_32F, MM, sc, c.batch, compute, CUBLAS_GEMM_DEFAULT));
       });
-      cublasLtMatmulDesc_t desc;
-      CK(cublasLtMatmulDescCreate(&desc, compute, CUDA_R_32F));
-      CK(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_TRANSA, &o1, sizeof(o1)));
-      CK(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_TRANSB, &o2, sizeof(o2)));
-      auto layout = [&](int rows, int cols, int ld, long stride) {
-        cublasLtMatrixLayout_t l;
-        CK(cublasLtMatrixLayoutCreate(&l, CUDA_R_32F, rows, cols, ld));
-        int32_t bc = c.batch;
-        int64_t so = stride;
-        CK(cublasLtMatrixLayoutSetAttribute(l, CUBLASLT_MATRIX_LAYOUT_BATCH_COUNT, &bc, sizeof(bc)));
-        CK(cublasLtMatrixLayoutSetAttribute(l, CUBLASLT_MATRIX_LAYOUT_STRIDED_BATCH_OFFSET, &so, sizeof(so)));
-        return l;
-      };
-      cublasLtMatrixLayout_t l1 = layout(o1 == CUBLAS_OP_N ? MM : c.k, o1 == CUBLAS_OP_N ? c.k : MM, ld1, s1);
-      cublasLtMatrixLayout_t l2 = layout(o2 == CUBLAS_OP_N ? c.k : NN, o2 == CUBLAS_OP_N ? NN : c.k, ld2, s2);
-      cublasLtMatrixLayout_t lc = layout(MM, NN, MM, sc);
-      cublasLtMatmulPreference_t pref;
-      CK(cublasLtMatmulPreferenceCreate(&pref));
-      uint64_t wsb = rig.wsz;
-      CK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &wsb, sizeof(wsb)));
-      cublasLtMatmulHeuristicResult_t res[16];
-      int nres = 0;
-      float best = 1e30f;
-      if (cublasLtMatmulAlgoGetHeuristic(lt, desc, l1, l2, lc, lc, pref, 16, res, &nres) == CUBLAS_STATUS_SUCCESS)
-        for (int i = 0; i < nres; ++i) {
-          if (res[i].state != CUBLAS_STATUS_SUCCESS) continue;
-          bool ok = true;
-          const float t = time_it([&] {
-            if (cublasLtMatmul(lt, desc, &one, P1, l1, P2, l2, &c.beta, C, lc, C, lc, &res[i].algo, rig.ws, rig.wsz,
-                               st) != CUBLAS_STATUS_SUCCESS)
-              ok = false;
-          });
-          if (ok && t < best) best = t;
-        }
-      CK(cudaStreamSynchronize(st));
-      CK(cudaGetLastError());
+      cublasLtMatmulDesc_t desc = lt_desc(compute, o1, o2);
+      cublasLtMatrixLayout_t l1 = lt_layout(CUDA_R_32F, o1 == CUBLAS_OP_N ? MM : c.k, o1 == CUBLAS_OP_N ? c.k : MM, ld1,
+                                            c.batch, s1);
+      cublasLtMatrixLayout_t l2 = lt_layout(CUDA_R_32F, o2 == CUBLAS_OP_N ? c.k : NN, o2 == CUBLAS_OP_N ? NN : c.k, ld2,
+                                            c.batch, s2);
+      cublasLtMatrixLayout_t lc = lt_layout(CUDA_R_32F, MM, NN, MM, c.batch, sc);
+      const float best = lt_time_algos(rig, lt, desc, l1, l2, lc, 16, 9, [&](const cublasLtMatmulAlgo_t* algo) {
+                           return cublasLtMatmul(lt, desc, &one, P1, l1, P2, l2, &c.beta, C, lc, C, lc, algo, rig.ws,
+                                                 rig.wsz, st);
+                         }).best;
       const double tf = 2.0 * c.m * c.n * (double)c.k * c.batch / (std::min(best, t_def) * 1e-3) / 1e12;
       printf("%-26s %c %c %c %9.3f %9.3f %8.1f\n", c.name, a_rm ? 'r' : 'c', b_rm ? 'r' : 'c', c_rm ? 'r' : 'c', t_def,
              best, tf);
-      cublasLtMatmulPreferenceDestroy(pref);
       cublasLtMatrixLayoutDestroy(l1);
       cublasLtMatrixLayoutDestroy(l2);
       cublasLtMatrixLayoutDestroy(lc);
