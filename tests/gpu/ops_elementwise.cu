@@ -1123,78 +1123,82 @@ TEST_F(OpsTest, MomentumInStateAndGemmField) {
     dion_matmul_precision_t prec;
   };
   // tall and wide: at TF32 op(M) = M takes B as given (k > m) or K-major (k <= m)
-  for (const auto& shape : {std::pair<int64_t, int64_t>{40, 24}, std::pair<int64_t, int64_t>{24, 40}})
-  for (const Case c : {Case{0, DION_MATMUL_FP32}, Case{0, DION_MATMUL_TF32}, Case{1, DION_MATMUL_BF16}})
-    for (int64_t shift : {0, 1})
-      for (int32_t skip : {0, 1}) {
-        const int64_t rows = shape.first, cols = shape.second, n = rows * cols;
-        SCOPED_TRACE(::testing::Message() << rows << " x " << cols << ", state dtype " << c.dt << ", precision "
-                                          << static_cast<int>(c.prec) << ", shift " << shift << ", skip " << skip);
-        TensorPair tp(rng, std::vector<std::vector<int>>(T, {-1, 0, c.dt, -1}), n, shift);
-        Dev<int32_t> dskip(std::vector<int32_t>{skip}), fa(std::vector<int32_t>(T, 0)), fb(std::vector<int32_t>(T, 0));
-        Dev<float> U(T * n);
-        cuda->momentum_multi(tp.a.dev_table.p(), T, n, 1.0f, 1.0f, false, true, U.p(), DION_DTYPE_FP32, dskip.p(),
-                             fa.p());
-        cuda->momentum_multi(tp.b.dev_table.p(), T, n, 1.0f, 1.0f, false, true, nullptr, DION_DTYPE_FP32, dskip.p(),
-                             fb.p());
-        EXPECT_TRUE(tp.same_field(kState0));
-        std::vector<int32_t> fh(T, 0);
-        host->momentum_multi(tp.b.host_list.data(), T, n, 1.0f, 1.0f, false, true, nullptr, DION_DTYPE_FP32, &skip,
-                             fh.data());
-        EXPECT_EQ(fh, fb.get());
-        // gemm_field needs 16-byte aligned fields (Batch::aligned16): not with a shift.
-        if (shift) continue;
-        const dion_dtype_t xd = c.dt == 0 ? DION_DTYPE_FP32 : DION_DTYPE_BF16;
-        for (bool trans : {false, true}) {
-          SCOPED_TRACE(trans ? "op(M) = M^T" : "op(M) = M");
-          const int64_t k = trans ? rows : cols, m = trans ? cols : rows;
-          std::vector<float> B(static_cast<size_t>(T * k * r));
-          for (auto& v : B) v = xd == DION_DTYPE_BF16 ? bf16_to_float(float_to_bf16(gauss())) : gauss();
-          std::vector<uint16_t> B16(B.size());
-          for (size_t i = 0; i < B.size(); ++i) B16[i] = float_to_bf16(B[i]);
-          Dev<float> dB(B), dC(static_cast<size_t>(T * m * r));
-          Dev<uint16_t> dB16(B16);
-          const float* bp = xd == DION_DTYPE_BF16 ? reinterpret_cast<const float*>(dB16.p()) : dB.p();
-          cuda->gemm_field(tp.b.dev_table.p(), T, kState0, rows, cols, xd, trans,
-                           ConstMatBatch(bp, k, r, r, k * r, T), MatBatch{dC.p(), m, r, r, m * r, T}, c.prec,
-                           DION_DTYPE_FP32);
-          // bf16 output (bf16 fields only): C16 holds bf16 elements
-          const bool c16 = xd == DION_DTYPE_BF16;
-          Dev<uint16_t> dC16(static_cast<size_t>(c16 ? T * m * r : 1));
-          if (c16)
+  for (const auto& shape : {std::pair<int64_t, int64_t>{40, 24}, std::pair<int64_t, int64_t>{24, 40}}) {
+    for (const Case c : {Case{0, DION_MATMUL_FP32}, Case{0, DION_MATMUL_TF32}, Case{1, DION_MATMUL_BF16}})
+      for (int64_t shift : {0, 1})
+        for (int32_t skip : {0, 1}) {
+          const int64_t rows = shape.first, cols = shape.second, n = rows * cols;
+          SCOPED_TRACE(::testing::Message() << rows << " x " << cols << ", state dtype " << c.dt << ", precision "
+                                            << static_cast<int>(c.prec) << ", shift " << shift << ", skip " << skip);
+          TensorPair tp(rng, std::vector<std::vector<int>>(T, {-1, 0, c.dt, -1}), n, shift);
+          Dev<int32_t> dskip(std::vector<int32_t>{skip}), fa(std::vector<int32_t>(T, 0)),
+              fb(std::vector<int32_t>(T, 0));
+          Dev<float> U(T * n);
+          cuda->momentum_multi(tp.a.dev_table.p(), T, n, 1.0f, 1.0f, false, true, U.p(), DION_DTYPE_FP32, dskip.p(),
+                               fa.p());
+          cuda->momentum_multi(tp.b.dev_table.p(), T, n, 1.0f, 1.0f, false, true, nullptr, DION_DTYPE_FP32, dskip.p(),
+                               fb.p());
+          EXPECT_TRUE(tp.same_field(kState0));
+          std::vector<int32_t> fh(T, 0);
+          host->momentum_multi(tp.b.host_list.data(), T, n, 1.0f, 1.0f, false, true, nullptr, DION_DTYPE_FP32, &skip,
+                               fh.data());
+          EXPECT_EQ(fh, fb.get());
+          // gemm_field needs 16-byte aligned fields (Batch::aligned16): not with a shift.
+          if (shift) continue;
+          const dion_dtype_t xd = c.dt == 0 ? DION_DTYPE_FP32 : DION_DTYPE_BF16;
+          for (bool trans : {false, true}) {
+            SCOPED_TRACE(trans ? "op(M) = M^T" : "op(M) = M");
+            const int64_t k = trans ? rows : cols, m = trans ? cols : rows;
+            std::vector<float> B(static_cast<size_t>(T * k * r));
+            for (auto& v : B) v = xd == DION_DTYPE_BF16 ? bf16_to_float(float_to_bf16(gauss())) : gauss();
+            std::vector<uint16_t> B16(B.size());
+            for (size_t i = 0; i < B.size(); ++i) B16[i] = float_to_bf16(B[i]);
+            Dev<float> dB(B), dC(static_cast<size_t>(T * m * r));
+            Dev<uint16_t> dB16(B16);
+            const float* bp = xd == DION_DTYPE_BF16 ? reinterpret_cast<const float*>(dB16.p()) : dB.p();
             cuda->gemm_field(tp.b.dev_table.p(), T, kState0, rows, cols, xd, trans,
-                             ConstMatBatch(bp, k, r, r, k * r, T),
-                             MatBatch{reinterpret_cast<float*>(dC16.p()), m, r, r, m * r, T}, c.prec, DION_DTYPE_BF16);
-          const float* hbp = xd == DION_DTYPE_BF16 ? reinterpret_cast<const float*>(B16.data()) : B.data();
-          std::vector<float> Ch(static_cast<size_t>(T * m * r));
-          host->gemm_field(tp.b.host_list.data(), T, kState0, rows, cols, xd, trans,
-                           ConstMatBatch(hbp, k, r, r, k * r, T), MatBatch{Ch.data(), m, r, r, m * r, T}, c.prec,
-                           DION_DTYPE_FP32);
-          const std::vector<float> Cd = dC.get();
-          const std::vector<uint16_t> Cd16 = dC16.get();
-          for (int64_t t = 0; t < T; ++t) {
-            const std::vector<float> X = tp.b.dev_vals(static_cast<size_t>(t), kState0);
-            for (int64_t i = 0; i < m; ++i)
-              for (int64_t j = 0; j < r; ++j) {
-                double want = 0, mag = 0;
-                for (int64_t q = 0; q < k; ++q) {
-                  const double x = trans ? X[static_cast<size_t>(q * cols + i)] : X[static_cast<size_t>(i * cols + q)];
-                  const double v = x * B[static_cast<size_t>((t * k + q) * r + j)];
-                  want += v;
-                  mag += std::fabs(v);
+                             ConstMatBatch(bp, k, r, r, k * r, T), MatBatch{dC.p(), m, r, r, m * r, T}, c.prec,
+                             DION_DTYPE_FP32);
+            // bf16 output (bf16 fields only): C16 holds bf16 elements
+            const bool c16 = xd == DION_DTYPE_BF16;
+            Dev<uint16_t> dC16(static_cast<size_t>(c16 ? T * m * r : 1));
+            if (c16)
+              cuda->gemm_field(tp.b.dev_table.p(), T, kState0, rows, cols, xd, trans,
+                               ConstMatBatch(bp, k, r, r, k * r, T),
+                               MatBatch{reinterpret_cast<float*>(dC16.p()), m, r, r, m * r, T}, c.prec,
+                               DION_DTYPE_BF16);
+            const float* hbp = xd == DION_DTYPE_BF16 ? reinterpret_cast<const float*>(B16.data()) : B.data();
+            std::vector<float> Ch(static_cast<size_t>(T * m * r));
+            host->gemm_field(tp.b.host_list.data(), T, kState0, rows, cols, xd, trans,
+                             ConstMatBatch(hbp, k, r, r, k * r, T), MatBatch{Ch.data(), m, r, r, m * r, T}, c.prec,
+                             DION_DTYPE_FP32);
+            const std::vector<float> Cd = dC.get();
+            const std::vector<uint16_t> Cd16 = dC16.get();
+            for (int64_t t = 0; t < T; ++t) {
+              const std::vector<float> X = tp.b.dev_vals(static_cast<size_t>(t), kState0);
+              for (int64_t i = 0; i < m; ++i)
+                for (int64_t j = 0; j < r; ++j) {
+                  double want = 0, mag = 0;
+                  for (int64_t q = 0; q < k; ++q) {
+                    const double x =
+                        trans ? X[static_cast<size_t>(q * cols + i)] : X[static_cast<size_t>(i * cols + q)];
+                    const double v = x * B[static_cast<size_t>((t * k + q) * r + j)];
+                    want += v;
+                    mag += std::fabs(v);
+                  }
+                  const size_t e = static_cast<size_t>((t * m + i) * r + j);
+                  const double tol = 0x1p-20 * mag, dtol = tol + (c.prec == DION_MATMUL_TF32 ? 0x1p-10 * mag : 0.0);
+                  ASSERT_LE(std::fabs(Cd[e] - want), dtol) << "tensor " << t << " (" << i << ", " << j << ")";
+                  ASSERT_LE(std::fabs(Ch[e] - want), tol) << "host, tensor " << t << " (" << i << ", " << j << ")";
+                  // the bf16 output: the fp32 product's rounding, at most half an ulp of bf16 (2^-8 relative) more
+                  if (c16)
+                    ASSERT_LE(std::fabs(bf16_to_float(Cd16[e]) - want), dtol + 0x1p-8 * std::fabs(want))
+                        << "bf16 output, tensor " << t << " (" << i << ", " << j << ")";
                 }
-                const size_t e = static_cast<size_t>((t * m + i) * r + j);
-                const double tol = 0x1p-20 * mag, dtol = tol + (c.prec == DION_MATMUL_TF32 ? 0x1p-10 * mag : 0.0);
-                ASSERT_LE(std::fabs(Cd[e] - want), dtol) << "tensor " << t << " (" << i << ", " << j << ")";
-                ASSERT_LE(std::fabs(Ch[e] - want), tol) << "host, tensor " << t << " (" << i << ", " << j << ")";
-                // the bf16 output: the fp32 product's rounding, at most half an ulp of bf16 (2^-8 relative) more
-                if (c16)
-                  ASSERT_LE(std::fabs(bf16_to_float(Cd16[e]) - want), dtol + 0x1p-8 * std::fabs(want))
-                      << "bf16 output, tensor " << t << " (" << i << ", " << j << ")";
-              }
+            }
           }
         }
-      }
+  }
 }
 
 // Dion's finish of P and R: finish_p, finish_r and col_scale_store give the

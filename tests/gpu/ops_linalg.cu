@@ -718,42 +718,43 @@ TEST_F(OpsTest, TrsmRightUpper) {
 // TF32 (operands rounded to 2^-11) within 4 * 2^-11 * cond(U) < 4e-3.
 TEST_F(OpsTest, TrsmRightUpperByInverse) {
   const int64_t B = 3;
-  for (int64_t n : {64, 96, 150, 192, 200, 512})
-  for (int64_t rows : {n, 2 * n + 5, 4 * n + 5}) {
-    for (bool shared_u : {false, true}) {
-      for (dion_matmul_precision_t prec : {DION_MATMUL_FP32, DION_MATMUL_TF32, DION_MATMUL_BF16}) {
-        SCOPED_TRACE("n " + std::to_string(n) + ", rows " + std::to_string(rows) +
-                     (shared_u ? ", one U" : ", one U per matrix") + ", precision " +
-                     std::to_string(static_cast<int>(prec)));
-        Mat u = Mat::padded(n, n, B);
-        if (shared_u) u.stride = 0;
-        const double off_scale = 0.3 / std::sqrt(static_cast<double>(n));
-        for (int64_t b = 0; b < (shared_u ? 1 : B); ++b)
-          for (int64_t i = 0; i < n; ++i)
-            for (int64_t j = 0; j < n; ++j)
-              u.at(b, i, j) = i == j ? 2.0f : i < j ? static_cast<float>(off_scale * gauss()) : NAN;
-        u.sync();
-        Mat x(rows, n, n, rows * n, B);  // dense: the inverse path's layout
-        x.fill([&] { return gauss(); });
-        std::vector<float> want = x.h;
-        MatBatch wh{want.data(), rows, n, n, rows * n, B};
-        host->trsm_right_upper(u.H(), wh);
-        // Out of place (the product written straight into y) first: the same
-        // bits as in place, the input left as it was.
-        Mat y(rows, n, n, rows * n, B);
-        cuda->trsm_right_upper(u.D(), x.D(), y.D(), prec);
-        EXPECT_TRUE(x.dev() == x.h) << "the out-of-place solve wrote its input";
-        cuda->trsm_right_upper(u.D(), x.D(), prec);
-        const std::vector<float> got = x.dev();
-        EXPECT_TRUE(y.dev() == got) << "out of place differs from in place";
-        double num = 0, den = 0;
-        for (size_t i = 0; i < want.size(); ++i) {
-          ASSERT_TRUE(std::isfinite(got[i])) << "element " << i;
-          num += std::pow(static_cast<double>(got[i]) - want[i], 2);
-          den += std::pow(static_cast<double>(want[i]), 2);
+  for (int64_t n : {64, 96, 150, 192, 200, 512}) {
+    for (int64_t rows : {n, 2 * n + 5, 4 * n + 5}) {
+      for (bool shared_u : {false, true}) {
+        for (dion_matmul_precision_t prec : {DION_MATMUL_FP32, DION_MATMUL_TF32, DION_MATMUL_BF16}) {
+          SCOPED_TRACE("n " + std::to_string(n) + ", rows " + std::to_string(rows) +
+                       (shared_u ? ", one U" : ", one U per matrix") + ", precision " +
+                       std::to_string(static_cast<int>(prec)));
+          Mat u = Mat::padded(n, n, B);
+          if (shared_u) u.stride = 0;
+          const double off_scale = 0.3 / std::sqrt(static_cast<double>(n));
+          for (int64_t b = 0; b < (shared_u ? 1 : B); ++b)
+            for (int64_t i = 0; i < n; ++i)
+              for (int64_t j = 0; j < n; ++j)
+                u.at(b, i, j) = i == j ? 2.0f : i < j ? static_cast<float>(off_scale * gauss()) : NAN;
+          u.sync();
+          Mat x(rows, n, n, rows * n, B);  // dense: the inverse path's layout
+          x.fill([&] { return gauss(); });
+          std::vector<float> want = x.h;
+          MatBatch wh{want.data(), rows, n, n, rows * n, B};
+          host->trsm_right_upper(u.H(), wh);
+          // Out of place (the product written straight into y) first: the same
+          // bits as in place, the input left as it was.
+          Mat y(rows, n, n, rows * n, B);
+          cuda->trsm_right_upper(u.D(), x.D(), y.D(), prec);
+          EXPECT_TRUE(x.dev() == x.h) << "the out-of-place solve wrote its input";
+          cuda->trsm_right_upper(u.D(), x.D(), prec);
+          const std::vector<float> got = x.dev();
+          EXPECT_TRUE(y.dev() == got) << "out of place differs from in place";
+          double num = 0, den = 0;
+          for (size_t i = 0; i < want.size(); ++i) {
+            ASSERT_TRUE(std::isfinite(got[i])) << "element " << i;
+            num += std::pow(static_cast<double>(got[i]) - want[i], 2);
+            den += std::pow(static_cast<double>(want[i]), 2);
+          }
+          const double rel = std::sqrt(num / den);
+          EXPECT_LT(rel, prec == DION_MATMUL_FP32 ? 1e-5 : 4e-3) << "normwise relative error " << rel;
         }
-        const double rel = std::sqrt(num / den);
-        EXPECT_LT(rel, prec == DION_MATMUL_FP32 ? 1e-5 : 4e-3) << "normwise relative error " << rel;
       }
     }
   }
