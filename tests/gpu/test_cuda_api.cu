@@ -667,17 +667,14 @@ TEST(CudaApiState, MemoryUsageReportsStateAndWorkspace) {
   EXPECT_GT(ws, 0u) << "workspace_bytes after a step of Dion and Muon";
 }
 
-// The workspace dion_get_memory_usage reports includes the CUDA backend's
-// scratch (factorization and reduction buffers, grown by the first
-// step): the device memory the first step takes (cudaMemGetInfo) equals the
-// growth of the reported workspace within 16 MiB (2 MiB allocation
-// granularity, lazily loaded kernels, library handles), while the scratch of
-// this model alone is 72 MiB (RCQR at rank 2048 on a 4096 x 2048 matrix: the
-// fp64 sketch product, 2560 x 2048, and Gram matrix, 2048 x 2048), so a
-// workspace that left the scratch out would miss by far more than that.
-// The device memory m's first step takes and the growth of its reported
-// workspace over that step, in MiB.
-void first_step_memory(DevModel& m, double* taken, double* grown) {
+// The device memory the first step of a one-group model (g over tensors t,
+// fp32) takes and the growth of its reported workspace over that step, in MiB.
+void first_step_memory(const dion_group_options_t& g, const std::vector<TensorSpec>& t, uint64_t seed,
+                       double* taken, double* grown) {
+  CUDA_ASSERT(cudaSetDevice(0));
+  DevModel m;
+  m.build({{g, t}}, DION_DTYPE_FP32, seed);
+  if (::testing::Test::HasFatalFailure()) return;
   CUDA_ASSERT(cudaDeviceSynchronize());
   uint64_t state = 0, ws0 = 0, ws1 = 0;
   DION_ASSERT_OK(m.opt.get(), dion_get_memory_usage(m.opt, &state, &ws0));
@@ -693,17 +690,21 @@ void first_step_memory(DevModel& m, double* taken, double* grown) {
               *grown, static_cast<double>(ws1) / (1 << 20));
 }
 
+// The workspace dion_get_memory_usage reports includes the CUDA backend's
+// scratch (factorization and reduction buffers, grown by the first
+// step): the device memory the first step takes (cudaMemGetInfo) equals the
+// growth of the reported workspace within 16 MiB (2 MiB allocation
+// granularity, lazily loaded kernels, library handles), while the scratch of
+// this model alone is 72 MiB (RCQR at rank 2048 on a 4096 x 2048 matrix: the
+// fp64 sketch product, 2560 x 2048, and Gram matrix, 2048 x 2048), so a
+// workspace that left the scratch out would miss by far more than that.
 TEST(CudaApiState, ReportedWorkspaceCoversTheMemoryTheFirstStepTakes) {
   DION_REQUIRE_GPU();
-  CUDA_ASSERT(cudaSetDevice(0));
   dion_group_options_t g = opts(DION_ALGO_DION);
   g.rank_fraction = 1.0;
   g.matmul_precision = DION_MATMUL_BF16;
-  DevModel m;
-  m.build({{g, {{"mem.dion", {4096, 2048}}}}}, DION_DTYPE_FP32, 63);
-  if (HasFatalFailure()) return;
   double taken = 0, grown = 0;
-  first_step_memory(m, &taken, &grown);
+  first_step_memory(g, {{"mem.dion", {4096, 2048}}}, 63, &taken, &grown);
   if (HasFatalFailure()) return;
   EXPECT_GT(taken, 64.0) << "the model is meant to need large scratch";
   EXPECT_NEAR(grown, taken, 16.0);
@@ -714,17 +715,13 @@ TEST(CudaApiState, ReportedWorkspaceCoversTheMemoryTheFirstStepTakes) {
 // first use is reported as workspace too.
 TEST(CudaApiState, ReportedWorkspaceCoversTheQrStreams) {
   DION_REQUIRE_GPU();
-  CUDA_ASSERT(cudaSetDevice(0));
   dion_group_options_t g = opts(DION_ALGO_DION);
   g.rank_fraction = 1.0;
   g.qr_method = DION_QR_QR;
   std::vector<TensorSpec> t;
   for (int i = 0; i < 8; ++i) t.push_back({"mem.qr" + std::to_string(i), {1024, 1024}});
-  DevModel m;
-  m.build({{g, t}}, DION_DTYPE_FP32, 71);
-  if (HasFatalFailure()) return;
   double taken = 0, grown = 0;
-  first_step_memory(m, &taken, &grown);
+  first_step_memory(g, t, 71, &taken, &grown);
   if (HasFatalFailure()) return;
   EXPECT_NEAR(grown, taken, 16.0);
 }
