@@ -152,16 +152,19 @@ void extract_r(const Ctx& c, const float* cm, int64_t p, MatBatch r_out);
 // m[b] <- the identity.
 void fill_identity(const Ctx& c, MatBatch m);
 // out[b] = sum of parts[b S .. b S + S - 1] in that order (dense out.rows x
-// out.cols matrices): the Gram matrices' split sums (Backend::gram).
-void sum_parts(const Ctx& c, const float* parts, int64_t S, MatBatch out);
-// Backend::gemm_bf16_lower on an nb x nb grid of bs x bs blocks (bf16
-// elements): the pointer arrays of one pointer-array GEMM over the blocks on
+// out.cols matrices): the Gram matrices' split sums (Backend::gram). bs > 0:
+// the parts hold only the bs x bs blocks on and below the block diagonal of
+// symmetric matrices, and out's elements above it are their transposes' sums.
+void sum_parts(const Ctx& c, const float* parts, int64_t S, MatBatch out, int64_t bs = 0);
+// Backend::gemm_bf16_lower and gram on an nb x nb grid of bs x bs blocks
+// (elements of es bytes, bf16 or fp32; ld and stride count elements): the
+// pointer arrays of one pointer-array GEMM over the blocks on
 // and below the diagonal of every matrix, cnt = batch nb (nb + 1) / 2 each,
 // in the column-major call's operand order: out[e] = op(B)'s columns of
 // block column j, out[cnt + e] = op(A)'s rows of block row i, out[2 cnt + e]
 // = C's block (i, j).
 void sym_block_pointers(const Ctx& c, ConstMatBatch a, bool ta, ConstMatBatch b, bool tb, MatBatch m, int64_t nb,
-                        int64_t bs, const void** out);
+                        int64_t bs, int64_t es, const void** out);
 // Backend::mirror_bf16 (copy.p null: no copy; power 0: no scale, else
 // frob_scale_bf16's scale from parts); bs a multiple of 32 dividing n.
 void mirror_bf16(const Ctx& c, MatBatch m, int64_t bs, float diag, MatBatch copy, const double* parts, int64_t nparts,

@@ -69,11 +69,14 @@ struct Identity {
 // (parts dense: rows x cols per matrix).
 struct SumParts {
   const float* parts;
-  int64_t S;
+  int64_t S, bs;
   MatBatch c;
   __device__ void operator()(int64_t b, int64_t i, int64_t j) const {
     const int64_t per = c.rows * c.cols;
-    const float* x = parts + b * S * per + i * c.cols + j;
+    // bs > 0: only the blocks on and below the block diagonal were formed;
+    // an element above it is its transposed place's sum.
+    const bool above = bs > 0 && i / bs < j / bs;
+    const float* x = parts + b * S * per + (above ? j * c.cols + i : i * c.cols + j);
     float s = 0.0f;
     for (int64_t q = 0; q < S; ++q) s += x[q * per];
     mat_at(c, b)[i * c.ld + j] = s;
@@ -257,8 +260,8 @@ void transpose(const Ctx& c, const float* in, int64_t rows, int64_t cols, int64_
   cuda::check_launch("transpose kernel");
 }
 
-void sum_parts(const Ctx& c, const float* parts, int64_t S, MatBatch out) {
-  for_each_2d(c, out.batch, out.rows, out.cols, SumParts{parts, S, out}, "sum_parts kernel");
+void sum_parts(const Ctx& c, const float* parts, int64_t S, MatBatch out, int64_t bs) {
+  for_each_2d(c, out.batch, out.rows, out.cols, SumParts{parts, S, bs, out}, "sum_parts kernel");
 }
 
 void fill_identity(const Ctx& c, MatBatch m) {
@@ -280,16 +283,16 @@ namespace {
 // gemm_bf16_lower's blocks: e = t * nblk + q, q walking the blocks (i, j), j <= i
 // < nb, column j by column j (j = 0: i = 0 .. nb - 1, then j = 1: i = 1 .. ).
 __global__ void sym_block_pointers_kernel(ConstMatBatch a, bool ta, ConstMatBatch b, bool tb, MatBatch c, int64_t nb,
-                                          int64_t bs, int64_t nblk, int64_t cnt, const void** out) {
+                                          int64_t bs, int64_t nblk, int64_t cnt, int64_t es, const void** out) {
   for (int64_t e = global_thread(); e < cnt; e += grid_threads()) {
     const int64_t t = e / nblk;
     int64_t q = e % nblk, j = 0;
     while (q >= nb - j) q -= nb - j++;
     const int64_t i = j + q;
-    // bf16 elements: ld and stride count elements
-    const uint16_t* pa = reinterpret_cast<const uint16_t*>(a.p) + t * a.stride + (ta ? i * bs : i * bs * a.ld);
-    const uint16_t* pb = reinterpret_cast<const uint16_t*>(b.p) + t * b.stride + (tb ? j * bs * b.ld : j * bs);
-    const uint16_t* pc = reinterpret_cast<const uint16_t*>(c.p) + t * c.stride + i * bs * c.ld + j * bs;
+    // elements of es bytes: ld and stride count elements
+    const char* pa = reinterpret_cast<const char*>(a.p) + es * (t * a.stride + (ta ? i * bs : i * bs * a.ld));
+    const char* pb = reinterpret_cast<const char*>(b.p) + es * (t * b.stride + (tb ? j * bs * b.ld : j * bs));
+    const char* pc = reinterpret_cast<const char*>(c.p) + es * (t * c.stride + i * bs * c.ld + j * bs);
     out[e] = pb;
     out[cnt + e] = pa;
     out[2 * cnt + e] = pc;
@@ -439,11 +442,11 @@ __global__ void __launch_bounds__(kMirThreads)
 }  // namespace
 
 void sym_block_pointers(const Ctx& c, ConstMatBatch a, bool ta, ConstMatBatch b, bool tb, MatBatch m, int64_t nb,
-                        int64_t bs, const void** out) {
+                        int64_t bs, int64_t es, const void** out) {
   const int64_t nblk = nb * (nb + 1) / 2, cnt = m.batch * nblk;
   if (cnt <= 0) return;
-  sym_block_pointers_kernel<<<blocks_1d(c, cnt), kThreads, 0, c.stream>>>(a, ta, b, tb, m, nb, bs, nblk, cnt, out);
-  cuda::check_launch("gemm_bf16_lower pointer kernel");
+  sym_block_pointers_kernel<<<blocks_1d(c, cnt), kThreads, 0, c.stream>>>(a, ta, b, tb, m, nb, bs, nblk, cnt, es, out);
+  cuda::check_launch("symmetric block pointer kernel");
 }
 
 void mirror_bf16(const Ctx& c, MatBatch m, int64_t bs, float diag, MatBatch copy, const double* parts, int64_t nparts,

@@ -565,7 +565,11 @@ TEST_F(OpsTest, QrQStreamsSameBits) {
 
 // Backend::gram: the CUDA backend sums S products over row chunks when the
 // batch's products are too few to fill the device (S = 16 for 4096 x 64, 2
-// for 1000 x 40 on an H100); a padded A and a large r are one product. Each
+// for 1000 x 40 on an H100); a padded A is one product. From r = 256 on only
+// the blocks on and below the block diagonal are formed, and the sum writes
+// the others as their mirrors (4 x 4 blocks and S = 4 for 2048 x 512, 2 x 2
+// blocks and S = 1 for 256 x 256; ops_linalg_triangle_blocks runs the
+// smaller ones with 2 x 2 blocks where r is a multiple of 16). Each
 // against the host's A^T A (one fp32 GEMM), relative to the largest entry
 // (a diagonal one, about p): fp32 sums of p terms (the split only reorders
 // them), whose rounding in sequential order is about eps sqrt(p) of the
@@ -576,7 +580,8 @@ TEST_F(OpsTest, GramMatchesHost) {
   struct Shape {
     int64_t p, r, B;
     bool padded;
-  } shapes[] = {{4096, 64, 2, false}, {1000, 40, 3, false}, {300, 40, 2, true}, {2048, 512, 1, false}};
+  } shapes[] = {{4096, 64, 2, false}, {1000, 40, 3, false}, {300, 40, 2, true}, {2048, 512, 1, false},
+                   {256, 256, 2, false}};
   for (const Shape& s : shapes) {
     SCOPED_TRACE(testing::Message() << s.p << " x " << s.r << " batch " << s.B << (s.padded ? " padded" : ""));
     Mat a = s.padded ? Mat::padded(s.p, s.r, s.B) : Mat(s.p, s.r, s.r, s.p * s.r, s.B);

@@ -531,10 +531,19 @@ class CudaBackend final : public Backend {
   // with chunks of at least max(r, 256) rows that divide A's rows, so the
   // chunks of all matrices are one strided batch of T S. fp32 partial sums
   // (the products' own accumulation is fp32). DION_GRAM_SPLIT=0: one product.
+  // The result is symmetric: where triangle_blocks gives nb > 1 blocks, the
+  // products form only the nb (nb + 1) / 2 blocks on and below the block
+  // diagonal (one pointer-array GEMM over chunks and blocks, 5/8 of the
+  // FLOPs for nb = 4), and the sum writes each block above the diagonal as
+  // its mirror's transpose (DION_GRAM_BLOCKS=1: whole products). On an H200
+  // (with tri_product's blocks, against DION_GRAM_BLOCKS=1): gpt-1.3b Dion
+  // fp32 133.7 -> 132.0 ms per step, tf32 34.4 -> 34.2, bf16 21.7 -> 21.4,
+  // gpt-1.3b r = 1.0 tf32 (r = 2048) 305.8 -> 300.5.
   void gram(ConstMatBatch a, MatBatch c, dion_matmul_precision_t precision) override {
     const int64_t p = a.rows, r = a.cols, T = c.batch;
     const int64_t S = gram_split_ ? gram_splits(p, r, T) : 1;
-    if (S <= 1 || a.ld != r || a.stride != p * r || c.rows != r || c.cols != r) {
+    const int64_t nb = p > 0 ? triangle_blocks(r, gram_blocks_) : 1;
+    if ((S <= 1 && nb <= 1) || a.ld != r || a.stride != p * r || c.rows != r || c.cols != r) {
       gemm(true, false, 1.0f, a, a, 0.0f, c, precision);
       return;
     }
@@ -542,8 +551,25 @@ class CudaBackend final : public Backend {
     ProfScope ps(prof_, "gram", stream_);
     float* parts = static_cast<float*>(scratch(kGram, sizeof(float) * static_cast<size_t>(T * S * r * r)));
     const ConstMatBatch chunks(a.p, p / S, r, r, (p / S) * r, T * S);
-    gemm(true, false, 1.0f, chunks, chunks, 0.0f, MatBatch{parts, r, r, r, r * r, T * S}, precision);
-    kernels::sum_parts(ctx(), parts, S, c);
+    const MatBatch pm{parts, r, r, r, r * r, T * S};
+    if (nb <= 1) {
+      gemm(true, false, 1.0f, chunks, chunks, 0.0f, pm, precision);
+      kernels::sum_parts(ctx(), parts, S, c);
+      return;
+    }
+    ps.detail([&] { return gemm_tag(precision == DION_MATMUL_FP32 ? "gram blocks fp32" : "gram blocks", r, r, p / S,
+                                    true, false, T * S); });
+    const int64_t bs = r / nb, cnt = T * S * nb * (nb + 1) / 2;
+    void** ptr = static_cast<void**>(scratch(kPtrGemm, sizeof(void*) * static_cast<size_t>(3 * cnt) + 64));
+    kernels::sym_block_pointers(ctx(), chunks, true, chunks, false, pm, nb, bs, sizeof(float),
+                                const_cast<const void**>(ptr));
+    const float one = 1.0f, zero = 0.0f;
+    const int BS = to_int(bs, "gram block"), K = to_int(p / S, "gram chunk"), R = to_int(r, "gram r");
+    check(cublasGemmBatchedEx(blas_, CUBLAS_OP_N, CUBLAS_OP_T, BS, BS, K, &one, ptr, CUDA_R_32F, R, ptr + cnt,
+                              CUDA_R_32F, R, &zero, ptr + 2 * cnt, CUDA_R_32F, R, to_int(cnt, "gram count"),
+                              compute_type(precision), CUBLAS_GEMM_DEFAULT),
+          "cublasGemmBatchedEx (gram blocks)");
+    kernels::sum_parts(ctx(), parts, S, c, bs);
   }
 
   void gemm_bf16(bool ta, bool tb, float alpha, ConstMatBatch a, ConstMatBatch b, float beta, MatBatch c) override {
@@ -570,7 +596,7 @@ class CudaBackend final : public Backend {
     ps.detail([&] { return gemm_tag("gemm_bf16_lower", n, n, k, ta, tb, c.batch); });
     const int64_t bs = n / nb, cnt = c.batch * nb * (nb + 1) / 2;
     void** ptr = static_cast<void**>(scratch(kPtrGemm, sizeof(void*) * static_cast<size_t>(3 * cnt) + 64));
-    kernels::sym_block_pointers(ctx(), a, ta, b, tb, c, nb, bs, const_cast<const void**>(ptr));
+    kernels::sym_block_pointers(ctx(), a, ta, b, tb, c, nb, bs, sizeof(uint16_t), const_cast<const void**>(ptr));
     const int BS = to_int(bs, "gemm_bf16_lower block"), K = to_int(k, "gemm_bf16_lower k");
     check(cublasGemmBatchedEx(blas_, tb ? CUBLAS_OP_T : CUBLAS_OP_N, ta ? CUBLAS_OP_T : CUBLAS_OP_N, BS, BS, K, &alpha,
                               ptr, CUDA_R_16BF, to_int(b.ld, "gemm_bf16_lower ldb"), ptr + cnt, CUDA_R_16BF,
@@ -847,6 +873,47 @@ class CudaBackend final : public Backend {
     return (precision != DION_MATMUL_FP32 || n <= 1024) && rows >= trsm_inverse_rows_ * n;
   }
 
+  // B U^-1 as the product of B (rows x n) with the inverse, which is upper
+  // triangular (its strictly lower part zero): block column j of the result
+  // needs only the first (j + 1) bs columns of B and rows of the inverse, so
+  // nb products of rows x bs x (j + 1) bs do (nb + 1) / (2 nb) of the whole
+  // product's FLOPs (5/8 for nb = 4), as a triangular multiply (trmm) would.
+  // es_inv: the element size of the inverse (fp32 or bf16 storage; B's
+  // blocks all start at its first column), `product` one of the backend's
+  // batched products, `simt` whether it runs in fp32 (FP32) rather than on
+  // tensor cores. On an H200 (2026-11-28, docs/benchmarks.md): gpt-1.3b Dion
+  // fp32 (n = 512, blocks of 128) 137.8 -> 133.7 ms per step, gpt-160m Dion
+  // r = 1.0 fp32 (n = 768) 38.0 -> 37.1, gpt-1.3b r = 1.0 tf32 (n = 2048,
+  // blocks of 512) 313.2 -> 305.3; but TF32 products with blocks of 128 ran
+  // slower than the whole one (gpt-1.3b tf32 34.0 -> 34.4, bf16 21.4 -> 21.7:
+  // the solves' products 2.0 -> 2.7 ms), so tensor-core products take blocks
+  // of at least 256 (n >= 1024).
+  template <class Product>
+  void tri_product(ConstMatBatch in, ConstMatBatch inv, size_t es_inv, MatBatch out, bool simt, Product product) {
+    const int64_t n = out.cols, nb = simt || n >= 1024 || tri_blocks_ > 0 ? triangle_blocks(n, tri_blocks_) : 1;
+    if (nb <= 1) {
+      product(in, inv, out);
+      return;
+    }
+    const int64_t bs = n / nb;
+    for (int64_t j = 0; j < nb; ++j) {
+      const int64_t k = (j + 1) * bs;
+      const auto* ip = reinterpret_cast<const float*>(reinterpret_cast<const char*>(inv.p) + es_inv * j * bs);
+      product(ConstMatBatch(in.p, in.rows, k, in.ld, in.stride, in.batch),
+              ConstMatBatch(ip, k, bs, inv.ld, inv.stride, inv.batch),
+              MatBatch{out.p + j * bs, out.rows, bs, out.ld, out.stride, out.batch});
+    }
+  }
+  // tri_product's and gram's block count: 4 where n is at least 512
+  // (blocks of at least 128), 2 from 256, else 1 (whole products: below that
+  // the saving does not pay for the extra launches); blocks are a multiple of
+  // 8 elements (32-byte aligned offsets). forced > 0 (DION_TRI_BLOCKS,
+  // DION_GRAM_BLOCKS) sets it (1: whole products).
+  int64_t triangle_blocks(int64_t n, int64_t forced) const {
+    const int64_t nb = forced > 0 ? forced : n >= 512 ? 4 : n >= 256 ? 2 : 1;
+    return nb > 1 && n % (8 * nb) == 0 ? nb : 1;
+  }
+
   using Backend::trsm_right_upper;
   void trsm_right_upper(ConstMatBatch u, ConstMatBatch in, MatBatch bm, dion_matmul_precision_t precision) override {
     const int64_t n = u.rows, rows = bm.rows;
@@ -868,7 +935,10 @@ class CudaBackend final : public Backend {
       tri_inverse_upper(ConstMatBatch(u.p, n, n, u.ld, u.stride, nu), I, tmp);
       MatBatch out = inplace ? MatBatch{tmp, rows, n, n, rows * n, bm.batch} : bm;
       ConstMatBatch Ib{inv, n, n, n, u.stride == 0 ? 0 : n * n, bm.batch};
-      gemm(false, false, 1.0f, in, Ib, 0.0f, out, precision == DION_MATMUL_FP32 ? DION_MATMUL_FP32 : DION_MATMUL_TF32);
+      const dion_matmul_precision_t p = precision == DION_MATMUL_FP32 ? DION_MATMUL_FP32 : DION_MATMUL_TF32;
+      tri_product(in, Ib, sizeof(float), out, p == DION_MATMUL_FP32, [&](ConstMatBatch x, ConstMatBatch y, MatBatch z) {
+        gemm(false, false, 1.0f, x, y, 0.0f, z, p);
+      });
       if (inplace)
         check(cudaMemcpyAsync(bm.p, tmp, sizeof(float) * static_cast<size_t>(bm.batch * rows * n),
                               cudaMemcpyDeviceToDevice, stream_),
@@ -919,14 +989,15 @@ class CudaBackend final : public Backend {
       if (pt.in.batch <= 0) continue;
       if (pt.in_bf16) {
         const float* i16 = reinterpret_cast<const float*>(inv16 + pt.first * n * n);  // bf16 elements
-        gemm_bf16_f32(false, false, 1.0f,
-                      ConstMatBatch(static_cast<const float*>(pt.in_bf16), pt.out.rows, n, n, pt.out.rows * n,
-                                    pt.in.batch),
-                      ConstMatBatch(i16, n, n, n, n * n, pt.in.batch), 0.0f, pt.out);
+        tri_product(ConstMatBatch(static_cast<const float*>(pt.in_bf16), pt.out.rows, n, n, pt.out.rows * n,
+                                  pt.in.batch),
+                    ConstMatBatch(i16, n, n, n, n * n, pt.in.batch), sizeof(uint16_t), pt.out, false,
+                    [&](ConstMatBatch x, ConstMatBatch y, MatBatch z) { gemm_bf16_f32(false, false, 1.0f, x, y, 0.0f, z); });
         continue;
       }
-      gemm(false, false, 1.0f, pt.in, ConstMatBatch(inv + pt.first * n * n, n, n, n, n * n, pt.in.batch), 0.0f, pt.out,
-           p);
+      tri_product(pt.in, ConstMatBatch(inv + pt.first * n * n, n, n, n, n * n, pt.in.batch), sizeof(float), pt.out,
+                  p == DION_MATMUL_FP32,
+                  [&](ConstMatBatch x, ConstMatBatch y, MatBatch z) { gemm(false, false, 1.0f, x, y, 0.0f, z, p); });
     }
   }
 
@@ -1683,6 +1754,8 @@ class CudaBackend final : public Backend {
   double tf32_kmajor_min_flop_ = 1e6 * static_cast<double>(env_int("DION_TF32_KMAJOR_MIN_MFLOP", 16000));
   // DION_TRSM_INVERSE=0 keeps cuBLAS's triangular solve for tall B too.
   bool trsm_via_inverse_ = env_int("DION_TRSM_INVERSE", 1) != 0;
+  int64_t tri_blocks_ = env_int("DION_TRI_BLOCKS", 0);    // tri_product's block count (0: triangle_blocks' choice)
+  int64_t gram_blocks_ = env_int("DION_GRAM_BLOCKS", 0);  // gram's block count (0: triangle_blocks' choice)
   int64_t trsm_inverse_rows_ = std::max<int64_t>(1, env_int("DION_TRSM_INVERSE_ROWS", 1));
   // Largest n for the backend's own blocked Cholesky (blocked_cholesky;
   // cuSOLVER's potrf(Batched) above it): DION_OWN_CHOLESKY_MAX, default
