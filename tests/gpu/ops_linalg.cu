@@ -581,7 +581,7 @@ TEST_F(OpsTest, GramMatchesHost) {
     int64_t p, r, B;
     bool padded;
   } shapes[] = {{4096, 64, 2, false}, {1000, 40, 3, false}, {300, 40, 2, true}, {2048, 512, 1, false},
-                   {256, 256, 2, false}};
+                {256, 256, 2, false}};
   for (const Shape& s : shapes) {
     SCOPED_TRACE(testing::Message() << s.p << " x " << s.r << " batch " << s.B << (s.padded ? " padded" : ""));
     Mat a = s.padded ? Mat::padded(s.p, s.r, s.B) : Mat(s.p, s.r, s.r, s.p * s.r, s.B);
@@ -713,7 +713,9 @@ TEST_F(OpsTest, TrsmRightUpper) {
 
 // Dense B at least as tall as U (rows >= n, n >= 32) takes the CUDA backend's explicit-inverse
 // path (square, 2n + 5 and 4n + 5 rows here): U^{-1} by blocked recursion (diagonal blocks of at most 64 solved,
-// the rest GEMMs), then one GEMM. n = L 2^k with L <= 64 runs by levels (one
+// the rest GEMMs), then the product with it (by 4 block columns for n = 512 at
+// FP32, tri_product; ops_linalg_triangle_blocks takes 2 block columns for every
+// n that is a multiple of 16 and every precision). n = L 2^k with L <= 64 runs by levels (one
 // batched call per depth): n = 64 is a single block, 96 is 2 x 48, 200 is
 // 4 x 50, 192 is 4 x 48 and 512 is 8 x 64 (Dion's r for gpt-1.3b); 150 is not
 // of that form (150 -> 75 + 75 -> 37 + 38) and takes the recursion. U's strictly lower part holds NaN:

@@ -542,7 +542,7 @@ class CudaBackend final : public Backend {
   void gram(ConstMatBatch a, MatBatch c, dion_matmul_precision_t precision) override {
     const int64_t p = a.rows, r = a.cols, T = c.batch;
     const int64_t S = gram_split_ ? gram_splits(p, r, T) : 1;
-    const int64_t nb = p > 0 ? triangle_blocks(r, gram_blocks_) : 1;
+    const int64_t nb = p > 0 ? triangle_blocks(r, gram_blocks_, 256) : 1;
     if ((S <= 1 && nb <= 1) || a.ld != r || a.stride != p * r || c.rows != r || c.cols != r) {
       gemm(true, false, 1.0f, a, a, 0.0f, c, precision);
       return;
@@ -559,16 +559,8 @@ class CudaBackend final : public Backend {
     }
     ps.detail([&] { return gemm_tag(precision == DION_MATMUL_FP32 ? "gram blocks fp32" : "gram blocks", r, r, p / S,
                                     true, false, T * S); });
-    const int64_t bs = r / nb, cnt = T * S * nb * (nb + 1) / 2;
-    void** ptr = static_cast<void**>(scratch(kPtrGemm, sizeof(void*) * static_cast<size_t>(3 * cnt) + 64));
-    kernels::sym_block_pointers(ctx(), chunks, true, chunks, false, pm, nb, bs, sizeof(float),
-                                const_cast<const void**>(ptr));
-    const float one = 1.0f, zero = 0.0f;
-    const int BS = to_int(bs, "gram block"), K = to_int(p / S, "gram chunk"), R = to_int(r, "gram r");
-    check(cublasGemmBatchedEx(blas_, CUBLAS_OP_N, CUBLAS_OP_T, BS, BS, K, &one, ptr, CUDA_R_32F, R, ptr + cnt,
-                              CUDA_R_32F, R, &zero, ptr + 2 * cnt, CUDA_R_32F, R, to_int(cnt, "gram count"),
-                              compute_type(precision), CUBLAS_GEMM_DEFAULT),
-          "cublasGemmBatchedEx (gram blocks)");
+    const int64_t bs = lower_blocks_gemm(true, false, 1.0f, chunks, chunks, 0.0f, pm, p / S, nb, CUDA_R_32F,
+                                         compute_type(precision), "gram blocks", "cublasGemmBatchedEx (gram blocks)");
     kernels::sum_parts(ctx(), parts, S, c, bs);
   }
 
@@ -594,16 +586,26 @@ class CudaBackend final : public Backend {
     DeviceScope ds(device_);
     ProfScope ps(prof_, "gemm_bf16_lower", stream_);
     ps.detail([&] { return gemm_tag("gemm_bf16_lower", n, n, k, ta, tb, c.batch); });
-    const int64_t bs = n / nb, cnt = c.batch * nb * (nb + 1) / 2;
+    return lower_blocks_gemm(ta, tb, alpha, a, b, beta, c, k, nb, CUDA_R_16BF, CUBLAS_COMPUTE_32F, "gemm_bf16_lower",
+                             "cublasGemmBatchedEx (gemm_bf16_lower)");
+  }
+  // C's blocks on and below the block diagonal of an nb x nb grid, C =
+  // alpha op(A) op(B) + beta C for each, in one pointer-array GEMM
+  // (kernels::sym_block_pointers) of elements of `type`; returns the block
+  // size. gemm_bf16_lower's and gram's products; `name` for argument
+  // errors, `what` for cuBLAS's.
+  int64_t lower_blocks_gemm(bool ta, bool tb, float alpha, ConstMatBatch a, ConstMatBatch b, float beta, MatBatch c,
+                            int64_t k, int64_t nb, cudaDataType_t type, cublasComputeType_t compute, const char* name,
+                            const char* what) {
+    const int64_t bs = c.rows / nb, cnt = c.batch * nb * (nb + 1) / 2;
     void** ptr = static_cast<void**>(scratch(kPtrGemm, sizeof(void*) * static_cast<size_t>(3 * cnt) + 64));
-    kernels::sym_block_pointers(ctx(), a, ta, b, tb, c, nb, bs, sizeof(uint16_t), const_cast<const void**>(ptr));
-    const int BS = to_int(bs, "gemm_bf16_lower block"), K = to_int(k, "gemm_bf16_lower k");
-    check(cublasGemmBatchedEx(blas_, tb ? CUBLAS_OP_T : CUBLAS_OP_N, ta ? CUBLAS_OP_T : CUBLAS_OP_N, BS, BS, K, &alpha,
-                              ptr, CUDA_R_16BF, to_int(b.ld, "gemm_bf16_lower ldb"), ptr + cnt, CUDA_R_16BF,
-                              to_int(a.ld, "gemm_bf16_lower lda"), &beta, ptr + 2 * cnt, CUDA_R_16BF,
-                              to_int(c.ld, "gemm_bf16_lower ldc"), to_int(cnt, "gemm_bf16_lower count"),
-                              CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
-          "cublasGemmBatchedEx (gemm_bf16_lower)");
+    kernels::sym_block_pointers(ctx(), a, ta, b, tb, c, nb, bs, type == CUDA_R_16BF ? 2 : 4,
+                                const_cast<const void**>(ptr));
+    check(cublasGemmBatchedEx(blas_, tb ? CUBLAS_OP_T : CUBLAS_OP_N, ta ? CUBLAS_OP_T : CUBLAS_OP_N, to_int(bs, name),
+                              to_int(bs, name), to_int(k, name), &alpha, ptr, type, to_int(b.ld, name), ptr + cnt, type,
+                              to_int(a.ld, name), &beta, ptr + 2 * cnt, type, to_int(c.ld, name), to_int(cnt, name),
+                              compute, CUBLAS_GEMM_DEFAULT),
+          what);
     return bs;
   }
   void mirror_bf16(MatBatch m, int64_t bs, float diag, const MatBatch* copy, const FrobScale* scale) override {
@@ -890,7 +892,7 @@ class CudaBackend final : public Backend {
   // of at least 256 (n >= 1024).
   template <class Product>
   void tri_product(ConstMatBatch in, ConstMatBatch inv, size_t es_inv, MatBatch out, bool simt, Product product) {
-    const int64_t n = out.cols, nb = simt || n >= 1024 || tri_blocks_ > 0 ? triangle_blocks(n, tri_blocks_) : 1;
+    const int64_t n = out.cols, nb = triangle_blocks(n, tri_blocks_, simt ? 256 : 1024);
     if (nb <= 1) {
       product(in, inv, out);
       return;
@@ -904,13 +906,14 @@ class CudaBackend final : public Backend {
               MatBatch{out.p + j * bs, out.rows, bs, out.ld, out.stride, out.batch});
     }
   }
-  // tri_product's and gram's block count: 4 where n is at least 512
-  // (blocks of at least 128), 2 from 256, else 1 (whole products: below that
-  // the saving does not pay for the extra launches); blocks are a multiple of
-  // 8 elements (32-byte aligned offsets). forced > 0 (DION_TRI_BLOCKS,
-  // DION_GRAM_BLOCKS) sets it (1: whole products).
-  int64_t triangle_blocks(int64_t n, int64_t forced) const {
-    const int64_t nb = forced > 0 ? forced : n >= 512 ? 4 : n >= 256 ? 2 : 1;
+  // tri_product's and gram's block count: 1 (whole products) below min_n
+  // (256: below that the saving does not pay for the extra launches; 1024
+  // for tri_product on tensor cores), else 4 where n is at least 512 (blocks
+  // of at least 128) and 2 from 256; blocks are a multiple of 8 elements
+  // (32-byte aligned offsets). forced > 0 (DION_TRI_BLOCKS,
+  // DION_GRAM_BLOCKS) sets it whatever n (1: whole products).
+  int64_t triangle_blocks(int64_t n, int64_t forced, int64_t min_n) const {
+    const int64_t nb = forced > 0 ? forced : n < min_n ? 1 : n >= 512 ? 4 : n >= 256 ? 2 : 1;
     return nb > 1 && n % (8 * nb) == 0 ? nb : 1;
   }
 
