@@ -23,27 +23,11 @@ int main() {
       const size_t es = bf ? 2 : 4;
       const cudaDataType_t t = bf ? CUDA_R_16BF : CUDA_R_32F;
       const cublasComputeType_t compute = bf ? CUBLAS_COMPUTE_32F : CUBLAS_COMPUTE_32F_FAST_TF32;
-      std::vector<void*> hp(3 * batch);
-      for (int i = 0; i < batch; ++i) {
-        CK(cudaMalloc(&hp[i], es * b * r));              // R (first operand: C^T = R P^T)
-        CK(cudaMalloc(&hp[batch + i], es * a * r));      // P
-        CK(cudaMalloc(&hp[2 * batch + i], es * a * b));  // C
-        CK(cudaMemset(hp[i], 0, es * b * r));
-        CK(cudaMemset(hp[batch + i], 0, es * a * r));
-        CK(cudaMemset(hp[2 * batch + i], 0, es * a * b));
-      }
-      void** dp;
-      CK(cudaMalloc(&dp, sizeof(void*) * 3 * batch));
-      CK(cudaMemcpy(dp, hp.data(), sizeof(void*) * 3 * batch, cudaMemcpyHostToDevice));
+      LowrankPointers lp(a, b, r, batch, es);
+      void** dp = lp.dp;
       const float one = 1.f;
       // column-major C^T (b x a) = R (b x r, stored r x b col-major: OP_T, ld r) P^T (r x a, OP_N, ld r)
-      const float t_def = rig.median_ms(
-          [&] {
-            CK(cublasGemmBatchedEx(rig.h, CUBLAS_OP_T, CUBLAS_OP_N, b, a, r, &one, (const void* const*)dp, t, r,
-                                   (const void* const*)(dp + batch), t, r, &one, dp + 2 * batch, t, b, batch, compute,
-                                   CUBLAS_GEMM_DEFAULT));
-          },
-          9);
+      const float t_def = lp.cublas_ms(rig, t, compute);
       cublasLtMatmulDesc_t desc = lt_desc(compute, CUBLAS_OP_T, CUBLAS_OP_N);
       cublasLtMatrixLayout_t l1 = lt_layout(t, r, b, r, batch, 0, true), l2 = lt_layout(t, r, a, r, batch, 0, true),
                              lc = lt_layout(t, b, a, b, batch, 0, true);
@@ -59,8 +43,7 @@ int main() {
       cublasLtMatrixLayoutDestroy(l2);
       cublasLtMatrixLayoutDestroy(lc);
       cublasLtMatmulDescDestroy(desc);
-      for (void* p : hp) CK(cudaFree(p));
-      CK(cudaFree(dp));
+      lp.free();
     }
   printf("ms, median of 9, whole batch\n");
   return 0;

@@ -77,3 +77,42 @@ LtTiming lt_time_algos(MicroRig& rig, cublasLtHandle_t lt, cublasLtMatmulDesc_t 
   cublasLtMatmulPreferenceDestroy(pref);
   return r;
 }
+
+// Dion's error feedback / update product C += P R^T as lowrank_gemm passes
+// it (C row-major a x b, P a x r, R b x r, `batch` of each, zeroed, es bytes
+// per element): column-major C^T = R P^T, the device array of pointers dp
+// holding R's, then P's, then C's. cublas_ms() times cuBLAS's default
+// algorithm for it (cublasGemmBatchedEx, median of 9); free() releases every
+// buffer.
+struct LowrankPointers {
+  int a, b, r, batch;
+  std::vector<void*> hp;
+  void** dp = nullptr;
+  LowrankPointers(int a_, int b_, int r_, int batch_, size_t es)
+      : a(a_), b(b_), r(r_), batch(batch_), hp(3 * static_cast<size_t>(batch_)) {
+    for (int i = 0; i < batch; ++i) {
+      CK(cudaMalloc(&hp[i], es * b * r));              // R (first operand: C^T = R P^T)
+      CK(cudaMalloc(&hp[batch + i], es * a * r));      // P
+      CK(cudaMalloc(&hp[2 * batch + i], es * a * b));  // C
+      CK(cudaMemset(hp[i], 0, es * b * r));
+      CK(cudaMemset(hp[batch + i], 0, es * a * r));
+      CK(cudaMemset(hp[2 * batch + i], 0, es * a * b));
+    }
+    CK(cudaMalloc(&dp, sizeof(void*) * hp.size()));
+    CK(cudaMemcpy(dp, hp.data(), sizeof(void*) * hp.size(), cudaMemcpyHostToDevice));
+  }
+  float cublas_ms(MicroRig& rig, cudaDataType_t t, cublasComputeType_t compute) const {
+    const float one = 1.f;
+    return rig.median_ms(
+        [&] {
+          CK(cublasGemmBatchedEx(rig.h, CUBLAS_OP_T, CUBLAS_OP_N, b, a, r, &one, (const void* const*)dp, t, r,
+                                 (const void* const*)(dp + batch), t, r, &one, dp + 2 * batch, t, b, batch, compute,
+                                 CUBLAS_GEMM_DEFAULT));
+        },
+        9);
+  }
+  void free() {
+    for (void* p : hp) CK(cudaFree(p));
+    CK(cudaFree(dp));
+  }
+};

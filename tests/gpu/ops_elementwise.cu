@@ -971,87 +971,97 @@ TEST_P(FusedMultiTest, ApplyUpdateMulti) {
 // bf16 factors with fp32 and bf16 parameters, fp32 factors with fp32
 // parameters at FP32 and TF32. The host backend's op (the fp32 product,
 // then apply_update_multi) within the FP32 bound, and a set skip flag
-// leaves every parameter bit for bit.
+// leaves every parameter bit for bit. Two shapes: a small one, and one of
+// several 128 x 128 output tiles per matrix, where the TF32 products go
+// through cuBLASLt's algorithm with such tiles (lt_lowrank_plan; the test
+// runs again with DION_LT_LOWRANK=0, the cuBLAS call, in ctest's
+// ops_elementwise_lt_off).
 TEST_F(OpsTest, UpdateAndAccumulateLowrank) {
-  const int64_t rows = 40, cols = 24, r = 8, T = 3, n = rows * cols;
-  const GroupScalars gs{0.02, 0.1, 0.9, 0.95, 3, 0};
-  Dev<GroupScalars> dgs(std::vector<GroupScalars>{gs});
-  const float lr_mult = 1.7f;
-  const float lr = static_cast<float>(gs.lr), lwd = lr * static_cast<float>(gs.weight_decay);
-  const double decay = 1.0f - lwd, lr_adj = lr * lr_mult;
-  struct Case {
-    dion_dtype_t ab, x;
-    dion_matmul_precision_t prec;
+  struct Dims {
+    int64_t rows, cols, r, T;
   };
-  const float alpha = -0.05f;  // the error feedback's -(1 - mu)
-  for (const bool acc : {false, true})
-  for (const Case c : {Case{DION_DTYPE_BF16, DION_DTYPE_FP32, DION_MATMUL_BF16},
-                       Case{DION_DTYPE_BF16, DION_DTYPE_BF16, DION_MATMUL_BF16},
-                       Case{DION_DTYPE_FP32, DION_DTYPE_FP32, DION_MATMUL_FP32},
-                       Case{DION_DTYPE_FP32, DION_DTYPE_FP32, DION_MATMUL_TF32}})
-    for (int32_t skip : {0, 1}) {
-      SCOPED_TRACE(::testing::Message() << (acc ? "accumulate_lowrank, " : "update_lowrank, ") << dtype_name(c.ab)
-                                        << " factors, " << dtype_name(c.x) << " target, precision "
-                                        << static_cast<int>(c.prec) << ", skip " << skip);
-      ASSERT_TRUE(Backend::update_lowrank_takes(c.ab, c.x));
-      const int f = acc ? kState0 : kParam;
-      std::vector<int> dts = {-1, -1, -1, -1};
-      dts[static_cast<size_t>(f)] = c.x;
-      Tensors ts(rng, std::vector<std::vector<int>>(T, dts), std::vector<int64_t>(T, n));
-      // The factors as floats (bf16 values when ab is bf16), and their bits.
-      std::vector<float> fa(static_cast<size_t>(T * rows * r)), fb(static_cast<size_t>(T * cols * r));
-      for (auto& v : fa) v = c.ab == DION_DTYPE_BF16 ? bf16_to_float(float_to_bf16(gauss())) : gauss();
-      for (auto& v : fb) v = c.ab == DION_DTYPE_BF16 ? bf16_to_float(float_to_bf16(gauss())) : gauss();
-      std::vector<uint16_t> a16(fa.size()), b16(fb.size());
-      for (size_t i = 0; i < fa.size(); ++i) a16[i] = float_to_bf16(fa[i]);
-      for (size_t i = 0; i < fb.size(); ++i) b16[i] = float_to_bf16(fb[i]);
-      Dev<uint16_t> da16(a16), db16(b16);
-      Dev<float> da32(fa), db32(fb);
-      const bool lowp = c.ab == DION_DTYPE_BF16;
-      const float* pa = lowp ? reinterpret_cast<const float*>(da16.p()) : da32.p();
-      const float* pb = lowp ? reinterpret_cast<const float*>(db16.p()) : db32.p();
-      const float* ha = lowp ? reinterpret_cast<const float*>(a16.data()) : fa.data();
-      const float* hb = lowp ? reinterpret_cast<const float*>(b16.data()) : fb.data();
-      Dev<int32_t> dskip(std::vector<int32_t>{skip});
-      std::vector<std::vector<float>> before(T);
-      for (int64_t t = 0; t < T; ++t) before[t] = ts.host_vals(static_cast<size_t>(t), f);
-      const ConstMatBatch A(pa, rows, r, r, rows * r, T), B(pb, cols, r, r, cols * r, T);
-      const ConstMatBatch hA(ha, rows, r, r, rows * r, T), hB(hb, cols, r, r, cols * r, T);
-      if (acc) {
-        cuda->accumulate_lowrank(ts.dev_table.p(), T, A, B, c.ab, c.x, c.prec, alpha, dskip.p());
-        host->accumulate_lowrank(ts.host_list.data(), T, hA, hB, c.ab, c.x, c.prec, alpha, &skip);
-      } else {
-        cuda->update_lowrank(ts.dev_table.p(), T, A, B, c.ab, c.x, c.prec, dgs.p(), lr_mult, dskip.p());
-        host->update_lowrank(ts.host_list.data(), T, hA, hB, c.ab, c.x, c.prec, &gs, lr_mult, &skip);
-      }
-      const double keep = acc ? 1.0 : decay, coef = acc ? alpha : -lr_adj;
-      for (int64_t t = 0; t < T; ++t) {
-        const std::vector<float> got = ts.dev_vals(static_cast<size_t>(t), f);
-        const std::vector<float> hgot = ts.host_vals(static_cast<size_t>(t), f);
-        if (skip) {
-          EXPECT_TRUE(same_bits(before[t], got)) << "tensor " << t;
-          EXPECT_TRUE(same_bits(before[t], hgot)) << "tensor " << t;
-          continue;
+  for (const Dims dims : {Dims{40, 24, 8, 3}, Dims{300, 264, 68, 2}}) {
+    const int64_t rows = dims.rows, cols = dims.cols, r = dims.r, T = dims.T, n = rows * cols;
+    SCOPED_TRACE(::testing::Message() << rows << " x " << cols << ", rank " << r);
+    const GroupScalars gs{0.02, 0.1, 0.9, 0.95, 3, 0};
+    Dev<GroupScalars> dgs(std::vector<GroupScalars>{gs});
+    const float lr_mult = 1.7f;
+    const float lr = static_cast<float>(gs.lr), lwd = lr * static_cast<float>(gs.weight_decay);
+    const double decay = 1.0f - lwd, lr_adj = lr * lr_mult;
+    struct Case {
+      dion_dtype_t ab, x;
+      dion_matmul_precision_t prec;
+    };
+    const float alpha = -0.05f;  // the error feedback's -(1 - mu)
+    for (const bool acc : {false, true})
+    for (const Case c : {Case{DION_DTYPE_BF16, DION_DTYPE_FP32, DION_MATMUL_BF16},
+                         Case{DION_DTYPE_BF16, DION_DTYPE_BF16, DION_MATMUL_BF16},
+                         Case{DION_DTYPE_FP32, DION_DTYPE_FP32, DION_MATMUL_FP32},
+                         Case{DION_DTYPE_FP32, DION_DTYPE_FP32, DION_MATMUL_TF32}})
+      for (int32_t skip : {0, 1}) {
+        SCOPED_TRACE(::testing::Message() << (acc ? "accumulate_lowrank, " : "update_lowrank, ") << dtype_name(c.ab)
+                                          << " factors, " << dtype_name(c.x) << " target, precision "
+                                          << static_cast<int>(c.prec) << ", skip " << skip);
+        ASSERT_TRUE(Backend::update_lowrank_takes(c.ab, c.x));
+        const int f = acc ? kState0 : kParam;
+        std::vector<int> dts = {-1, -1, -1, -1};
+        dts[static_cast<size_t>(f)] = c.x;
+        Tensors ts(rng, std::vector<std::vector<int>>(T, dts), std::vector<int64_t>(T, n));
+        // The factors as floats (bf16 values when ab is bf16), and their bits.
+        std::vector<float> fa(static_cast<size_t>(T * rows * r)), fb(static_cast<size_t>(T * cols * r));
+        for (auto& v : fa) v = c.ab == DION_DTYPE_BF16 ? bf16_to_float(float_to_bf16(gauss())) : gauss();
+        for (auto& v : fb) v = c.ab == DION_DTYPE_BF16 ? bf16_to_float(float_to_bf16(gauss())) : gauss();
+        std::vector<uint16_t> a16(fa.size()), b16(fb.size());
+        for (size_t i = 0; i < fa.size(); ++i) a16[i] = float_to_bf16(fa[i]);
+        for (size_t i = 0; i < fb.size(); ++i) b16[i] = float_to_bf16(fb[i]);
+        Dev<uint16_t> da16(a16), db16(b16);
+        Dev<float> da32(fa), db32(fb);
+        const bool lowp = c.ab == DION_DTYPE_BF16;
+        const float* pa = lowp ? reinterpret_cast<const float*>(da16.p()) : da32.p();
+        const float* pb = lowp ? reinterpret_cast<const float*>(db16.p()) : db32.p();
+        const float* ha = lowp ? reinterpret_cast<const float*>(a16.data()) : fa.data();
+        const float* hb = lowp ? reinterpret_cast<const float*>(b16.data()) : fb.data();
+        Dev<int32_t> dskip(std::vector<int32_t>{skip});
+        std::vector<std::vector<float>> before(T);
+        for (int64_t t = 0; t < T; ++t) before[t] = ts.host_vals(static_cast<size_t>(t), f);
+        const ConstMatBatch A(pa, rows, r, r, rows * r, T), B(pb, cols, r, r, cols * r, T);
+        const ConstMatBatch hA(ha, rows, r, r, rows * r, T), hB(hb, cols, r, r, cols * r, T);
+        if (acc) {
+          cuda->accumulate_lowrank(ts.dev_table.p(), T, A, B, c.ab, c.x, c.prec, alpha, dskip.p());
+          host->accumulate_lowrank(ts.host_list.data(), T, hA, hB, c.ab, c.x, c.prec, alpha, &skip);
+        } else {
+          cuda->update_lowrank(ts.dev_table.p(), T, A, B, c.ab, c.x, c.prec, dgs.p(), lr_mult, dskip.p());
+          host->update_lowrank(ts.host_list.data(), T, hA, hB, c.ab, c.x, c.prec, &gs, lr_mult, &skip);
         }
-        EXPECT_FALSE(same_bits(before[t], got)) << "tensor " << t << ": not updated";
-        for (int64_t i = 0; i < rows; ++i)
-          for (int64_t j = 0; j < cols; ++j) {
-            double prod = 0, mag = 0;
-            for (int64_t k = 0; k < r; ++k) {
-              const double x = static_cast<double>(fa[(t * rows + i) * r + k]) * fb[(t * cols + j) * r + k];
-              prod += x;
-              mag += std::fabs(x);
-            }
-            const size_t e = static_cast<size_t>(i * cols + j);
-            const double want = keep * before[t][e] + coef * prod;
-            double tol = 0x1p-21 * (std::fabs(keep * before[t][e]) + std::fabs(coef) * mag);
-            if (c.x == DION_DTYPE_BF16) tol += 0x1p-8 * std::fabs(want);
-            const double dtol = tol + (c.prec == DION_MATMUL_TF32 ? 0x1p-10 * std::fabs(coef) * mag : 0.0);
-            ASSERT_LE(std::fabs(got[e] - want), dtol) << "tensor " << t << " (" << i << ", " << j << ")";
-            ASSERT_LE(std::fabs(hgot[e] - want), tol) << "host, tensor " << t << " (" << i << ", " << j << ")";
+        const double keep = acc ? 1.0 : decay, coef = acc ? alpha : -lr_adj;
+        for (int64_t t = 0; t < T; ++t) {
+          const std::vector<float> got = ts.dev_vals(static_cast<size_t>(t), f);
+          const std::vector<float> hgot = ts.host_vals(static_cast<size_t>(t), f);
+          if (skip) {
+            EXPECT_TRUE(same_bits(before[t], got)) << "tensor " << t;
+            EXPECT_TRUE(same_bits(before[t], hgot)) << "tensor " << t;
+            continue;
           }
+          EXPECT_FALSE(same_bits(before[t], got)) << "tensor " << t << ": not updated";
+          for (int64_t i = 0; i < rows; ++i)
+            for (int64_t j = 0; j < cols; ++j) {
+              double prod = 0, mag = 0;
+              for (int64_t k = 0; k < r; ++k) {
+                const double x = static_cast<double>(fa[(t * rows + i) * r + k]) * fb[(t * cols + j) * r + k];
+                prod += x;
+                mag += std::fabs(x);
+              }
+              const size_t e = static_cast<size_t>(i * cols + j);
+              const double want = keep * before[t][e] + coef * prod;
+              double tol = 0x1p-21 * (std::fabs(keep * before[t][e]) + std::fabs(coef) * mag);
+              if (c.x == DION_DTYPE_BF16) tol += 0x1p-8 * std::fabs(want);
+              const double dtol = tol + (c.prec == DION_MATMUL_TF32 ? 0x1p-10 * std::fabs(coef) * mag : 0.0);
+              ASSERT_LE(std::fabs(got[e] - want), dtol) << "tensor " << t << " (" << i << ", " << j << ")";
+              ASSERT_LE(std::fabs(hgot[e] - want), tol) << "host, tensor " << t << " (" << i << ", " << j << ")";
+            }
+        }
       }
-    }
+  }
 }
 
 INSTANTIATE_TEST_SUITE_P(Sizes, FusedMultiTest,

@@ -16,6 +16,7 @@
 // entries by O(1).
 #include <cuda.h>
 
+#include <array>
 #include <cstdlib>
 #include <cstring>
 
@@ -69,15 +70,18 @@ double gemm_scale(const GemmOperands& o, float alpha, float beta) {
   return s;
 }
 
+// Two shapes: the second's inner dimension is at least 4 times the output's,
+// where TF32 products go through cuBLASLt (gemm's long-K rule; ctest's
+// ops_linalg_lt_off runs this test with DION_LT_GEMM=0, the cuBLAS call).
 TEST_F(OpsTest, GemmAllTransposesAndPrecisions) {
-  const int64_t m = 37, n = 29, k = 23, B = 3;
+  for (const auto [m, n, k] : {std::array<int64_t, 3>{37, 29, 23}, std::array<int64_t, 3>{20, 12, 160}})
   for (int t = 0; t < 4; ++t)
     for (int bcast = 0; bcast < 3; ++bcast)  // 0: none, 1: A broadcast (stride 0), 2: B broadcast
       for (dion_matmul_precision_t prec : {DION_MATMUL_FP32, DION_MATMUL_TF32, DION_MATMUL_BF16}) {
         const bool ta = t & 1, tb = t & 2;
-        SCOPED_TRACE(testing::Message() << "ta " << ta << " tb " << tb << " broadcast " << bcast << " precision "
-                                        << prec);
-        GemmOperands o = gemm_operands(ta, tb, bcast, m, n, k, B, [&] { return gauss(); });
+        SCOPED_TRACE(testing::Message() << m << " x " << n << " x " << k << ", ta " << ta << " tb " << tb
+                                        << " broadcast " << bcast << " precision " << prec);
+        GemmOperands o = gemm_operands(ta, tb, bcast, m, n, k, 3, [&] { return gauss(); });
         Mat &a = o.a, &b = o.b, &c = o.c;
         const float alpha = 0.7f, beta = 0.3f;
         const double S = gemm_scale(o, alpha, beta);

@@ -1,7 +1,8 @@
 // SPDX-License-Identifier: MIT
-// The CUDA backend: one device, one current stream (set_stream), cuBLAS for
-// GEMM and triangular solves, cuSOLVER for Cholesky and Householder QR, and
-// the kernels of kernels/ for everything else.
+// The CUDA backend: one device, one current stream (set_stream), cuBLAS (and
+// cuBLASLt for some TF32 products: lt_tf32_plan) for GEMM and triangular
+// solves, cuSOLVER for Cholesky and Householder QR, and the kernels of
+// kernels/ for everything else.
 //
 // Capturability: no method allocates, frees or waits, except alloc/release/
 // copy_sync/synchronize and the first use of a shape that needs more scratch
@@ -10,9 +11,11 @@
 // host and its devInfo lives in device scratch that is never read back. So,
 // once one step has run eagerly (the warm-up), a step can be captured in a
 // CUDA graph and replayed.
+#include <cublasLt.h>
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <array>
 #include <type_traits>
 #include <chrono>
 #include <thread>
@@ -240,6 +243,7 @@ class CudaBackend final : public Backend {
     try {
       check(cudaDeviceGetAttribute(&sms_, cudaDevAttrMultiProcessorCount, device), "cudaDeviceGetAttribute");
       check(cublasCreate(&blas_), "cublasCreate");
+      check(cublasLtCreate(&lt_), "cublasLtCreate");
       check(cusolverDnCreate(&solver_), "cusolverDnCreate");
       // Same bits on every run (cuSOLVER's default, made explicit; cuBLAS is
       // deterministic with its atomics off, the default, and a fixed workspace).
@@ -488,6 +492,23 @@ class CudaBackend final : public Backend {
     const int M = to_int(m, "gemm m"), N = to_int(n, "gemm n"), K = to_int(k, "gemm k");
     const int lda = to_int(std::max<int64_t>(a.ld, 1), "gemm lda"), ldb = to_int(std::max<int64_t>(b.ld, 1), "gemm ldb"),
               ldc = to_int(std::max<int64_t>(c.ld, 1), "gemm ldc");
+    // TF32 products with a long inner dimension (RCQR's sketches S P: k x r
+    // outputs, P's rows inner) take cuBLASLt's 128 x 128 tiles (lt_tf32_plan):
+    // twice the tiles of cuBLAS's 256 x 128 choice on a small output. On an
+    // H200 (DION_PROFILE=2, gpt-1.3b Dion at TF32) the sketches took 1.21 ms
+    // per step instead of 1.75; the same tiles for every TF32 product of this
+    // function were slower on gpt-1.3b at r = 1.0 (295 -> 300 ms per step).
+    if (precision == DION_MATMUL_TF32 && lt_gemm_ && k >= 4 * std::max(m, n)) {
+      const LtPlan& plan = lt_tf32_plan(LtKey{N, M, K, tb, ta, ldb, lda, ldc, to_int(c.batch, "gemm batch"), b.stride,
+                                              a.stride, c.stride, 0, 0, pointer_alignment(b.p, b.stride * 4),
+                                              pointer_alignment(a.p, a.stride * 4), pointer_alignment(c.p, c.stride * 4)});
+      if (plan.ok) {
+        check(cublasLtMatmul(lt_, plan.desc, &alpha, b.p, plan.la, a.p, plan.lb, &beta, c.p, plan.lc, c.p, plan.lc,
+                             &plan.algo, blas_ws_, kCublasWorkspaceBytes, stream_),
+              "cublasLtMatmul (gemm)");
+        return;
+      }
+    }
     check(cublasGemmStridedBatchedEx(blas_, tb ? CUBLAS_OP_T : CUBLAS_OP_N, ta ? CUBLAS_OP_T : CUBLAS_OP_N, N, M, K,
                                      &alpha, b.p, CUDA_R_32F, ldb, b.stride, a.p, CUDA_R_32F, lda, a.stride, &beta, c.p,
                                      CUDA_R_32F, ldc, c.stride, to_int(c.batch, "gemm batch"), compute,
@@ -1454,14 +1475,142 @@ class CudaBackend final : public Backend {
     // bf16 factors are multiplied exactly, with fp32 accumulation
     const cublasComputeType_t compute = lowp ? CUBLAS_COMPUTE_32F : compute_type(precision);
     const cudaDataType_t ab = lowp ? CUDA_R_16BF : CUDA_R_32F;
+    const cudaDataType_t xt = x_dtype == DION_DTYPE_BF16 ? CUDA_R_16BF : CUDA_R_32F;
+    if (!lowp && precision == DION_MATMUL_TF32 && lt_lowrank_) {
+      const int N = to_int(cols, "lowrank cols");
+      const LtPlan& plan = lt_tf32_plan(LtKey{N, to_int(rows, "lowrank rows"), to_int(r, "lowrank rank"), 1, 0,
+                                              to_int(b.ld, "lowrank ldb"), to_int(a.ld, "lowrank lda"), N,
+                                              to_int(count, "lowrank batch"), 0, 0, 0, 1, 1,
+                                              pointer_alignment(b.p, b.stride * es),
+                                              pointer_alignment(a.p, a.stride * es), 16});
+      if (plan.ok) {
+        check(cublasLtMatmul(lt_, plan.desc, coef, ptr, plan.la, ptr + count, plan.lb, coef + 1, ptr + 2 * count,
+                             plan.lc, ptr + 2 * count, plan.lc, &plan.algo, blas_ws_, kCublasWorkspaceBytes, stream_),
+              "cublasLtMatmul (lowrank)");
+        return;
+      }
+    }
     check(cublasSetPointerMode(blas_, CUBLAS_POINTER_MODE_DEVICE), "cublasSetPointerMode (device)");
     const cublasStatus_t st = cublasGemmBatchedEx(
         blas_, CUBLAS_OP_T, CUBLAS_OP_N, to_int(cols, "lowrank cols"), to_int(rows, "lowrank rows"),
         to_int(r, "lowrank rank"), coef, ptr, ab, to_int(b.ld, "lowrank ldb"), ptr + count, ab,
-        to_int(a.ld, "lowrank lda"), coef + 1, ptr + 2 * count, x_dtype == DION_DTYPE_BF16 ? CUDA_R_16BF : CUDA_R_32F,
+        to_int(a.ld, "lowrank lda"), coef + 1, ptr + 2 * count, xt,
         to_int(cols, "lowrank ldx"), to_int(count, "lowrank batch"), compute, CUBLAS_GEMM_DEFAULT);
     check(cublasSetPointerMode(blas_, CUBLAS_POINTER_MODE_HOST), "cublasSetPointerMode (host)");
     check(st, "cublasGemmBatchedEx (lowrank)");
+  }
+
+  // The largest power of two (at most 256) that divides the address of every
+  // matrix of a strided batch: its base and its stride in bytes.
+  static int pointer_alignment(const void* base, int64_t stride_bytes) {
+    const uintptr_t v = reinterpret_cast<uintptr_t>(base) | static_cast<uintptr_t>(stride_bytes) | 256;
+    return static_cast<int>(v & (~v + 1));
+  }
+
+  // TF32 products through cuBLASLt, with an algorithm of cuBLASLt's
+  // heuristic chosen once per shape: the first of its first 8 with a 128 x
+  // 128 tile, else its first. cuBLAS's default takes 256 x 64 tiles for most
+  // of Dion's error feedback and update products (lowrank_gemm), and the
+  // 128 x 128 ones ran them 1.3 to 1.4 times faster on an H200
+  // (bench/micro/lowrank_configs.cu: 24 products of rank 512 into C 2048 x
+  // 8192 2.00 -> 1.41 ms, 6144 x 2048 1.51 -> 1.06, 2048 x 2048 0.52 ->
+  // 0.39; rank 192, 12 products of gpt-160m's shapes, 0.134 -> 0.100). The
+  // choice is a function of the shape, the alignments and the library
+  // version only, never of a timing, so every rank and every run takes the
+  // same algorithm (the same bits). ok is false where cuBLASLt offers none:
+  // the caller then makes its cuBLAS call. DION_LT_LOWRANK=0 keeps
+  // lowrank_gemm's cuBLAS call at TF32, DION_LT_GEMM=0 gemm's (which takes
+  // this path for products with a long inner dimension only).
+  struct LtPlan {
+    cublasLtMatmulDesc_t desc = nullptr;
+    cublasLtMatrixLayout_t la = nullptr, lb = nullptr, lc = nullptr;
+    cublasLtMatmulAlgo_t algo{};
+    bool ok = false;
+  };
+  // Column-major C (m x n) = alpha op(A) op(B) + beta C: m, n, k, op(A) and
+  // op(B) (1: transposed), lda, ldb, ldc, the batch, the strides of A, B and
+  // C (a strided batch) or, with pointer_array = 1, arrays of pointers; the
+  // scalars on the device (1) or the host (0); the alignments (bytes) of A,
+  // B and C.
+  using LtKey = std::array<int64_t, 17>;
+  const LtPlan& lt_tf32_plan(const LtKey& key) {
+    auto it = lt_plans_.find(key);
+    if (it != lt_plans_.end()) return it->second;
+    const int m = static_cast<int>(key[0]), n = static_cast<int>(key[1]), k = static_cast<int>(key[2]);
+    const bool ta = key[3] != 0, tb = key[4] != 0, pointer_array = key[12] != 0, device_scalars = key[13] != 0;
+    const int batch = static_cast<int>(key[8]);
+    LtPlan& p = lt_plans_[key];  // an entry that stays ok = false if anything below fails
+    auto set_desc = [&](cublasLtMatmulDescAttributes_t attr, auto v) {
+      check(cublasLtMatmulDescSetAttribute(p.desc, attr, &v, sizeof(v)), "cublasLtMatmulDescSetAttribute");
+    };
+    auto layout = [&](cublasLtMatrixLayout_t* l, int rows, int cols, int64_t ld, int64_t stride) {
+      check(cublasLtMatrixLayoutCreate(l, CUDA_R_32F, rows, cols, ld), "cublasLtMatrixLayoutCreate");
+      const int32_t bc = batch;
+      const uint32_t mode = pointer_array ? CUBLASLT_BATCH_MODE_POINTER_ARRAY : CUBLASLT_BATCH_MODE_STRIDED;
+      check(cublasLtMatrixLayoutSetAttribute(*l, CUBLASLT_MATRIX_LAYOUT_BATCH_COUNT, &bc, sizeof(bc)),
+            "cublasLtMatrixLayoutSetAttribute");
+      check(cublasLtMatrixLayoutSetAttribute(*l, CUBLASLT_MATRIX_LAYOUT_BATCH_MODE, &mode, sizeof(mode)),
+            "cublasLtMatrixLayoutSetAttribute");
+      if (!pointer_array)
+        check(cublasLtMatrixLayoutSetAttribute(*l, CUBLASLT_MATRIX_LAYOUT_STRIDED_BATCH_OFFSET, &stride,
+                                               sizeof(stride)),
+              "cublasLtMatrixLayoutSetAttribute");
+    };
+    check(cublasLtMatmulDescCreate(&p.desc, CUBLAS_COMPUTE_32F_FAST_TF32, CUDA_R_32F), "cublasLtMatmulDescCreate");
+    set_desc(CUBLASLT_MATMUL_DESC_TRANSA, ta ? CUBLAS_OP_T : CUBLAS_OP_N);
+    set_desc(CUBLASLT_MATMUL_DESC_TRANSB, tb ? CUBLAS_OP_T : CUBLAS_OP_N);
+    set_desc(CUBLASLT_MATMUL_DESC_POINTER_MODE, device_scalars ? CUBLASLT_POINTER_MODE_DEVICE
+                                                               : CUBLASLT_POINTER_MODE_HOST);
+    layout(&p.la, ta ? k : m, ta ? m : k, key[5], key[9]);
+    layout(&p.lb, tb ? n : k, tb ? k : n, key[6], key[10]);
+    layout(&p.lc, m, n, key[7], key[11]);
+    cublasLtMatmulPreference_t pref = nullptr;
+    check(cublasLtMatmulPreferenceCreate(&pref), "cublasLtMatmulPreferenceCreate");
+    const uint64_t wsb = kCublasWorkspaceBytes;
+    const uint32_t al[4] = {static_cast<uint32_t>(key[14]), static_cast<uint32_t>(key[15]),
+                            static_cast<uint32_t>(key[16]), static_cast<uint32_t>(key[16])};
+    cublasStatus_t st = cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &wsb,
+                                                             sizeof(wsb));
+    const cublasLtMatmulPreferenceAttributes_t al_attr[4] = {
+        CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES,
+        CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES};
+    for (int i = 0; i < 4 && st == CUBLAS_STATUS_SUCCESS; ++i)
+      st = cublasLtMatmulPreferenceSetAttribute(pref, al_attr[i], &al[i], sizeof(al[i]));
+    cublasLtMatmulHeuristicResult_t res[8];
+    int found = 0;
+    if (st == CUBLAS_STATUS_SUCCESS)
+      st = cublasLtMatmulAlgoGetHeuristic(lt_, p.desc, p.la, p.lb, p.lc, p.lc, pref, 8, res, &found);
+    (void)cublasLtMatmulPreferenceDestroy(pref);
+    if (st != CUBLAS_STATUS_SUCCESS) return p;  // no algorithm: the cuBLAS call
+    int pick = -1;
+    for (int i = 0; i < found; ++i) {
+      if (res[i].state != CUBLAS_STATUS_SUCCESS || res[i].workspaceSize > kCublasWorkspaceBytes) continue;
+      uint32_t tile = 0;
+      size_t written = 0;
+      if (pick < 0) pick = i;
+      if (cublasLtMatmulAlgoConfigGetAttribute(&res[i].algo, CUBLASLT_ALGO_CONFIG_TILE_ID, &tile, sizeof(tile),
+                                               &written) == CUBLAS_STATUS_SUCCESS &&
+          tile == CUBLASLT_MATMUL_TILE_128x128) {
+        pick = i;
+        break;
+      }
+    }
+    if (pick < 0) return p;
+    p.algo = res[pick].algo;
+    p.ok = true;
+    return p;
+  }
+  void destroy_lt() noexcept {
+    for (auto& kv : lt_plans_) {
+      LtPlan& p = kv.second;
+      if (p.la) (void)cublasLtMatrixLayoutDestroy(p.la);
+      if (p.lb) (void)cublasLtMatrixLayoutDestroy(p.lb);
+      if (p.lc) (void)cublasLtMatrixLayoutDestroy(p.lc);
+      if (p.desc) (void)cublasLtMatmulDescDestroy(p.desc);
+    }
+    lt_plans_.clear();
+    if (lt_) (void)cublasLtDestroy(lt_);
+    lt_ = nullptr;
   }
 
   // cublasSetStream resets the workspace to cuBLAS's own pool, so the
@@ -1714,6 +1863,7 @@ class CudaBackend final : public Backend {
       }
     if (blas_ws_) (void)cudaFree(blas_ws_);
     if (solver_) (void)cusolverDnDestroy(solver_);
+    destroy_lt();
     if (blas_) (void)cublasDestroy(blas_);
     blas_ws_ = nullptr;
     solver_ = nullptr;
@@ -1776,6 +1926,11 @@ class CudaBackend final : public Backend {
   void* blas_ws_ = nullptr;
   Buffer scratch_[kSlotCount];
   std::map<std::tuple<int, int, int>, int> lwork_;
+  // TF32 lowrank products through cuBLASLt (lt_lowrank_plan), their plans per shape
+  bool lt_lowrank_ = env_int("DION_LT_LOWRANK", 1) != 0;
+  cublasLtHandle_t lt_ = nullptr;
+  bool lt_gemm_ = env_int("DION_LT_GEMM", 1) != 0;
+  std::map<LtKey, LtPlan> lt_plans_;
 };
 
 }  // namespace

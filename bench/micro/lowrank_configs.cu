@@ -1,0 +1,78 @@
+// SPDX-License-Identifier: MIT
+// Micro-benchmark (not built by CMake; docs/benchmarks.md cites its figures):
+// what distinguishes the fastest of cuBLASLt's heuristic algorithms for
+// Dion's error feedback / update product (C += P R^T, C row-major a x b, as
+// lowrank_gemm passes it: a pointer-array batch, C^T = R P^T column-major)
+// at TF32 and bf16: for each of the heuristic's first 16 algorithms its time
+// (ms for the batch, median of 9) and its configuration (algorithm id, tile,
+// split-K, reduction scheme, swizzle, custom option, stages, cluster shape).
+// Build and run on the GPU machine:
+//   nvcc -arch=sm_90 -O2 -o lowrank_configs bench/micro/lowrank_configs.cu -lcublasLt -lcublas && ./lowrank_configs
+#include "micro_lt.cuh"
+
+template <class T>
+T cfg(const cublasLtMatmulAlgo_t& a, cublasLtMatmulAlgoConfigAttributes_t attr) {
+  T v{};
+  size_t w = 0;
+  if (cublasLtMatmulAlgoConfigGetAttribute(&a, attr, &v, sizeof(v), &w) != CUBLAS_STATUS_SUCCESS) return T(-1);
+  return v;
+}
+
+int main() {
+  MicroRig rig(32u << 20);
+  cublasLtHandle_t lt;
+  CK(cublasLtCreate(&lt));
+  const int shapes[][4] = {{8192, 2048, 512, 24}, {2048, 8192, 512, 24}, {6144, 2048, 512, 24},
+                           {2048, 2048, 512, 24}, {3072, 768, 192, 12},  {768, 3072, 192, 12},
+                           {2304, 768, 192, 12},  {768, 768, 192, 12}};
+  for (int bf = 0; bf < 2; ++bf)
+    for (const auto& sh : shapes) {
+      const int a = sh[0], b = sh[1], r = sh[2], batch = sh[3];
+      const size_t es = bf ? 2 : 4;
+      const cudaDataType_t t = bf ? CUDA_R_16BF : CUDA_R_32F;
+      const cublasComputeType_t compute = bf ? CUBLAS_COMPUTE_32F : CUBLAS_COMPUTE_32F_FAST_TF32;
+      LowrankPointers lp(a, b, r, batch, es);
+      void** dp = lp.dp;
+      const float one = 1.f;
+      const float t_def = lp.cublas_ms(rig, t, compute);
+      printf("%s C %dx%d r%d b%d: cublas default %.3f ms\n", bf ? "bf16" : "tf32", a, b, r, batch, t_def);
+      cublasLtMatmulDesc_t desc = lt_desc(compute, CUBLAS_OP_T, CUBLAS_OP_N);
+      cublasLtMatrixLayout_t l1 = lt_layout(t, r, b, r, batch, 0, true), l2 = lt_layout(t, r, a, r, batch, 0, true),
+                             lc = lt_layout(t, b, a, b, batch, 0, true);
+      cublasLtMatmulPreference_t pref;
+      CK(cublasLtMatmulPreferenceCreate(&pref));
+      const uint64_t wsb = rig.wsz;
+      CK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &wsb, sizeof(wsb)));
+      cublasLtMatmulHeuristicResult_t res[16];
+      int cnt = 0;
+      CK(cublasLtMatmulAlgoGetHeuristic(lt, desc, l1, l2, lc, lc, pref, 16, res, &cnt));
+      for (int i = 0; i < cnt; ++i) {
+        const cublasLtMatmulAlgo_t& al = res[i].algo;
+        bool ok = true;
+        const float ms = rig.median_ms(
+            [&] {
+              if (cublasLtMatmul(lt, desc, &one, dp, l1, dp + batch, l2, &one, dp + 2 * batch, lc, dp + 2 * batch, lc,
+                                 &al, rig.ws, rig.wsz, rig.st) != CUBLAS_STATUS_SUCCESS)
+                ok = false;
+            },
+            9);
+        printf("  #%-2d %8.3f %s id %d tile %u splitk %d red %u swz %u cust %u stages %u cluster %u inner %u ws %zu waves %.2f\n",
+               i, ok ? ms : -1.f, ok ? "" : "FAIL", cfg<int32_t>(al, CUBLASLT_ALGO_CONFIG_ID),
+               cfg<uint32_t>(al, CUBLASLT_ALGO_CONFIG_TILE_ID), cfg<int32_t>(al, CUBLASLT_ALGO_CONFIG_SPLITK_NUM),
+               cfg<uint32_t>(al, CUBLASLT_ALGO_CONFIG_REDUCTION_SCHEME),
+               cfg<uint32_t>(al, CUBLASLT_ALGO_CONFIG_CTA_SWIZZLING),
+               cfg<uint32_t>(al, CUBLASLT_ALGO_CONFIG_CUSTOM_OPTION), cfg<uint32_t>(al, CUBLASLT_ALGO_CONFIG_STAGES_ID),
+               (unsigned)cfg<uint16_t>(al, CUBLASLT_ALGO_CONFIG_CLUSTER_SHAPE_ID),
+               (unsigned)cfg<uint16_t>(al, CUBLASLT_ALGO_CONFIG_INNER_SHAPE_ID), res[i].workspaceSize,
+               res[i].wavesCount);
+      }
+      CK(cudaStreamSynchronize(rig.st));
+      cublasLtMatmulPreferenceDestroy(pref);
+      cublasLtMatrixLayoutDestroy(l1);
+      cublasLtMatrixLayoutDestroy(l2);
+      cublasLtMatrixLayoutDestroy(lc);
+      cublasLtMatmulDescDestroy(desc);
+      lp.free();
+    }
+  return 0;
+}
