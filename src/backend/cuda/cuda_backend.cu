@@ -493,11 +493,11 @@ class CudaBackend final : public Backend {
     const int lda = to_int(std::max<int64_t>(a.ld, 1), "gemm lda"), ldb = to_int(std::max<int64_t>(b.ld, 1), "gemm ldb"),
               ldc = to_int(std::max<int64_t>(c.ld, 1), "gemm ldc");
     // TF32 products with a long inner dimension (RCQR's sketches S P: k x r
-    // outputs, P's rows inner) take cuBLASLt's 128 x 128 tiles (lt_tf32_plan):
-    // twice the tiles of cuBLAS's 256 x 128 choice on a small output. On an
-    // H200 (DION_PROFILE=2, gpt-1.3b Dion at TF32) the sketches took 1.21 ms
-    // per step instead of 1.75; the same tiles for every TF32 product of this
-    // function were slower on gpt-1.3b at r = 1.0 (295 -> 300 ms per step).
+    // outputs, P's rows inner) take cuBLASLt's 128 x 128 tiles
+    // (lt_tf32_plan). On an H200 (DION_PROFILE=2, gpt-1.3b Dion at TF32) the
+    // sketches took 1.21 ms per step instead of 1.75; the same tiles for
+    // every TF32 product of this function were slower on gpt-1.3b at r = 1.0
+    // (295 -> 300 ms per step).
     if (precision == DION_MATMUL_TF32 && lt_gemm_ && k >= 4 * std::max(m, n)) {
       const LtPlan& plan = lt_tf32_plan(LtKey{N, M, K, tb, ta, ldb, lda, ldc, to_int(c.batch, "gemm batch"), b.stride,
                                               a.stride, c.stride, 0, 0, pointer_alignment(b.p, b.stride * 4),
