@@ -28,32 +28,23 @@ int main() {
   for (int bf = 0; bf < 2; ++bf)
     for (const auto& sh : shapes) {
       const int a = sh[0], b = sh[1], r = sh[2], batch = sh[3];
-      const size_t es = bf ? 2 : 4;
-      const cudaDataType_t t = bf ? CUDA_R_16BF : CUDA_R_32F;
-      const cublasComputeType_t compute = bf ? CUBLAS_COMPUTE_32F : CUBLAS_COMPUTE_32F_FAST_TF32;
-      LowrankPointers lp(a, b, r, batch, es);
-      void** dp = lp.dp;
-      const float one = 1.f;
-      const float t_def = lp.cublas_ms(rig, t, compute);
+      LowrankPointers lp(a, b, r, batch, bf ? CUDA_R_16BF : CUDA_R_32F,
+                         bf ? CUBLAS_COMPUTE_32F : CUBLAS_COMPUTE_32F_FAST_TF32);
+      const float t_def = lp.cublas_ms(rig);
       printf("%s C %dx%d r%d b%d: cublas default %.3f ms\n", bf ? "bf16" : "tf32", a, b, r, batch, t_def);
-      cublasLtMatmulDesc_t desc = lt_desc(compute, CUBLAS_OP_T, CUBLAS_OP_N);
-      cublasLtMatrixLayout_t l1 = lt_layout(t, r, b, r, batch, 0, true), l2 = lt_layout(t, r, a, r, batch, 0, true),
-                             lc = lt_layout(t, b, a, b, batch, 0, true);
       cublasLtMatmulPreference_t pref;
       CK(cublasLtMatmulPreferenceCreate(&pref));
       const uint64_t wsb = rig.wsz;
       CK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &wsb, sizeof(wsb)));
       cublasLtMatmulHeuristicResult_t res[16];
       int cnt = 0;
-      CK(cublasLtMatmulAlgoGetHeuristic(lt, desc, l1, l2, lc, lc, pref, 16, res, &cnt));
+      CK(cublasLtMatmulAlgoGetHeuristic(lt, lp.desc, lp.l1, lp.l2, lp.lc, lp.lc, pref, 16, res, &cnt));
       for (int i = 0; i < cnt; ++i) {
         const cublasLtMatmulAlgo_t& al = res[i].algo;
         bool ok = true;
         const float ms = rig.median_ms(
             [&] {
-              if (cublasLtMatmul(lt, desc, &one, dp, l1, dp + batch, l2, &one, dp + 2 * batch, lc, dp + 2 * batch, lc,
-                                 &al, rig.ws, rig.wsz, rig.st) != CUBLAS_STATUS_SUCCESS)
-                ok = false;
+              if (lp.lt_matmul(lt, &al, rig) != CUBLAS_STATUS_SUCCESS) ok = false;
             },
             9);
         printf("  #%-2d %8.3f %s id %d tile %u splitk %d red %u swz %u cust %u stages %u cluster %u inner %u ws %zu waves %.2f\n",
@@ -68,10 +59,6 @@ int main() {
       }
       CK(cudaStreamSynchronize(rig.st));
       cublasLtMatmulPreferenceDestroy(pref);
-      cublasLtMatrixLayoutDestroy(l1);
-      cublasLtMatrixLayoutDestroy(l2);
-      cublasLtMatrixLayoutDestroy(lc);
-      cublasLtMatmulDescDestroy(desc);
       lp.free();
     }
   return 0;

@@ -20,29 +20,15 @@ int main() {
   for (int bf = 0; bf < 2; ++bf)
     for (const auto& sh : shapes) {
       const int a = sh[0], b = sh[1], r = sh[2];
-      const size_t es = bf ? 2 : 4;
       const cudaDataType_t t = bf ? CUDA_R_16BF : CUDA_R_32F;
-      const cublasComputeType_t compute = bf ? CUBLAS_COMPUTE_32F : CUBLAS_COMPUTE_32F_FAST_TF32;
-      LowrankPointers lp(a, b, r, batch, es);
-      void** dp = lp.dp;
-      const float one = 1.f;
-      // column-major C^T (b x a) = R (b x r, stored r x b col-major: OP_T, ld r) P^T (r x a, OP_N, ld r)
-      const float t_def = lp.cublas_ms(rig, t, compute);
-      cublasLtMatmulDesc_t desc = lt_desc(compute, CUBLAS_OP_T, CUBLAS_OP_N);
-      cublasLtMatrixLayout_t l1 = lt_layout(t, r, b, r, batch, 0, true), l2 = lt_layout(t, r, a, r, batch, 0, true),
-                             lc = lt_layout(t, b, a, b, batch, 0, true);
-      const LtTiming lt_t = lt_time_algos(rig, lt, desc, l1, l2, lc, 16, 9, [&](const cublasLtMatmulAlgo_t* algo) {
-        return cublasLtMatmul(lt, desc, &one, dp, l1, dp + batch, l2, &one, dp + 2 * batch, lc, dp + 2 * batch, lc,
-                              algo, rig.ws, rig.wsz, rig.st);
-      });
+      LowrankPointers lp(a, b, r, batch, t, bf ? CUBLAS_COMPUTE_32F : CUBLAS_COMPUTE_32F_FAST_TF32);
+      const float t_def = lp.cublas_ms(rig);
+      const LtTiming lt_t = lt_time_algos(rig, lt, lp.desc, lp.l1, lp.l2, lp.lc, 16, 9,
+                                          [&](const cublasLtMatmulAlgo_t* algo) { return lp.lt_matmul(lt, algo, rig); });
       const float t0 = lt_t.first, best = lt_t.best;
       const int bi = lt_t.best_index, nres = lt_t.count;
       printf("%5d x %-5d r %-8d %-5s %9.3f %9.3f %9.3f %2d/%-2d\n", a, b, r, bf ? "bf16" : "tf32", t_def, t0, best, bi,
              nres);
-      cublasLtMatrixLayoutDestroy(l1);
-      cublasLtMatrixLayoutDestroy(l2);
-      cublasLtMatrixLayoutDestroy(lc);
-      cublasLtMatmulDescDestroy(desc);
       lp.free();
     }
   printf("ms, median of 9, whole batch\n");

@@ -80,16 +80,23 @@ LtTiming lt_time_algos(MicroRig& rig, cublasLtHandle_t lt, cublasLtMatmulDesc_t 
 
 // Dion's error feedback / update product C += P R^T as lowrank_gemm passes
 // it (C row-major a x b, P a x r, R b x r, `batch` of each, zeroed, es bytes
-// per element): column-major C^T = R P^T, the device array of pointers dp
-// holding R's, then P's, then C's. cublas_ms() times cuBLAS's default
-// algorithm for it (cublasGemmBatchedEx, median of 9); free() releases every
-// buffer.
+// per element of type t, at compute type `compute`): column-major C^T = R
+// P^T, the device array of pointers dp holding R's, then P's, then C's, and
+// the cuBLASLt descriptor and layouts of that product. cublas_ms() times
+// cuBLAS's default algorithm for it (cublasGemmBatchedEx, median of 9),
+// lt_matmul() enqueues it with a cuBLASLt algorithm; free() releases
+// everything.
 struct LowrankPointers {
   int a, b, r, batch;
+  cudaDataType_t t;
+  cublasComputeType_t compute;
   std::vector<void*> hp;
   void** dp = nullptr;
-  LowrankPointers(int a_, int b_, int r_, int batch_, size_t es)
-      : a(a_), b(b_), r(r_), batch(batch_), hp(3 * static_cast<size_t>(batch_)) {
+  cublasLtMatmulDesc_t desc;
+  cublasLtMatrixLayout_t l1, l2, lc;
+  LowrankPointers(int a_, int b_, int r_, int batch_, cudaDataType_t t_, cublasComputeType_t compute_)
+      : a(a_), b(b_), r(r_), batch(batch_), t(t_), compute(compute_), hp(3 * static_cast<size_t>(batch_)) {
+    const size_t es = t == CUDA_R_16BF ? 2 : 4;
     for (int i = 0; i < batch; ++i) {
       CK(cudaMalloc(&hp[i], es * b * r));              // R (first operand: C^T = R P^T)
       CK(cudaMalloc(&hp[batch + i], es * a * r));      // P
@@ -100,8 +107,13 @@ struct LowrankPointers {
     }
     CK(cudaMalloc(&dp, sizeof(void*) * hp.size()));
     CK(cudaMemcpy(dp, hp.data(), sizeof(void*) * hp.size(), cudaMemcpyHostToDevice));
+    // column-major C^T (b x a) = R (b x r, stored r x b col-major: OP_T, ld r) P^T (r x a, OP_N, ld r)
+    desc = lt_desc(compute, CUBLAS_OP_T, CUBLAS_OP_N);
+    l1 = lt_layout(t, r, b, r, batch, 0, true);
+    l2 = lt_layout(t, r, a, r, batch, 0, true);
+    lc = lt_layout(t, b, a, b, batch, 0, true);
   }
-  float cublas_ms(MicroRig& rig, cudaDataType_t t, cublasComputeType_t compute) const {
+  float cublas_ms(MicroRig& rig) const {
     const float one = 1.f;
     return rig.median_ms(
         [&] {
@@ -111,7 +123,16 @@ struct LowrankPointers {
         },
         9);
   }
+  cublasStatus_t lt_matmul(cublasLtHandle_t lt, const cublasLtMatmulAlgo_t* algo, MicroRig& rig) const {
+    const float one = 1.f;
+    return cublasLtMatmul(lt, desc, &one, dp, l1, dp + batch, l2, &one, dp + 2 * batch, lc, dp + 2 * batch, lc, algo,
+                          rig.ws, rig.wsz, rig.st);
+  }
   void free() {
+    cublasLtMatrixLayoutDestroy(l1);
+    cublasLtMatrixLayoutDestroy(l2);
+    cublasLtMatrixLayoutDestroy(lc);
+    cublasLtMatmulDescDestroy(desc);
     for (void* p : hp) CK(cudaFree(p));
     CK(cudaFree(dp));
   }

@@ -498,17 +498,12 @@ class CudaBackend final : public Backend {
     // sketches took 1.21 ms per step instead of 1.75; the same tiles for
     // every TF32 product of this function were slower on gpt-1.3b at r = 1.0
     // (295 -> 300 ms per step).
-    if (precision == DION_MATMUL_TF32 && lt_gemm_ && k >= 4 * std::max(m, n)) {
-      const LtPlan& plan = lt_tf32_plan(LtKey{N, M, K, tb, ta, ldb, lda, ldc, to_int(c.batch, "gemm batch"), b.stride,
-                                              a.stride, c.stride, 0, 0, pointer_alignment(b.p, b.stride * 4),
-                                              pointer_alignment(a.p, a.stride * 4), pointer_alignment(c.p, c.stride * 4)});
-      if (plan.ok) {
-        check(cublasLtMatmul(lt_, plan.desc, &alpha, b.p, plan.la, a.p, plan.lb, &beta, c.p, plan.lc, c.p, plan.lc,
-                             &plan.algo, blas_ws_, kCublasWorkspaceBytes, stream_),
-              "cublasLtMatmul (gemm)");
-        return;
-      }
-    }
+    if (precision == DION_MATMUL_TF32 && lt_gemm_ && k >= 4 * std::max(m, n) &&
+        lt_tf32(LtProduct{N, M, K, tb, ta, ldb, lda, ldc, c.batch, b.stride, a.stride, c.stride,
+                          /*pointer_array=*/false, /*device_scalars=*/false, pointer_alignment(b.p, b.stride * 4),
+                          pointer_alignment(a.p, a.stride * 4), pointer_alignment(c.p, c.stride * 4)},
+                &alpha, b.p, a.p, &beta, c.p, "cublasLtMatmul (gemm)"))
+      return;
     check(cublasGemmStridedBatchedEx(blas_, tb ? CUBLAS_OP_T : CUBLAS_OP_N, ta ? CUBLAS_OP_T : CUBLAS_OP_N, N, M, K,
                                      &alpha, b.p, CUDA_R_32F, ldb, b.stride, a.p, CUDA_R_32F, lda, a.stride, &beta, c.p,
                                      CUDA_R_32F, ldc, c.stride, to_int(c.batch, "gemm batch"), compute,
@@ -1475,26 +1470,17 @@ class CudaBackend final : public Backend {
     // bf16 factors are multiplied exactly, with fp32 accumulation
     const cublasComputeType_t compute = lowp ? CUBLAS_COMPUTE_32F : compute_type(precision);
     const cudaDataType_t ab = lowp ? CUDA_R_16BF : CUDA_R_32F;
-    const cudaDataType_t xt = x_dtype == DION_DTYPE_BF16 ? CUDA_R_16BF : CUDA_R_32F;
-    if (!lowp && precision == DION_MATMUL_TF32 && lt_lowrank_) {
-      const int N = to_int(cols, "lowrank cols");
-      const LtPlan& plan = lt_tf32_plan(LtKey{N, to_int(rows, "lowrank rows"), to_int(r, "lowrank rank"), 1, 0,
-                                              to_int(b.ld, "lowrank ldb"), to_int(a.ld, "lowrank lda"), N,
-                                              to_int(count, "lowrank batch"), 0, 0, 0, 1, 1,
-                                              pointer_alignment(b.p, b.stride * es),
-                                              pointer_alignment(a.p, a.stride * es), 16});
-      if (plan.ok) {
-        check(cublasLtMatmul(lt_, plan.desc, coef, ptr, plan.la, ptr + count, plan.lb, coef + 1, ptr + 2 * count,
-                             plan.lc, ptr + 2 * count, plan.lc, &plan.algo, blas_ws_, kCublasWorkspaceBytes, stream_),
-              "cublasLtMatmul (lowrank)");
-        return;
-      }
-    }
+    if (!lowp && precision == DION_MATMUL_TF32 && lt_lowrank_ &&
+        lt_tf32(LtProduct{cols, rows, r, true, false, b.ld, a.ld, cols, count, 0, 0, 0, /*pointer_array=*/true,
+                          /*device_scalars=*/true, pointer_alignment(b.p, b.stride * es),
+                          pointer_alignment(a.p, a.stride * es), 16},
+                coef, ptr, ptr + count, coef + 1, ptr + 2 * count, "cublasLtMatmul (lowrank)"))
+      return;
     check(cublasSetPointerMode(blas_, CUBLAS_POINTER_MODE_DEVICE), "cublasSetPointerMode (device)");
     const cublasStatus_t st = cublasGemmBatchedEx(
         blas_, CUBLAS_OP_T, CUBLAS_OP_N, to_int(cols, "lowrank cols"), to_int(rows, "lowrank rows"),
         to_int(r, "lowrank rank"), coef, ptr, ab, to_int(b.ld, "lowrank ldb"), ptr + count, ab,
-        to_int(a.ld, "lowrank lda"), coef + 1, ptr + 2 * count, xt,
+        to_int(a.ld, "lowrank lda"), coef + 1, ptr + 2 * count, x_dtype == DION_DTYPE_BF16 ? CUDA_R_16BF : CUDA_R_32F,
         to_int(cols, "lowrank ldx"), to_int(count, "lowrank batch"), compute, CUBLAS_GEMM_DEFAULT);
     check(cublasSetPointerMode(blas_, CUBLAS_POINTER_MODE_HOST), "cublasSetPointerMode (host)");
     check(st, "cublasGemmBatchedEx (lowrank)");
@@ -1527,18 +1513,40 @@ class CudaBackend final : public Backend {
     cublasLtMatmulAlgo_t algo{};
     bool ok = false;
   };
-  // Column-major C (m x n) = alpha op(A) op(B) + beta C: m, n, k, op(A) and
-  // op(B) (1: transposed), lda, ldb, ldc, the batch, the strides of A, B and
-  // C (a strided batch) or, with pointer_array = 1, arrays of pointers; the
-  // scalars on the device (1) or the host (0); the alignments (bytes) of A,
-  // B and C.
-  using LtKey = std::array<int64_t, 17>;
-  const LtPlan& lt_tf32_plan(const LtKey& key) {
+  // One such product: column-major C (m x n) = alpha op(A) op(B) + beta C,
+  // op(A), op(B) transposed where ta, tb; a strided batch (the strides in
+  // elements) or, with pointer_array, arrays of pointers (strides unused);
+  // alpha and beta in device memory where device_scalars; the smallest
+  // alignments (bytes) of A's, B's and C's matrices.
+  struct LtProduct {
+    int64_t m, n, k;
+    bool ta, tb;
+    int64_t lda, ldb, ldc, batch, stride_a, stride_b, stride_c;
+    bool pointer_array, device_scalars;
+    int64_t align_a, align_b, align_c;
+    std::array<int64_t, 17> key() const {
+      return {m, n, k, ta, tb, lda, ldb, ldc, batch, stride_a, stride_b, stride_c, pointer_array, device_scalars,
+              align_a, align_b, align_c};
+    }
+  };
+  // The product g through cuBLASLt (a, b, c the buffers, or the pointer
+  // arrays, its layouts describe) if its plan has an algorithm; false where
+  // it has none, and the caller makes its cuBLAS call.
+  bool lt_tf32(const LtProduct& g, const void* alpha, const void* a, const void* b, const void* beta, void* c,
+               const char* what) {
+    const LtPlan& plan = lt_tf32_plan(g);
+    if (!plan.ok) return false;
+    check(cublasLtMatmul(lt_, plan.desc, alpha, a, plan.la, b, plan.lb, beta, c, plan.lc, c, plan.lc, &plan.algo,
+                         blas_ws_, kCublasWorkspaceBytes, stream_),
+          what);
+    return true;
+  }
+  const LtPlan& lt_tf32_plan(const LtProduct& g) {
+    const auto key = g.key();
     auto it = lt_plans_.find(key);
     if (it != lt_plans_.end()) return it->second;
-    const int m = static_cast<int>(key[0]), n = static_cast<int>(key[1]), k = static_cast<int>(key[2]);
-    const bool ta = key[3] != 0, tb = key[4] != 0, pointer_array = key[12] != 0, device_scalars = key[13] != 0;
-    const int batch = static_cast<int>(key[8]);
+    const int m = to_int(g.m, "cuBLASLt m"), n = to_int(g.n, "cuBLASLt n"), k = to_int(g.k, "cuBLASLt k"),
+              batch = to_int(g.batch, "cuBLASLt batch");
     LtPlan& p = lt_plans_[key];  // an entry that stays ok = false if anything below fails
     auto set_desc = [&](cublasLtMatmulDescAttributes_t attr, auto v) {
       check(cublasLtMatmulDescSetAttribute(p.desc, attr, &v, sizeof(v)), "cublasLtMatmulDescSetAttribute");
@@ -1546,29 +1554,29 @@ class CudaBackend final : public Backend {
     auto layout = [&](cublasLtMatrixLayout_t* l, int rows, int cols, int64_t ld, int64_t stride) {
       check(cublasLtMatrixLayoutCreate(l, CUDA_R_32F, rows, cols, ld), "cublasLtMatrixLayoutCreate");
       const int32_t bc = batch;
-      const uint32_t mode = pointer_array ? CUBLASLT_BATCH_MODE_POINTER_ARRAY : CUBLASLT_BATCH_MODE_STRIDED;
+      const uint32_t mode = g.pointer_array ? CUBLASLT_BATCH_MODE_POINTER_ARRAY : CUBLASLT_BATCH_MODE_STRIDED;
       check(cublasLtMatrixLayoutSetAttribute(*l, CUBLASLT_MATRIX_LAYOUT_BATCH_COUNT, &bc, sizeof(bc)),
             "cublasLtMatrixLayoutSetAttribute");
       check(cublasLtMatrixLayoutSetAttribute(*l, CUBLASLT_MATRIX_LAYOUT_BATCH_MODE, &mode, sizeof(mode)),
             "cublasLtMatrixLayoutSetAttribute");
-      if (!pointer_array)
+      if (!g.pointer_array)
         check(cublasLtMatrixLayoutSetAttribute(*l, CUBLASLT_MATRIX_LAYOUT_STRIDED_BATCH_OFFSET, &stride,
                                                sizeof(stride)),
               "cublasLtMatrixLayoutSetAttribute");
     };
     check(cublasLtMatmulDescCreate(&p.desc, CUBLAS_COMPUTE_32F_FAST_TF32, CUDA_R_32F), "cublasLtMatmulDescCreate");
-    set_desc(CUBLASLT_MATMUL_DESC_TRANSA, ta ? CUBLAS_OP_T : CUBLAS_OP_N);
-    set_desc(CUBLASLT_MATMUL_DESC_TRANSB, tb ? CUBLAS_OP_T : CUBLAS_OP_N);
-    set_desc(CUBLASLT_MATMUL_DESC_POINTER_MODE, device_scalars ? CUBLASLT_POINTER_MODE_DEVICE
-                                                               : CUBLASLT_POINTER_MODE_HOST);
-    layout(&p.la, ta ? k : m, ta ? m : k, key[5], key[9]);
-    layout(&p.lb, tb ? n : k, tb ? k : n, key[6], key[10]);
-    layout(&p.lc, m, n, key[7], key[11]);
+    set_desc(CUBLASLT_MATMUL_DESC_TRANSA, g.ta ? CUBLAS_OP_T : CUBLAS_OP_N);
+    set_desc(CUBLASLT_MATMUL_DESC_TRANSB, g.tb ? CUBLAS_OP_T : CUBLAS_OP_N);
+    set_desc(CUBLASLT_MATMUL_DESC_POINTER_MODE, g.device_scalars ? CUBLASLT_POINTER_MODE_DEVICE
+                                                                 : CUBLASLT_POINTER_MODE_HOST);
+    layout(&p.la, g.ta ? k : m, g.ta ? m : k, g.lda, g.stride_a);
+    layout(&p.lb, g.tb ? n : k, g.tb ? k : n, g.ldb, g.stride_b);
+    layout(&p.lc, m, n, g.ldc, g.stride_c);
     cublasLtMatmulPreference_t pref = nullptr;
     check(cublasLtMatmulPreferenceCreate(&pref), "cublasLtMatmulPreferenceCreate");
     const uint64_t wsb = kCublasWorkspaceBytes;
-    const uint32_t al[4] = {static_cast<uint32_t>(key[14]), static_cast<uint32_t>(key[15]),
-                            static_cast<uint32_t>(key[16]), static_cast<uint32_t>(key[16])};
+    const uint32_t al[4] = {static_cast<uint32_t>(g.align_a), static_cast<uint32_t>(g.align_b),
+                            static_cast<uint32_t>(g.align_c), static_cast<uint32_t>(g.align_c)};
     cublasStatus_t st = cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &wsb,
                                                              sizeof(wsb));
     const cublasLtMatmulPreferenceAttributes_t al_attr[4] = {
@@ -1926,11 +1934,11 @@ class CudaBackend final : public Backend {
   void* blas_ws_ = nullptr;
   Buffer scratch_[kSlotCount];
   std::map<std::tuple<int, int, int>, int> lwork_;
-  // TF32 lowrank products through cuBLASLt (lt_lowrank_plan), their plans per shape
-  bool lt_lowrank_ = env_int("DION_LT_LOWRANK", 1) != 0;
+  // TF32 products through cuBLASLt (lt_tf32): its handle, the switches, the plans per product
   cublasLtHandle_t lt_ = nullptr;
+  bool lt_lowrank_ = env_int("DION_LT_LOWRANK", 1) != 0;
   bool lt_gemm_ = env_int("DION_LT_GEMM", 1) != 0;
-  std::map<LtKey, LtPlan> lt_plans_;
+  std::map<std::array<int64_t, 17>, LtPlan> lt_plans_;
 };
 
 }  // namespace
