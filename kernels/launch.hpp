@@ -86,8 +86,9 @@ void zero_fixup(const Ctx& c, ConstMatBatch m, MatBatch p, MatBatch r, ConstMatB
 void nonzero_flags(const Ctx& c, ConstMatBatch m, int32_t* flags);
 void zero_fixup_flagged(const Ctx& c, const int32_t* flags, MatBatch p, MatBatch r, ConstMatBatch q);
 size_t neuron_normalize_scratch(const Ctx& c, const MatBatch& u, Axis axis);
+// in_bf16 (nullable): u's values read from these dense bf16 matrices, u written.
 void neuron_normalize(const Ctx& c, MatBatch u, Axis axis, float* v, int64_t v_per_matrix, float beta2,
-                      const int32_t* selected, void* scratch);
+                      const int32_t* selected, void* scratch, const void* in_bf16);
 
 // ---- select.cu ----
 void topk(const Ctx& c, const float* scores, int64_t batch, int64_t n, int64_t k, int32_t* idx);
@@ -171,6 +172,9 @@ void mirror_bf16(const Ctx& c, MatBatch m, int64_t bs, float diag, MatBatch copy
                  float factor, float eps, int power);
 // m[b] (bf16 elements; ld and stride count elements) += v on the diagonal.
 void add_diag_bf16(const Ctx& c, MatBatch m, float v);
+// Backend::ns_shift_bf16 (parts null: no scale, a3 unused).
+void ns_shift_bf16(const Ctx& c, MatBatch a, MatBatch b, float coef, float diag, const double* parts, int64_t nparts,
+                   float factor, float eps, void* a3);
 // out[b] (rows x cols, row-major, dense) <- m[b] in double.
 void to_double(const Ctx& c, ConstMatBatch m, double* out);
 // r_out[b] (n x n row-major) <- the upper triangle of l[b] (n x n, dense,

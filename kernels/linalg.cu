@@ -441,6 +441,87 @@ __global__ void __launch_bounds__(kMirThreads)
 }
 }  // namespace
 
+namespace {
+// Backend::ns_shift_bf16: y walks the matrices, x the chunks of 8 elements
+// of a row (cpr per row, the last one short where n % 8 != 0: Vec, 16-byte
+// accesses, only where n % 8 == 0 and every row start is aligned).
+template <bool Vec>
+__global__ void ns_shift_bf16_kernel(MatBatch a, MatBatch b, float coef, float diag, const double* parts,
+                                     int64_t nparts, float factor, float eps, uint16_t* a3) {
+  __shared__ double sh[33];
+  const int64_t n = a.rows, cpr = (n + 7) / 8, chunks = n * cpr;
+  for (int64_t q = blockIdx.y; q < a.batch; q += gridDim.y) {
+    float s2 = 1.0f, s3 = 1.0f, sc = 1.0f;
+    if (parts) {
+      const float inv = frob_inv(parts, q, nparts, factor, eps, sh);
+      s2 = inv * inv;
+      s3 = s2 * inv;
+      sc = inv;
+    }
+    uint16_t* pa = reinterpret_cast<uint16_t*>(a.p) + q * a.stride;
+    uint16_t* pb = reinterpret_cast<uint16_t*>(b.p) + q * b.stride;
+    uint16_t* p3 = parts ? a3 + q * n * n : nullptr;
+    for (int64_t e = global_thread(); e < chunks; e += grid_threads()) {
+      const int64_t i = e / cpr, j0 = (e - i * cpr) * 8;
+      const int w = static_cast<int>(n - j0 < 8 ? n - j0 : 8);
+      uint16_t v[8] = {0, 0, 0, 0, 0, 0, 0, 0}, v3[8], vb[8];
+      if constexpr (Vec) {
+        mir_load8<true>(pa + i * a.ld + j0, v);
+      } else {
+        for (int k = 0; k < w; ++k) v[k] = pa[i * a.ld + j0 + k];
+      }
+#pragma unroll
+      for (int k = 0; k < 8; ++k) {
+        float x = bf16_to_float(v[k]);
+        if (parts) {
+          v3[k] = float_to_bf16(x * s3);
+          v[k] = float_to_bf16(x * s2);
+          x = bf16_to_float(v[k]);
+        }
+        float t = coef * x;
+        if (i == j0 + k) t += diag;
+        vb[k] = float_to_bf16(t * sc);
+      }
+      if constexpr (Vec) {
+        mir_store8<true>(pb + i * b.ld + j0, vb);
+        if (parts) {
+          mir_store8<true>(pa + i * a.ld + j0, v);
+          mir_store8<true>(p3 + i * n + j0, v3);
+        }
+      } else {
+        for (int k = 0; k < w; ++k) {
+          pb[i * b.ld + j0 + k] = vb[k];
+          if (parts) {
+            pa[i * a.ld + j0 + k] = v[k];
+            p3[i * n + j0 + k] = v3[k];
+          }
+        }
+      }
+    }
+  }
+}
+}  // namespace
+
+void ns_shift_bf16(const Ctx& c, MatBatch a, MatBatch b, float coef, float diag, const double* parts, int64_t nparts,
+                   float factor, float eps, void* a3) {
+  const int64_t n = a.rows;
+  if (n <= 0 || a.batch <= 0) return;
+  DION_REQUIRE(a.cols == n && b.rows == n && b.cols == n && b.batch == a.batch && (!parts || (a3 && nparts > 0)),
+               DION_ERROR_INTERNAL, "ns_shift_bf16: needs square matrices of one shape, and a3 with a scale");
+  const auto aligned = [](const void* p, int64_t ld, int64_t stride) {
+    return reinterpret_cast<uintptr_t>(p) % 16 == 0 && ld % 8 == 0 && stride % 8 == 0;
+  };
+  const bool vec = n % 8 == 0 && aligned(a.p, a.ld, a.stride) && aligned(b.p, b.ld, b.stride) &&
+                   (!parts || aligned(a3, n, n * n));
+  const dim3 grid = grid_multi(c, a.batch, n * ((n + 7) / 8));
+  uint16_t* p3 = static_cast<uint16_t*>(a3);
+  if (vec)
+    ns_shift_bf16_kernel<true><<<grid, kThreads, 0, c.stream>>>(a, b, coef, diag, parts, nparts, factor, eps, p3);
+  else
+    ns_shift_bf16_kernel<false><<<grid, kThreads, 0, c.stream>>>(a, b, coef, diag, parts, nparts, factor, eps, p3);
+  cuda::check_launch("ns_shift_bf16 kernel");
+}
+
 void sym_block_pointers(const Ctx& c, ConstMatBatch a, bool ta, ConstMatBatch b, bool tb, MatBatch m, int64_t nb,
                         int64_t bs, int64_t es, const void** out) {
   const int64_t nblk = nb * (nb + 1) / 2, cnt = m.batch * nblk;

@@ -40,14 +40,18 @@ namespace {
 // whole rows and the whole matrix, the single-device statistics (the
 // reference normalizes each rank's row shard after the return, with a
 // per-shard Frobenius rescale, spec §4.2).
-void normalize_owned(Optimizer& opt, const dion_group_options_t& o, const Batch& bt, const MbPlan& plan, MatBatch Um) {
+// in_bf16 (nullable): Um's values as dense bf16 matrices (the bf16
+// iteration's result), read there; Um is then only written.
+void normalize_owned(Optimizer& opt, const dion_group_options_t& o, const Batch& bt, const MbPlan& plan, MatBatch Um,
+                     const void* in_bf16) {
   const Tensor& t = bt.t;
   const bool flatten = o.flatten != 0;
   const StateBuf& Vs = state_of(opt, t, 1);
   float* V = load_ws(opt, bt, kState1, Vs.numel);
   Unshard uv(opt, plan, neuron_piece(t, plan, flatten), t.geom.batch * bt.count);
   float* Vo = uv.forward(V);
-  opt.backend->neuron_normalize(Um, logical_rows_axis(t), Vo, t.geom.m, static_cast<float>(o.muon_beta2), nullptr);
+  opt.backend->neuron_normalize(Um, logical_rows_axis(t), Vo, t.geom.m, static_cast<float>(o.muon_beta2), nullptr,
+                                in_bf16);
   uv.backward(V);
   store_ws(opt, bt, kState1, V, Vs.numel);
 }
@@ -107,15 +111,16 @@ void muon_family_step(Optimizer& opt, Group& g, const Batch& bt, bool normalize)
   else
     orthogonalize(opt, o, Um, plan.levels == 0 && !normalize ? &Ob : nullptr);
   if (normalize) {
-    // The normalisation is in fp32: a bf16 result (the bf16 start) is
-    // widened into a buffer of its own, which the update then reads.
+    // The normalisation is in fp32: it reads a bf16 result (the bf16 start)
+    // where it lies and writes the normalised values into a buffer of their
+    // own, which the update then reads.
+    const void* in = Ob;
     if (Ob) {
       U = opt.ws.take(N);
-      be.load(U, Ob, DION_DTYPE_BF16, N);
       Um.p = U;
       Ob = nullptr;
     }
-    normalize_owned(opt, o, bt, plan, Um);
+    normalize_owned(opt, o, bt, plan, Um, in);
   }
   uu.backward(U);
   update(opt, g, bt, Ob ? Ob : U, Ob ? DION_DTYPE_BF16 : DION_DTYPE_FP32);
@@ -173,7 +178,7 @@ bool muon_family_step_group(Optimizer& opt, Group& g, bool normalize) {
   auto middle = [&](size_t i) {  // O, then K deferred
     const MatBatch Um = ex.received(i);
     orthogonalize(opt, o, Um, nullptr);
-    if (normalize) normalize_owned(opt, o, batches[i], runs[i].plan, Um);
+    if (normalize) normalize_owned(opt, o, batches[i], runs[i].plan, Um, nullptr);
     ex.send_back(i, runs[i].U);
   };
   auto finish = [&](size_t i) {  // X, once K is done

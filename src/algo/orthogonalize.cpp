@@ -47,7 +47,6 @@ constexpr Coeffs kNewtonSchulz[] = {
 // inv), so X is never rewritten. Returns the bf16 result (X's buffer or Y's).
 MatBatch newton_schulz_bf16(Backend& be, const dion_group_options_t& o, MatBatch X, MatBatch Y, MatBatch A, MatBatch B,
                             const Coeffs* table, bool tall, const FrobParts* raw, float factor) {
-  const int64_t ns = A.rows * A.cols * A.batch;
   MatBatch cur = X, nxt = Y;
   for (int it = 0; it < o.ortho_steps; ++it) {
     const Coeffs& k = table[std::min(it, 4)];
@@ -59,29 +58,31 @@ MatBatch newton_schulz_bf16(Backend& be, const dion_group_options_t& o, MatBatch
     // B's with a's shift (below) where no first-step scaling follows.
     // The first step's scale (A = inv^2 X X^T, then (a I + B) inv) is
     // applied by the mirrors where the products were formed by blocks, in
-    // their pass, else by frob_scale_bf16.
+    // their pass, else by ns_shift_bf16.
     const FrobScale sc2{scale ? raw->parts : nullptr, scale ? raw->nparts : 0, factor, eps, 2};
     const FrobScale sc1{sc2.parts, sc2.nparts, factor, eps, 1};
     const int64_t bs_a = be.gemm_bf16_lower(tall, !tall, 1.0f, cur, cur, 0.0f, A);
     if (bs_a > 0) {
       be.mirror_bf16(A, bs_a, 0.0f, &B, scale ? &sc2 : nullptr);
-    } else {
-      if (scale) be.frob_scale_bf16(A, sc2, 0.0f);
-      be.copy(B.p, A.p, sizeof(uint16_t) * static_cast<size_t>(ns));
-    }
-    const int64_t bs_b = be.gemm_bf16_lower(false, false, static_cast<float>(k.c), A, A, static_cast<float>(k.b), B);
-    // B holds only A's lower blocks where A was formed by blocks: the same
-    // square, aligned buffers are then formed by blocks of the same size.
-    DION_REQUIRE(bs_a == 0 || bs_b == bs_a, DION_ERROR_INTERNAL, "newton_schulz_bf16: the block sizes differ");
-    // X' = a X + B X = (a I + B) X: the a X term goes into B's diagonal (a
-    // rounding of the small s x s matrix) instead of into a copy of X as C
-    // of the last product, which would move the whole s x l matrix once more.
-    if (bs_b > 0) {
+      const int64_t bs_b =
+          be.gemm_bf16_lower(false, false, static_cast<float>(k.c), A, A, static_cast<float>(k.b), B);
+      // B holds only A's lower blocks where A was formed by blocks: the same
+      // square, aligned buffers are then formed by blocks of the same size.
+      DION_REQUIRE(bs_b == bs_a, DION_ERROR_INTERNAL, "newton_schulz_bf16: the block sizes differ");
+      // X' = a X + B X = (a I + B) X: the a X term goes into B's diagonal (a
+      // rounding of the small s x s matrix) instead of into a copy of X as C
+      // of the last product, which would move the whole s x l matrix once more.
       be.mirror_bf16(B, bs_b, static_cast<float>(k.a), nullptr, scale ? &sc1 : nullptr);
-    } else if (scale) {
-      be.frob_scale_bf16(B, sc1, static_cast<float>(k.a));
     } else {
-      be.add_diag_bf16(B, static_cast<float>(k.a));
+      // Whole products: B = b A + a I (one pass, for B = c A A + B), so
+      // the product leaves a I + b A + c A A. The first step's scale goes
+      // into the same pass: A <- inv^2 A, a copy inv^3 A as the product's
+      // left operand (in nxt, which the last product overwrites after),
+      // and B = inv (b A + a I).
+      MatBatch A3{nxt.p, A.rows, A.rows, A.rows, A.rows * A.rows, A.batch};
+      be.ns_shift_bf16(A, B, static_cast<float>(k.b), static_cast<float>(k.a), scale ? &sc1 : nullptr,
+                       scale ? A3.p : nullptr);
+      be.gemm_bf16(false, false, static_cast<float>(k.c), scale ? A3 : A, A, 1.0f, B);
     }
     if (tall)
       be.gemm_bf16(false, false, 1.0f, cur, B, 0.0f, nxt);

@@ -273,6 +273,18 @@ class Backend {
                           dion_matmul_precision_t precision, dion_dtype_t c_dtype) = 0;
   // m[b] (bf16 elements, as for gemm_bf16) += v on its diagonal, rounded to bf16.
   virtual void add_diag_bf16(MatBatch m, float v) = 0;
+  // The bf16 iteration's step between A = X X^T and B = c A A + B where the
+  // products are whole (no blocks): for each n x n matrix of `a` (bf16
+  // elements, as for gemm_bf16), in fp32, b <- bf16((coef x + diag [i == j])
+  // sc) with x = a's element and sc = 1. With `scale` (the first step from an
+  // unnormalised start; its power is not read) and inv its inverse norm:
+  // first a <- bf16(inv^2 x) and a3 <- bf16(inv^3 x) (a3: n x n dense
+  // matrices, a batch stride of n * n), then b as above from the new a with
+  // sc = inv; the product c a3 a then adds about inv c A A, so b = inv (a I +
+  // b A + c A A) of the scaled A without a pass over b after the product
+  // (frob_scale_bf16 on A and on b, and a copy, took three). The products and
+  // sums in the order written (coef x, + diag, * sc).
+  virtual void ns_shift_bf16(MatBatch a, MatBatch b, float coef, float diag, const FrobScale* scale, void* a3) = 0;
   // In place: A (p x r, p >= r) <- the Q factor of its thin Householder QR.
   virtual void qr_q(MatBatch a) = 0;
   // R (r x r) <- the R factor of A's (p x r, p >= r) QR; A may be overwritten.
@@ -434,9 +446,13 @@ class Backend {
   // neuron per matrix (contiguous, batch-major) and is updated by a lerp with
   // weight 1 - beta2. If `selected` is not null, only those neurons' variances
   // are read and written (NorDion2: u holds k selected neurons whose variance
-  // indices are selected[b*k + j]).
+  // indices are selected[b*k + j]). If `in_bf16` is not null, u's values
+  // are read from it (dense bf16 matrices of u's shape, a batch stride of
+  // rows * cols), widened exactly, and u is only written: the result of
+  // load(BF16) into u and then the same call without it, up to the order
+  // of the sums of squares.
   virtual void neuron_normalize(MatBatch u, Axis neuron_axis, float* v, int64_t v_per_matrix, float beta2,
-                                const int32_t* selected) = 0;
+                                const int32_t* selected, const void* in_bf16) = 0;
 
   // ---- slice selection (Dion2) ----
   // Indices of the k largest scores of each of `batch` score vectors of

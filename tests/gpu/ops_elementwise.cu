@@ -550,33 +550,68 @@ TEST_F(OpsTest, SliceL1) {
   }
 }
 
+// Both axes, with and without selected variances, and (in_bf16) u's values
+// read from dense bf16 matrices: padded u (the element paths), and dense u
+// of 64 columns (16-byte chunks). The bf16 input against the host given
+// the same input, and against the device's own load then normalise (only
+// the order of the sums differs: the same ulp bound).
 TEST_F(OpsTest, NeuronNormalize) {
-  for (Axis ax : {kRows, kCols})
-    for (bool sel : {false, true}) {
-      SCOPED_TRACE(std::string(ax == kRows ? "rows" : "cols") + (sel ? " selected" : ""));
-      const int64_t B = 3;
-      Mat u = Mat::padded(24, 40, B);
-      u.fill([&] { return gauss(); });
-      const int64_t N = ax == kRows ? u.rows : u.cols, per = sel ? 3 * N : N;
-      std::vector<float> v(B * per);
-      for (auto& x : v) x = uni(0.0f, 2.0f);
-      std::vector<int32_t> idx;
-      if (sel)
-        for (int64_t b = 0; b < B; ++b) {
-          std::vector<int32_t> all(per);
-          std::iota(all.begin(), all.end(), 0);
-          std::shuffle(all.begin(), all.end(), rng);
-          all.resize(N);
-          std::sort(all.begin(), all.end());
-          idx.insert(idx.end(), all.begin(), all.end());
+  for (bool bf16 : {false, true})
+    for (bool dense : {false, true})
+      for (Axis ax : {kRows, kCols})
+        for (bool sel : {false, true}) {
+          if (dense && !bf16) continue;
+          SCOPED_TRACE(std::string(ax == kRows ? "rows" : "cols") + (sel ? " selected" : "") +
+                       (bf16 ? " bf16 input" : "") + (dense ? " dense" : " padded"));
+          const int64_t B = 3;
+          Mat u = dense ? Mat(24, 64, 64, 24 * 64, B) : Mat::padded(24, 40, B);
+          u.fill([&] { return gauss(); });
+          std::vector<uint16_t> in16(static_cast<size_t>(B * u.rows * u.cols));
+          for (int64_t b = 0; b < B; ++b)
+            for (int64_t i = 0; i < u.rows; ++i)
+              for (int64_t j = 0; j < u.cols; ++j) in16[static_cast<size_t>((b * u.rows + i) * u.cols + j)] =
+                  float_to_bf16(u.at(b, i, j));
+          const int64_t N = ax == kRows ? u.rows : u.cols, per = sel ? 3 * N : N;
+          std::vector<float> v(B * per);
+          for (auto& x : v) x = uni(0.0f, 2.0f);
+          std::vector<int32_t> idx;
+          if (sel)
+            for (int64_t b = 0; b < B; ++b) {
+              std::vector<int32_t> all(per);
+              std::iota(all.begin(), all.end(), 0);
+              std::shuffle(all.begin(), all.end(), rng);
+              all.resize(N);
+              std::sort(all.begin(), all.end());
+              idx.insert(idx.end(), all.begin(), all.end());
+            }
+          Dev<float> dv(v), dv2(v);
+          Dev<int32_t> didx(sel ? idx : std::vector<int32_t>{0});
+          Dev<uint16_t> din(in16);
+          Mat u2 = dense ? Mat(24, 64, 64, 24 * 64, B) : Mat::padded(24, 40, B);  // the device's load, then normalise
+          if (bf16) {
+            // u's own values must not be read: poison them on the device
+            std::vector<float> nan = u.h;
+            for (int64_t b = 0; b < B; ++b)
+              for (int64_t i = 0; i < u.rows; ++i)
+                for (int64_t j = 0; j < u.cols; ++j) nan[static_cast<size_t>(b * u.stride + i * u.ld + j)] = std::nanf("");
+            u.d.put(nan);
+          }
+          cuda->neuron_normalize(u.D(), ax, dv.p(), per, 0.95f, sel ? didx.p() : nullptr, bf16 ? din.p() : nullptr);
+          host->neuron_normalize(u.H(), ax, v.data(), per, 0.95f, sel ? idx.data() : nullptr,
+                                 bf16 ? in16.data() : nullptr);
+          EXPECT_TRUE(close(v, dv.get(), kUlps));
+          EXPECT_TRUE(close(u.h, u.dev(), kUlps));
+          if (bf16) {
+            // rows of u2 at their ld: widen row by row
+            for (int64_t b = 0; b < B; ++b)
+              for (int64_t i = 0; i < u.rows; ++i)
+                cuda->load(u2.d.p() + b * u2.stride + i * u2.ld, din.p() + (b * u.rows + i) * u.cols,
+                           DION_DTYPE_BF16, u.cols);
+            cuda->neuron_normalize(u2.D(), ax, dv2.p(), per, 0.95f, sel ? didx.p() : nullptr, nullptr);
+            EXPECT_TRUE(close(dv2.get(), dv.get(), kUlps));
+            EXPECT_TRUE(close(u2.dev(), u.dev(), kUlps));
+          }
         }
-      Dev<float> dv(v);
-      Dev<int32_t> didx(sel ? idx : std::vector<int32_t>{0});
-      cuda->neuron_normalize(u.D(), ax, dv.p(), per, 0.95f, sel ? didx.p() : nullptr);
-      host->neuron_normalize(u.H(), ax, v.data(), per, 0.95f, sel ? idx.data() : nullptr);
-      EXPECT_TRUE(close(v, dv.get(), kUlps));
-      EXPECT_TRUE(close(u.h, u.dev(), kUlps));
-    }
 }
 
 TEST_F(OpsTest, ApplyUpdateAndDecay) {
@@ -1604,6 +1639,57 @@ TEST_F(OpsTest, FrobScaleBf16) {
         EXPECT_EQ(far, 0);
         EXPECT_GT(changed, 0) << "the matrices were scaled";
       }
+}
+
+// ns_shift_bf16 (the bf16 iteration's shift before a whole A A product)
+// against the host: without a scale bit for bit (the same fp32 operations);
+// with one, inv comes from the parts summed in another order (a tree on the
+// device), which can move inv by a float ulp: at most one bf16 unit per
+// element of a, a3 and b. Cases: dense n a multiple of 8 (16-byte chunks,
+// 768 as gpt-160m's), padded rows (ld > n), n not a multiple of 8 (the
+// element path, a short last chunk per row), a batch beyond one; the
+// padding of a and b and the rest of a3's buffer stay as they were.
+TEST_F(OpsTest, NsShiftBf16) {
+  struct Case {
+    int64_t n, ld, batch, nparts;
+  } cases[] = {{768, 768, 3, 40}, {64, 72, 2, 5}, {37, 37, 3, 1}, {45, 48, 2, 7}};
+  const uint16_t kPad = 0x7fc5;
+  for (const Case& c : cases)
+    for (bool scaled : {false, true}) {
+      SCOPED_TRACE(::testing::Message() << c.n << " (ld " << c.ld << ") x " << c.batch << (scaled ? ", scaled" : ""));
+      std::vector<double> parts(static_cast<size_t>(c.batch * c.nparts));
+      for (double& p : parts) p = std::uniform_real_distribution<double>(0.0, 3.0)(rng);
+      std::vector<uint16_t> a(static_cast<size_t>(c.batch * c.n * c.ld), kPad), b(a.size(), kPad),
+          a3(static_cast<size_t>(c.batch * c.n * c.n + 5), kPad);
+      for (int64_t q = 0; q < c.batch; ++q)
+        for (int64_t i = 0; i < c.n; ++i)
+          for (int64_t j = 0; j < c.n; ++j) a[static_cast<size_t>((q * c.n + i) * c.ld + j)] = float_to_bf16(gauss());
+      Dev<double> dparts(parts);
+      Dev<uint16_t> da(a), db(b), da3(a3);
+      auto mb = [&](uint16_t* p) { return MatBatch{reinterpret_cast<float*>(p), c.n, c.n, c.ld, c.n * c.ld, c.batch}; };
+      const FrobScale dsc{dparts.p(), c.nparts, 1.02f, 1e-7f, 1}, hsc{parts.data(), c.nparts, 1.02f, 1e-7f, 1};
+      cuda->ns_shift_bf16(mb(da.p()), mb(db.p()), -4.775f, 3.4445f, scaled ? &dsc : nullptr,
+                          scaled ? da3.p() : nullptr);
+      std::vector<uint16_t> wa = a, wb = b, wa3 = a3;
+      host->ns_shift_bf16(mb(wa.data()), mb(wb.data()), -4.775f, 3.4445f, scaled ? &hsc : nullptr,
+                          scaled ? wa3.data() : nullptr);
+      const std::vector<uint16_t> ga = da.get(), gb = db.get(), ga3 = da3.get();
+      auto far = [&](const std::vector<uint16_t>& got, const std::vector<uint16_t>& want) {
+        int64_t bad = 0;
+        for (size_t i = 0; i < got.size(); ++i) {
+          // adjacent bit patterns of one sign are one bf16 unit apart; without a scale, exact
+          const int d = std::abs(static_cast<int>(got[i]) - static_cast<int>(want[i]));
+          bad += scaled ? d > 1 : d != 0;
+        }
+        return bad;
+      };
+      EXPECT_EQ(far(ga, wa), 0) << "a";
+      EXPECT_EQ(far(gb, wb), 0) << "b";
+      EXPECT_EQ(far(ga3, wa3), 0) << "a3";
+      EXPECT_NE(gb, b) << "b was written";
+      if (scaled) EXPECT_NE(ga3, a3) << "a3 was written";
+      if (!scaled) EXPECT_EQ(ga, a) << "a is read only without a scale";
+    }
 }
 
 // The local scope's parameter update: decay all, add the selected slices.

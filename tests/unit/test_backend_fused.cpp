@@ -585,6 +585,130 @@ TEST_F(HostFused, FrobScaleBf16ScalesAndShiftsTheDiagonal) {
     }
 }
 
+// ns_shift_bf16 against its definition on padded matrices (ld > n; the
+// padding kept): without a scale, b = bf16(coef x + diag [i == j]) and a
+// untouched; with one, a = bf16(inv^2 x), a3 = bf16(inv^3 x) (dense) and b =
+// bf16((coef a + diag [i == j]) inv), inv from the parts as frob_scale_bf16
+// takes them, every operation in fp32 in the order of the contract.
+TEST_F(HostFused, NsShiftBf16ScalesShiftsAndCopies) {
+  const int64_t n = 6, ld = 9, batch = 2, nparts = 3;
+  std::vector<double> parts(static_cast<size_t>(batch * nparts));
+  for (double& p : parts) p = std::uniform_real_distribution<double>(0.5, 4.0)(rng);
+  const uint16_t kPad = 0x7fc3;
+  for (bool scaled : {false, true}) {
+    SCOPED_TRACE(scaled ? "scaled" : "not scaled");
+    std::vector<uint16_t> a(static_cast<size_t>(batch * n * ld), kPad), b = a,
+                                                                        a3(static_cast<size_t>(batch * n * n), kPad);
+    for (int64_t q = 0; q < batch; ++q)
+      for (int64_t i = 0; i < n; ++i)
+        for (int64_t j = 0; j < n; ++j)
+          a[static_cast<size_t>((q * n + i) * ld + j)] = float_to_bf16(std::normal_distribution<float>()(rng));
+    const std::vector<uint16_t> before = a;
+    const FrobScale sc{parts.data(), nparts, 1.02f, 1e-7f, 1};
+    be->ns_shift_bf16(MatBatch{reinterpret_cast<float*>(a.data()), n, n, ld, n * ld, batch},
+                      MatBatch{reinterpret_cast<float*>(b.data()), n, n, ld, n * ld, batch}, -2.5f, 3.25f,
+                      scaled ? &sc : nullptr, scaled ? a3.data() : nullptr);
+    for (int64_t q = 0; q < batch; ++q) {
+      const double t = parts[q * nparts] + parts[q * nparts + 1] + parts[q * nparts + 2];
+      const float inv = static_cast<float>(1.0 / (1.02f * std::sqrt(t) + 1e-7f));
+      for (int64_t i = 0; i < n; ++i)
+        for (int64_t j = 0; j < ld; ++j) {
+          const size_t at = static_cast<size_t>((q * n + i) * ld + j);
+          if (j >= n) {
+            EXPECT_EQ(a[at], kPad);
+            EXPECT_EQ(b[at], kPad);
+            continue;
+          }
+          const float x = bf16_to_float(before[at]);
+          const uint16_t a1 = scaled ? float_to_bf16(x * (inv * inv)) : before[at];
+          EXPECT_EQ(a[at], a1) << q << ": " << i << ", " << j;
+          if (scaled)
+            EXPECT_EQ(a3[static_cast<size_t>((q * n + i) * n + j)], float_to_bf16(x * (inv * inv * inv)));
+          float v = -2.5f * bf16_to_float(a1);
+          if (i == j) v += 3.25f;
+          EXPECT_EQ(b[at], float_to_bf16(v * (scaled ? inv : 1.0f))) << q << ": " << i << ", " << j;
+        }
+    }
+  }
+}
+
+// What the iteration builds from ns_shift_bf16: the product c a3 a + b
+// (gemm_bf16, beta 1) equals inv (a I + b A + c A A) of the scaled A = inv^2 X
+// X^T (float64, from the bf16 X), within bf16 rounding: each of the three
+// roundings of A, a3 and b and the product's is at most 2^-8 relative, on
+// terms bounded by |b| |A| + |c| |A|^2 + |a| with |A| <= 1 (the spectral
+// norm of a normalised X's Gram matrix), so 4 x 2^-8 of that, times inv.
+TEST_F(HostFused, NsShiftBf16GivesTheScaledPolynomial) {
+  const int64_t n = 16, l = 40, batch = 2;
+  const double ca = 3.4445, cb = -4.775, cc = 2.0315;
+  std::vector<uint16_t> x(static_cast<size_t>(batch * n * l));
+  for (uint16_t& e : x) e = float_to_bf16(3.0f * std::normal_distribution<float>()(rng));
+  std::vector<double> parts(static_cast<size_t>(batch), 0.0);  // ||X||_F^2 in one part
+  for (int64_t q = 0; q < batch; ++q)
+    for (int64_t e = 0; e < n * l; ++e) {
+      const double v = bf16_to_float(x[static_cast<size_t>(q * n * l + e)]);
+      parts[static_cast<size_t>(q)] += v * v;
+    }
+  std::vector<uint16_t> a(static_cast<size_t>(batch * n * n)), b(a.size()), a3(a.size());
+  auto mb = [&](std::vector<uint16_t>& v, int64_t r, int64_t c) {
+    return MatBatch{reinterpret_cast<float*>(v.data()), r, c, c, r * c, batch};
+  };
+  be->gemm_bf16(false, true, 1.0f, mb(x, n, l), mb(x, n, l), 0.0f, mb(a, n, n));
+  const FrobScale sc{parts.data(), 1, 1.0f, 0.0f, 1};
+  be->ns_shift_bf16(mb(a, n, n), mb(b, n, n), static_cast<float>(cb), static_cast<float>(ca), &sc, a3.data());
+  be->gemm_bf16(false, false, static_cast<float>(cc), mb(a3, n, n), mb(a, n, n), 1.0f, mb(b, n, n));
+  for (int64_t q = 0; q < batch; ++q) {
+    const double inv = 1.0 / std::sqrt(parts[static_cast<size_t>(q)]);
+    std::vector<double> g(static_cast<size_t>(n * n), 0.0);  // inv^2 X X^T in float64
+    for (int64_t i = 0; i < n; ++i)
+      for (int64_t j = 0; j < n; ++j) {
+        double s = 0;
+        for (int64_t t = 0; t < l; ++t)
+          s += static_cast<double>(bf16_to_float(x[static_cast<size_t>((q * n + i) * l + t)])) *
+               bf16_to_float(x[static_cast<size_t>((q * n + j) * l + t)]);
+        g[static_cast<size_t>(i * n + j)] = s * inv * inv;
+      }
+    const double bound = 4.0 * std::ldexp(1.0, -8) * (std::fabs(cb) + std::fabs(cc) + std::fabs(ca)) * inv;
+    double worst = 0.0;
+    for (int64_t i = 0; i < n; ++i)
+      for (int64_t j = 0; j < n; ++j) {
+        double gg = 0;
+        for (int64_t t = 0; t < n; ++t) gg += g[static_cast<size_t>(i * n + t)] * g[static_cast<size_t>(t * n + j)];
+        const double want = inv * ((i == j ? ca : 0.0) + cb * g[static_cast<size_t>(i * n + j)] + cc * gg);
+        worst = std::max(worst, std::fabs(bf16_to_float(b[static_cast<size_t>((q * n + i) * n + j)]) - want));
+      }
+    EXPECT_LE(worst, bound) << "matrix " << q;
+    EXPECT_GT(worst, 0.0) << "bf16 roundings leave some error";
+  }
+}
+
+// neuron_normalize from a bf16 input equals widening the input into u
+// (load(BF16) row by row, u padded) and normalising u, bit for bit, on both
+// axes; u's own values are not read (they start as NaN).
+TEST_F(HostFused, NeuronNormalizeFromBf16EqualsLoadThenNormalize) {
+  const int64_t rows = 5, cols = 7, ld = 9, batch = 2;
+  std::vector<uint16_t> in(static_cast<size_t>(batch * rows * cols));
+  for (uint16_t& e : in) e = float_to_bf16(std::normal_distribution<float>()(rng));
+  for (Axis ax : {kRows, kCols}) {
+    const int64_t N = ax == kRows ? rows : cols;
+    std::vector<float> v(static_cast<size_t>(batch * N));
+    for (float& x : v) x = std::uniform_real_distribution<float>(0.0f, 2.0f)(rng);
+    std::vector<float> v2 = v, u(static_cast<size_t>(batch * rows * ld), std::nanf("")), u2(u.size(), 5.0f);
+    for (int64_t b = 0; b < batch; ++b)
+      for (int64_t i = 0; i < rows; ++i)
+        be->load(u2.data() + (b * rows + i) * ld, in.data() + (b * rows + i) * cols, DION_DTYPE_BF16, cols);
+    for (int64_t b = 0; b < batch; ++b)  // the padding of both: 5
+      for (int64_t i = 0; i < rows; ++i)
+        for (int64_t j = cols; j < ld; ++j) u[static_cast<size_t>((b * rows + i) * ld + j)] = 5.0f;
+    be->neuron_normalize(MatBatch{u.data(), rows, cols, ld, rows * ld, batch}, ax, v.data(), N, 0.9f, nullptr,
+                         in.data());
+    be->neuron_normalize(MatBatch{u2.data(), rows, cols, ld, rows * ld, batch}, ax, v2.data(), N, 0.9f, nullptr,
+                         nullptr);
+    EXPECT_EQ(0, std::memcmp(u.data(), u2.data(), sizeof(float) * u.size())) << (ax == kRows ? "rows" : "cols");
+    EXPECT_EQ(v, v2);
+  }
+}
+
 // Dion's finish of R: finish_r then col_scale_store against nan_to_num,
 // the fix-up (R = Q where the flag is 0), col_normalize, the bf16 copies
 // and store_multi, bit for bit; with NaN, +-inf and a column of 1e30s (its

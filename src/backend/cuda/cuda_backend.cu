@@ -687,6 +687,13 @@ class CudaBackend final : public Backend {
     kernels::add_diag_bf16(ctx(), m, v);
   }
 
+  void ns_shift_bf16(MatBatch a, MatBatch b, float coef, float diag, const FrobScale* scale, void* a3) override {
+    DeviceScope ds(device_);
+    ProfScope ps(prof_, "ns_shift_bf16", stream_);
+    kernels::ns_shift_bf16(ctx(), a, b, coef, diag, scale ? scale->parts : nullptr, scale ? scale->nparts : 0,
+                           scale ? scale->factor : 1.0f, scale ? scale->eps : 0.0f, a3);
+  }
+
   void qr_q(MatBatch a) override {
     const int64_t p = a.rows, r = a.cols;
     if (p == 0 || r == 0 || a.batch <= 0) return;
@@ -1294,13 +1301,13 @@ class CudaBackend final : public Backend {
     ProfScope ps(prof_, "lion", stream_);
     kernels::lion(ctx(), list, count, max_n, gs, cautious, skip);
   }
-  void neuron_normalize(MatBatch u, Axis axis, float* v, int64_t v_per_matrix, float beta2,
-                        const int32_t* selected) override {
+  void neuron_normalize(MatBatch u, Axis axis, float* v, int64_t v_per_matrix, float beta2, const int32_t* selected,
+                        const void* in_bf16) override {
     if (u.batch <= 0 || u.rows <= 0 || u.cols <= 0) return;
     DeviceScope ds(device_);
     ProfScope ps(prof_, "neuron_normalize", stream_);
     void* s = scratch(kReduce, kernels::neuron_normalize_scratch(ctx(), u, axis));
-    kernels::neuron_normalize(ctx(), u, axis, v, v_per_matrix, beta2, selected, s);
+    kernels::neuron_normalize(ctx(), u, axis, v, v_per_matrix, beta2, selected, s, in_bf16);
   }
 
   // ---- slice selection ----

@@ -226,6 +226,34 @@ class HostBackend final : public Backend {
       }
   }
 
+  void ns_shift_bf16(MatBatch a, MatBatch b, float coef, float diag, const FrobScale* scale, void* a3) override {
+    uint16_t *pa = reinterpret_cast<uint16_t*>(a.p), *pb = reinterpret_cast<uint16_t*>(b.p),
+             *p3 = static_cast<uint16_t*>(a3);
+    const int64_t n = a.rows;
+    for (int64_t q = 0; q < a.batch; ++q) {
+      float s2 = 1.0f, s3 = 1.0f, sc = 1.0f;
+      if (scale) {
+        const float inv = inv_of_parts(scale->parts, q, scale->nparts, scale->factor, scale->eps);
+        s2 = inv * inv;
+        s3 = s2 * inv;
+        sc = inv;
+      }
+      for (int64_t i = 0; i < n; ++i)
+        for (int64_t j = 0; j < n; ++j) {
+          uint16_t& e = pa[q * a.stride + i * a.ld + j];
+          float x = bf16_to_float(e);
+          if (scale) {
+            p3[(q * n + i) * n + j] = float_to_bf16(x * s3);
+            e = float_to_bf16(x * s2);
+            x = bf16_to_float(e);
+          }
+          float t = coef * x;
+          if (i == j) t += diag;
+          pb[q * b.stride + i * b.ld + j] = float_to_bf16(t * sc);
+        }
+    }
+  }
+
   // Copies row-major (p x r, ld) into a column-major p x r buffer.
   static float* to_colmajor(const float* src, int64_t p, int64_t r, int64_t ld, std::vector<float>& buf) {
     float* a = grow(buf, static_cast<size_t>(p * r));
@@ -593,8 +621,15 @@ class HostBackend final : public Backend {
       }
     }
   }
-  void neuron_normalize(MatBatch u, Axis axis, float* v, int64_t v_per_matrix, float beta2,
-                        const int32_t* selected) override {
+  void neuron_normalize(MatBatch u, Axis axis, float* v, int64_t v_per_matrix, float beta2, const int32_t* selected,
+                        const void* in_bf16) override {
+    if (in_bf16) {  // u <- the widened input (exact), then as from u
+      const uint16_t* in = static_cast<const uint16_t*>(in_bf16);
+      for (int64_t b = 0; b < u.batch; ++b)
+        for (int64_t i = 0; i < u.rows; ++i)
+          for (int64_t j = 0; j < u.cols; ++j)
+            at(u, b)[i * u.ld + j] = bf16_to_float(in[(b * u.rows + i) * u.cols + j]);
+    }
     const int64_t N = axis == kRows ? u.rows : u.cols;    // neurons in u
     const int64_t len = axis == kRows ? u.cols : u.rows;  // elements per neuron
     std::vector<double>& scale = col_acc_;
