@@ -290,6 +290,49 @@ __global__ void apply_update_multi_kernel(const TensorEntry* list, int64_t count
   }
 }
 
+// apply_update_multi_kernel on u' = float(u * scale * rescale), the product
+// in double in that order (neuron_normalize's): tensor t is one rows x cols
+// matrix, its neuron s (row i, or column j) scaled by scales[t * N + s], the
+// matrix by scales[count * N + t]. 16-byte chunks where cols % 8 == 0 (a
+// chunk lies in one row) and both buffers are aligned.
+__global__ void apply_update_neuron_multi_kernel(const TensorEntry* list, int64_t count, int64_t rows, int64_t cols,
+                                                 const void* u, dion_dtype_t du, const double* scales,
+                                                 bool rows_are_neurons, const GroupScalars* gs, float lr_mult,
+                                                 bool cautious, const int32_t* skip) {
+  if (skip && *skip) return;
+  const Update op(gs, lr_mult, cautious);
+  const int64_t usize = du == DION_DTYPE_FP32 ? 4 : 2, n = rows * cols, N = rows_are_neurons ? rows : cols;
+  for (int64_t t = blockIdx.y; t < count; t += gridDim.y) {
+    void* px = list[t].ptr[kParam];
+    const dion_dtype_t dx = static_cast<dion_dtype_t>(list[t].dtype[kParam]);
+    const void* ut = static_cast<const char*>(u) + t * n * usize;
+    const double* sc = scales + t * N;
+    const double rs = scales[count * N + t];
+    int64_t i0 = 0;
+    if (cols % 8 == 0 && aligned16(px) && aligned16(ut)) {
+      const int64_t n8 = n / 8;
+      for (int64_t j = global_thread(); j < n8; j += grid_threads()) {
+        const int64_t i = 8 * j / cols, c0 = 8 * j - i * cols;
+        float x[8], v[8];
+        load8(px, dx, j, x);
+        load8(ut, du, j, v);
+#pragma unroll
+        for (int k = 0; k < 8; ++k) {
+          v[k] = static_cast<float>(v[k] * sc[rows_are_neurons ? i : c0 + k] * rs);
+          x[k] = op(x[k], v[k]);
+        }
+        store8(px, dx, j, x);
+      }
+      i0 = n8 * 8;
+    }
+    for (int64_t e = i0 + global_thread(); e < n; e += grid_threads()) {
+      const int64_t i = e / cols, c = e - i * cols;
+      const float v = static_cast<float>(load_elem(ut, du, e) * sc[rows_are_neurons ? i : c] * rs);
+      store_elem(px, dx, e, op(load_elem(px, dx, e), v));
+    }
+  }
+}
+
 __device__ __forceinline__ const void* pointer_of(const PtrSource& s, const TensorEntry* list, int64_t i) {
   return s.field >= 0 ? list[i].ptr[s.field] : static_cast<const char*>(s.base) + i * s.stride;
 }
@@ -475,6 +518,15 @@ void apply_update_multi(const Ctx& c, const TensorEntry* list, int64_t count, in
   apply_update_multi_kernel<<<grid_multi(c, count, (n + 7) / 8), kThreads, 0, c.stream>>>(
       list, count, n, u, u_dtype, gs, lr_mult, cautious, skip);
   cuda::check_launch("apply_update_multi kernel");
+}
+
+void apply_update_neuron_multi(const Ctx& c, const TensorEntry* list, int64_t count, int64_t rows, int64_t cols,
+                               const void* u, dion_dtype_t u_dtype, const double* scales, bool rows_are_neurons,
+                               const GroupScalars* gs, float lr_mult, bool cautious, const int32_t* skip) {
+  if (count <= 0 || rows <= 0 || cols <= 0) return;
+  apply_update_neuron_multi_kernel<<<grid_multi(c, count, (rows * cols + 7) / 8), kThreads, 0, c.stream>>>(
+      list, count, rows, cols, u, u_dtype, scales, rows_are_neurons, gs, lr_mult, cautious, skip);
+  cuda::check_launch("apply_update_neuron_multi kernel");
 }
 
 void decay(const Ctx& c, float* x, int64_t n, const GroupScalars* gs) {

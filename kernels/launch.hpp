@@ -86,9 +86,15 @@ void zero_fixup(const Ctx& c, ConstMatBatch m, MatBatch p, MatBatch r, ConstMatB
 void nonzero_flags(const Ctx& c, ConstMatBatch m, int32_t* flags);
 void zero_fixup_flagged(const Ctx& c, const int32_t* flags, MatBatch p, MatBatch r, ConstMatBatch q);
 size_t neuron_normalize_scratch(const Ctx& c, const MatBatch& u, Axis axis);
-// in_bf16 (nullable): u's values read from these dense bf16 matrices, u written.
 void neuron_normalize(const Ctx& c, MatBatch u, Axis axis, float* v, int64_t v_per_matrix, float beta2,
-                      const int32_t* selected, void* scratch, const void* in_bf16);
+                      const int32_t* selected, void* scratch);
+// Backend::neuron_scales; scratch: neuron_normalize_scratch of the shape.
+void neuron_scales(const Ctx& c, int64_t batch, int64_t rows, int64_t cols, Axis axis, const void* in, float* v,
+                   int64_t v_per_matrix, float beta2, void* scratch, double* scales);
+// Backend::apply_update_neuron_multi.
+void apply_update_neuron_multi(const Ctx& c, const TensorEntry* list, int64_t count, int64_t rows, int64_t cols,
+                               const void* u, dion_dtype_t u_dtype, const double* scales, bool rows_are_neurons,
+                               const GroupScalars* gs, float lr_mult, bool cautious, const int32_t* skip);
 
 // ---- select.cu ----
 void topk(const Ctx& c, const float* scores, int64_t batch, int64_t n, int64_t k, int32_t* idx);

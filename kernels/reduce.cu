@@ -525,37 +525,6 @@ struct NeuronScale {
   }
 };
 
-// neuron_normalize's scale pass from a bf16 input (dense rows x cols
-// matrices) into u: NeuronScale's expression on the widened element, by
-// chunks of 8 of a row (x walks them, y the matrices; 16-byte loads and two
-// 16-byte stores where Vec: cols % 8 == 0 and both sides aligned).
-template <bool Vec>
-__global__ void neuron_scale_bf16_kernel(MatBatch u, const uint16_t* in, bool rows_are_neurons, int64_t N,
-                                         const double* scale, const double* rescale) {
-  const int64_t cols = u.cols, cpr = (cols + 7) / 8, chunks = u.rows * cpr;
-  for (int64_t b = blockIdx.y; b < u.batch; b += gridDim.y) {
-    const uint16_t* src = in + b * u.rows * cols;
-    float* dst = mat_at(u, b);
-    const double rs = rescale[b];
-    const double* sc = scale + b * N;
-    for (int64_t e = global_thread(); e < chunks; e += grid_threads()) {
-      const int64_t i = e / cpr, j0 = (e - i * cpr) * 8;
-      float v[8];
-      if constexpr (Vec) {
-        load8(src + i * cols, DION_DTYPE_BF16, j0 / 8, v);
-#pragma unroll
-        for (int k = 0; k < 8; ++k) v[k] = static_cast<float>(v[k] * sc[rows_are_neurons ? i : j0 + k] * rs);
-        store8(dst + i * u.ld, DION_DTYPE_FP32, j0 / 8, v);
-      } else {
-        const int64_t w = cols - j0 < 8 ? cols - j0 : 8;
-        for (int64_t k = 0; k < w; ++k)
-          dst[i * u.ld + j0 + k] =
-              static_cast<float>(bf16_to_float(src[i * cols + j0 + k]) * sc[rows_are_neurons ? i : j0 + k] * rs);
-      }
-    }
-  }
-}
-
 // Dense bf16 matrices (batch stride rows * cols) as a row/column sums source.
 struct Bf16Src {
   const uint16_t* p;
@@ -857,23 +826,22 @@ size_t neuron_normalize_scratch(const Ctx& c, const MatBatch& u, Axis axis) {
   return bytes;
 }
 
-void neuron_normalize(const Ctx& c, MatBatch u, Axis axis, float* v, int64_t v_per_matrix, float beta2,
-                      const int32_t* selected, void* scratch, const void* in_bf16) {
+namespace {
+// The statistics of neuron_normalize and neuron_scales: the sums of squares
+// of u's neurons (or of in's, dense bf16 matrices of u's shape, where in is
+// not null) into scratch, then v, scale (batch x N) and rescale (batch).
+void neuron_stats(const Ctx& c, MatBatch u, Axis axis, float* v, int64_t v_per_matrix, float beta2,
+                  const int32_t* selected, void* scratch, const uint16_t* in, double* scale, double* rescale) {
   const int64_t N = axis == kRows ? u.rows : u.cols;    // neurons
   const int64_t len = axis == kRows ? u.cols : u.rows;  // elements per neuron
-  if (u.batch <= 0 || N <= 0 || len <= 0) return;
   double* ss = static_cast<double*>(scratch);
-  double* scale = ss + u.batch * N;
-  double* rescale = scale + u.batch * N;
-  double* partial = rescale + u.batch;
-  const uint16_t* in = static_cast<const uint16_t*>(in_bf16);
-  const bool in_vec = in && u.cols % 8 == 0 && reinterpret_cast<uintptr_t>(in) % 16 == 0;
+  double* partial = ss + u.batch * N * 2 + u.batch;  // past neuron_normalize's scale and rescale
   if (in) {
-    const Bf16Src src{in, u.rows, u.cols, in_vec};
+    const Bf16Src src{in, u.rows, u.cols, u.cols % 8 == 0 && reinterpret_cast<uintptr_t>(in) % 16 == 0};
     if (axis == kRows)
-      row_sums<kSquares, double, 8>(c, src, u.batch, u.rows, u.cols, ss, "neuron_normalize row kernel (bf16)");
+      row_sums<kSquares, double, 8>(c, src, u.batch, u.rows, u.cols, ss, "neuron_scales row kernel");
     else
-      col_sums<kSquares, double>(c, src, u.batch, u.rows, u.cols, ss, partial, "neuron_normalize column kernel (bf16)");
+      col_sums<kSquares, double>(c, src, u.batch, u.rows, u.cols, ss, partial, "neuron_scales column kernel");
   } else if (axis == kRows) {
     row_sums<kSquares, double>(c, u, ss, "neuron_normalize row kernel");
   } else {
@@ -883,17 +851,26 @@ void neuron_normalize(const Ctx& c, MatBatch u, Axis axis, float* v, int64_t v_p
   neuron_stats_kernel<<<blocks, kThreads, 0, c.stream>>>(u.batch, N, len, ss, v, v_per_matrix, beta2, selected, scale,
                                                          rescale);
   cuda::check_launch("neuron_normalize variance kernel");
-  if (in) {
-    const dim3 grid = grid_multi(c, u.batch, u.rows * ((u.cols + 7) / 8));
-    if (in_vec && u.ld % 4 == 0 && u.stride % 4 == 0 && reinterpret_cast<uintptr_t>(u.p) % 16 == 0)
-      neuron_scale_bf16_kernel<true><<<grid, kThreads, 0, c.stream>>>(u, in, axis == kRows, N, scale, rescale);
-    else
-      neuron_scale_bf16_kernel<false><<<grid, kThreads, 0, c.stream>>>(u, in, axis == kRows, N, scale, rescale);
-    cuda::check_launch("neuron_normalize scale kernel (bf16)");
-    return;
-  }
+}
+}  // namespace
+
+void neuron_normalize(const Ctx& c, MatBatch u, Axis axis, float* v, int64_t v_per_matrix, float beta2,
+                      const int32_t* selected, void* scratch) {
+  const int64_t N = axis == kRows ? u.rows : u.cols;
+  if (u.batch <= 0 || u.rows <= 0 || u.cols <= 0) return;
+  double* scale = static_cast<double*>(scratch) + u.batch * N;
+  double* rescale = scale + u.batch * N;
+  neuron_stats(c, u, axis, v, v_per_matrix, beta2, selected, scratch, nullptr, scale, rescale);
   for_each_2d(c, u.batch, u.rows, u.cols, NeuronScale{u, axis == kRows, N, scale, rescale},
               "neuron_normalize scale kernel");
+}
+
+void neuron_scales(const Ctx& c, int64_t batch, int64_t rows, int64_t cols, Axis axis, const void* in, float* v,
+                   int64_t v_per_matrix, float beta2, void* scratch, double* scales) {
+  if (batch <= 0 || rows <= 0 || cols <= 0) return;
+  const int64_t N = axis == kRows ? rows : cols;
+  neuron_stats(c, MatBatch{nullptr, rows, cols, cols, rows * cols, batch}, axis, v, v_per_matrix, beta2, nullptr,
+               scratch, static_cast<const uint16_t*>(in), scales, scales + batch * N);
 }
 
 }  // namespace dion::kernels

@@ -198,7 +198,7 @@ void normalize_selected(Optimizer& opt, const dion_group_options_t& o, const Bat
   if (B > 0 && s.k > 0) be.gather_slices(Vm, kRows, idx, s.k, Vsel);
   Unshard uv(opt, p.mb, selected_neuron_piece(p, t, s), B);
   float* Vo = uv.forward(Vsel.p);
-  be.neuron_normalize(Sw, s.axis, Vo, uv.whole().dims[0], static_cast<float>(o.muon_beta2), nullptr, nullptr);
+  be.neuron_normalize(Sw, s.axis, Vo, uv.whole().dims[0], static_cast<float>(o.muon_beta2), nullptr);
   uv.backward(Vsel.p);
   if (B > 0 && s.k > 0) {
     be.scale_slices(Vm, kRows, idx, s.k, 0.0f);
@@ -290,7 +290,7 @@ void dion2_family_step(Optimizer& opt, Group& g, const Batch& bt, bool nor) {
       float* V = load_ws(opt, bt, kState1, Vs.numel);
       Unshard uv(opt, p.mb, neuron_piece(t, p.mb, flatten), B);
       float* Vo = uv.forward(V);
-      be.neuron_normalize(S, s.axis, Vo, s.N, static_cast<float>(o.muon_beta2), idx, nullptr);
+      be.neuron_normalize(S, s.axis, Vo, s.N, static_cast<float>(o.muon_beta2), idx);
       uv.backward(V);
       store_ws(opt, bt, kState1, V, Vs.numel);
     }

@@ -26,9 +26,10 @@ size_t muon_family_workspace(const Group& g, const Tensor& t, int64_t count) {
     const int64_t rows = max_local_extent(t, flatten && t.ndim >= 3 ? 0 : t.ndim - 2);
     w += ws_floats(B * rows) + megabatch_sizes(plan, neuron_piece(t, plan, flatten), B).ws_floats;
     // With the bf16 start, U (bf16) and the iteration's second bf16 buffer
-    // take two half-size buffers where the fp32 path takes one of N floats,
-    // then the widened result N floats: at most two alignment units more.
-    if (plan.levels == 0) w += 2 * ws_floats(1);
+    // take two half-size buffers where the fp32 path takes one of N floats
+    // (at most two alignment units more), then the neurons' scales and the
+    // matrices' rescales (doubles; neuron_scales).
+    if (plan.levels == 0) w += 2 * ws_floats(1) + ws_floats(2 * (B * (t.geom.m + t.geom.n) + B));
   }
   return w;
 }
@@ -40,18 +41,14 @@ namespace {
 // whole rows and the whole matrix, the single-device statistics (the
 // reference normalizes each rank's row shard after the return, with a
 // per-shard Frobenius rescale, spec §4.2).
-// in_bf16 (nullable): Um's values as dense bf16 matrices (the bf16
-// iteration's result), read there; Um is then only written.
-void normalize_owned(Optimizer& opt, const dion_group_options_t& o, const Batch& bt, const MbPlan& plan, MatBatch Um,
-                     const void* in_bf16) {
+void normalize_owned(Optimizer& opt, const dion_group_options_t& o, const Batch& bt, const MbPlan& plan, MatBatch Um) {
   const Tensor& t = bt.t;
   const bool flatten = o.flatten != 0;
   const StateBuf& Vs = state_of(opt, t, 1);
   float* V = load_ws(opt, bt, kState1, Vs.numel);
   Unshard uv(opt, plan, neuron_piece(t, plan, flatten), t.geom.batch * bt.count);
   float* Vo = uv.forward(V);
-  opt.backend->neuron_normalize(Um, logical_rows_axis(t), Vo, t.geom.m, static_cast<float>(o.muon_beta2), nullptr,
-                                in_bf16);
+  opt.backend->neuron_normalize(Um, logical_rows_axis(t), Vo, t.geom.m, static_cast<float>(o.muon_beta2), nullptr);
   uv.backward(V);
   store_ws(opt, bt, kState1, V, Vs.numel);
 }
@@ -110,18 +107,24 @@ void muon_family_step(Optimizer& opt, Group& g, const Batch& bt, bool normalize)
     orthogonalize_bf16_unnormalised(opt, o, Um, sums, &Ob);
   else
     orthogonalize(opt, o, Um, plan.levels == 0 && !normalize ? &Ob : nullptr);
-  if (normalize) {
-    // The normalisation is in fp32: it reads a bf16 result (the bf16 start)
-    // where it lies and writes the normalised values into a buffer of their
-    // own, which the update then reads.
-    const void* in = Ob;
-    if (Ob) {
-      U = opt.ws.take(N);
-      Um.p = U;
-      Ob = nullptr;
-    }
-    normalize_owned(opt, o, bt, plan, Um, in);
+  if (normalize && Ob) {
+    // NorMuon from the bf16 result (the bf16 start, no exchange): the
+    // statistics from it where it lies, and the update normalises as it
+    // reads it (in fp32, the bits of the normalised fp32 U), so the
+    // normalised matrices are never written.
+    const Axis axis = logical_rows_axis(t);
+    const int64_t nn = axis == kRows ? Um.rows : Um.cols;
+    double* sc = reinterpret_cast<double*>(opt.ws.take(2 * (Um.batch * nn + Um.batch)));
+    const StateBuf& Vs = state_of(opt, t, 1);
+    float* V = load_ws(opt, bt, kState1, Vs.numel);
+    be.neuron_scales(Um.batch, Um.rows, Um.cols, axis, Ob, V, t.geom.m, static_cast<float>(o.muon_beta2), sc);
+    store_ws(opt, bt, kState1, V, Vs.numel);
+    be.apply_update_neuron_multi(bt.list, T, Um.rows, Um.cols, Ob, DION_DTYPE_BF16, sc, axis, g.scalars,
+                                 static_cast<float>(adjusted_lr(o, 1.0, t.geom.m, t.geom.n)), o.cautious_wd != 0,
+                                 opt.skip_flag());
+    return;
   }
+  if (normalize) normalize_owned(opt, o, bt, plan, Um);
   uu.backward(U);
   update(opt, g, bt, Ob ? Ob : U, Ob ? DION_DTYPE_BF16 : DION_DTYPE_FP32);
 }
@@ -178,7 +181,7 @@ bool muon_family_step_group(Optimizer& opt, Group& g, bool normalize) {
   auto middle = [&](size_t i) {  // O, then K deferred
     const MatBatch Um = ex.received(i);
     orthogonalize(opt, o, Um, nullptr);
-    if (normalize) normalize_owned(opt, o, batches[i], runs[i].plan, Um, nullptr);
+    if (normalize) normalize_owned(opt, o, batches[i], runs[i].plan, Um);
     ex.send_back(i, runs[i].U);
   };
   auto finish = [&](size_t i) {  // X, once K is done

@@ -446,13 +446,18 @@ class Backend {
   // neuron per matrix (contiguous, batch-major) and is updated by a lerp with
   // weight 1 - beta2. If `selected` is not null, only those neurons' variances
   // are read and written (NorDion2: u holds k selected neurons whose variance
-  // indices are selected[b*k + j]). If `in_bf16` is not null, u's values
-  // are read from it (dense bf16 matrices of u's shape, a batch stride of
-  // rows * cols), widened exactly, and u is only written: the result of
-  // load(BF16) into u and then the same call without it, up to the order
-  // of the sums of squares.
+  // indices are selected[b*k + j]).
   virtual void neuron_normalize(MatBatch u, Axis neuron_axis, float* v, int64_t v_per_matrix, float beta2,
-                                const int32_t* selected, const void* in_bf16) = 0;
+                                const int32_t* selected) = 0;
+  // neuron_normalize's statistics of `batch` dense bf16 rows x cols matrices
+  // (in_bf16) without its pass over them (no `selected`): v updated as
+  // there, each neuron's scale into scales[b * N + s] and each matrix's
+  // rescale into scales[batch * N + b] (N neurons per matrix), in double:
+  // neuron_normalize would leave float(x * scale * rescale) in that order
+  // (up to the order of the sums of squares).
+  // NorMuon's update then applies them (apply_update_neuron_multi).
+  virtual void neuron_scales(int64_t batch, int64_t rows, int64_t cols, Axis neuron_axis, const void* in_bf16,
+                             float* v, int64_t v_per_matrix, float beta2, double* scales) = 0;
 
   // ---- slice selection (Dion2) ----
   // Indices of the k largest scores of each of `batch` score vectors of
@@ -510,6 +515,15 @@ class Backend {
   virtual void apply_update_multi(const TensorEntry* list, int64_t count, int64_t n, const void* u,
                                   dion_dtype_t u_dtype, const GroupScalars* gs, float lr_mult, bool cautious,
                                   const int32_t* skip) = 0;
+  // apply_update_multi with each tensor one rows x cols matrix (n = rows *
+  // cols) and u normalised as neuron_normalize would leave it, from
+  // neuron_scales' `scales` (count matrices, neurons along `neuron_axis`):
+  // the same bits as neuron_normalize on the widened u, then
+  // apply_update_multi on its fp32 result, without that result's pass.
+  virtual void apply_update_neuron_multi(const TensorEntry* list, int64_t count, int64_t rows, int64_t cols,
+                                         const void* u, dion_dtype_t u_dtype, const double* scales, Axis neuron_axis,
+                                         const GroupScalars* gs, float lr_mult, bool cautious,
+                                         const int32_t* skip) = 0;
   // Dion's update from its factors: for each listed tensor i, X_i (field
   // kParam, rows x cols row-major dense, of dtype x_dtype) <- decay X_i - lr
   // lr_mult (A_i B_i^T), with A_i (rows x r) and B_i (cols x r) the matrices

@@ -550,68 +550,33 @@ TEST_F(OpsTest, SliceL1) {
   }
 }
 
-// Both axes, with and without selected variances, and (in_bf16) u's values
-// read from dense bf16 matrices: padded u (the element paths), and dense u
-// of 64 columns (16-byte chunks). The bf16 input against the host given
-// the same input, and against the device's own load then normalise (only
-// the order of the sums differs: the same ulp bound).
 TEST_F(OpsTest, NeuronNormalize) {
-  for (bool bf16 : {false, true})
-    for (bool dense : {false, true})
-      for (Axis ax : {kRows, kCols})
-        for (bool sel : {false, true}) {
-          if (dense && !bf16) continue;
-          SCOPED_TRACE(std::string(ax == kRows ? "rows" : "cols") + (sel ? " selected" : "") +
-                       (bf16 ? " bf16 input" : "") + (dense ? " dense" : " padded"));
-          const int64_t B = 3;
-          Mat u = dense ? Mat(24, 64, 64, 24 * 64, B) : Mat::padded(24, 40, B);
-          u.fill([&] { return gauss(); });
-          std::vector<uint16_t> in16(static_cast<size_t>(B * u.rows * u.cols));
-          for (int64_t b = 0; b < B; ++b)
-            for (int64_t i = 0; i < u.rows; ++i)
-              for (int64_t j = 0; j < u.cols; ++j) in16[static_cast<size_t>((b * u.rows + i) * u.cols + j)] =
-                  float_to_bf16(u.at(b, i, j));
-          const int64_t N = ax == kRows ? u.rows : u.cols, per = sel ? 3 * N : N;
-          std::vector<float> v(B * per);
-          for (auto& x : v) x = uni(0.0f, 2.0f);
-          std::vector<int32_t> idx;
-          if (sel)
-            for (int64_t b = 0; b < B; ++b) {
-              std::vector<int32_t> all(per);
-              std::iota(all.begin(), all.end(), 0);
-              std::shuffle(all.begin(), all.end(), rng);
-              all.resize(N);
-              std::sort(all.begin(), all.end());
-              idx.insert(idx.end(), all.begin(), all.end());
-            }
-          Dev<float> dv(v), dv2(v);
-          Dev<int32_t> didx(sel ? idx : std::vector<int32_t>{0});
-          Dev<uint16_t> din(in16);
-          Mat u2 = dense ? Mat(24, 64, 64, 24 * 64, B) : Mat::padded(24, 40, B);  // the device's load, then normalise
-          if (bf16) {
-            // u's own values must not be read: poison them on the device
-            std::vector<float> nan = u.h;
-            for (int64_t b = 0; b < B; ++b)
-              for (int64_t i = 0; i < u.rows; ++i)
-                for (int64_t j = 0; j < u.cols; ++j) nan[static_cast<size_t>(b * u.stride + i * u.ld + j)] = std::nanf("");
-            u.d.put(nan);
-          }
-          cuda->neuron_normalize(u.D(), ax, dv.p(), per, 0.95f, sel ? didx.p() : nullptr, bf16 ? din.p() : nullptr);
-          host->neuron_normalize(u.H(), ax, v.data(), per, 0.95f, sel ? idx.data() : nullptr,
-                                 bf16 ? in16.data() : nullptr);
-          EXPECT_TRUE(close(v, dv.get(), kUlps));
-          EXPECT_TRUE(close(u.h, u.dev(), kUlps));
-          if (bf16) {
-            // rows of u2 at their ld: widen row by row
-            for (int64_t b = 0; b < B; ++b)
-              for (int64_t i = 0; i < u.rows; ++i)
-                cuda->load(u2.d.p() + b * u2.stride + i * u2.ld, din.p() + (b * u.rows + i) * u.cols,
-                           DION_DTYPE_BF16, u.cols);
-            cuda->neuron_normalize(u2.D(), ax, dv2.p(), per, 0.95f, sel ? didx.p() : nullptr, nullptr);
-            EXPECT_TRUE(close(dv2.get(), dv.get(), kUlps));
-            EXPECT_TRUE(close(u2.dev(), u.dev(), kUlps));
-          }
+  for (Axis ax : {kRows, kCols})
+    for (bool sel : {false, true}) {
+      SCOPED_TRACE(std::string(ax == kRows ? "rows" : "cols") + (sel ? " selected" : ""));
+      const int64_t B = 3;
+      Mat u = Mat::padded(24, 40, B);
+      u.fill([&] { return gauss(); });
+      const int64_t N = ax == kRows ? u.rows : u.cols, per = sel ? 3 * N : N;
+      std::vector<float> v(B * per);
+      for (auto& x : v) x = uni(0.0f, 2.0f);
+      std::vector<int32_t> idx;
+      if (sel)
+        for (int64_t b = 0; b < B; ++b) {
+          std::vector<int32_t> all(per);
+          std::iota(all.begin(), all.end(), 0);
+          std::shuffle(all.begin(), all.end(), rng);
+          all.resize(N);
+          std::sort(all.begin(), all.end());
+          idx.insert(idx.end(), all.begin(), all.end());
         }
+      Dev<float> dv(v);
+      Dev<int32_t> didx(sel ? idx : std::vector<int32_t>{0});
+      cuda->neuron_normalize(u.D(), ax, dv.p(), per, 0.95f, sel ? didx.p() : nullptr);
+      host->neuron_normalize(u.H(), ax, v.data(), per, 0.95f, sel ? idx.data() : nullptr);
+      EXPECT_TRUE(close(v, dv.get(), kUlps));
+      EXPECT_TRUE(close(u.h, u.dev(), kUlps));
+    }
 }
 
 TEST_F(OpsTest, ApplyUpdateAndDecay) {
@@ -992,6 +957,57 @@ TEST_P(FusedMultiTest, ApplyUpdateMulti) {
                                cautious, &skip);
       compare_tensors(tp.b, 1);
     }
+}
+
+// NorMuon's fused pair: neuron_scales from bf16 matrices, then
+// apply_update_neuron_multi, against the host's pair (which the unit suite
+// checks bit for bit against load, neuron_normalize and
+// apply_update_multi): the variances within fp32 ulps (the device sums the
+// squares in another order), the parameters within their dtype's
+// tolerance, the scales themselves close. Shapes: 64 columns (16-byte
+// chunks of one row each), 37 (the element path); the tensors aligned or
+// shifted by one element (the update's element path); both axes; cautious
+// or not; a set skip flag writes no parameter.
+TEST_F(OpsTest, NeuronScalesAndUpdate) {
+  const GroupScalars gs{0.02, 0.1, 0.9, 0.95, 3, 0};
+  Dev<GroupScalars> dgs(std::vector<GroupScalars>{gs});
+  const std::vector<std::vector<int>> dtypes = {{0, -1, -1, -1}, {1, -1, -1, -1}, {2, -1, -1, -1}};
+  const int64_t T = 3;
+  for (const int64_t cols : {int64_t{64}, int64_t{37}})
+    for (int64_t shift : {0, 1})
+      for (Axis ax : {kRows, kCols})
+        for (bool cautious : {false, true})
+          for (int32_t skip : {0, 1}) {
+            const int64_t rows = 24, n = rows * cols, N = ax == kRows ? rows : cols;
+            SCOPED_TRACE(::testing::Message() << rows << " x " << cols << (shift ? " shifted" : "")
+                                              << (ax == kRows ? " rows" : " cols") << " cautious " << cautious
+                                              << " skip " << skip);
+            std::vector<uint16_t> in(static_cast<size_t>(T * n));
+            for (uint16_t& e : in) e = float_to_bf16(gauss());
+            Dev<uint16_t> din(in);
+            std::vector<float> v(static_cast<size_t>(T * N));
+            for (float& x : v) x = uni(0.0f, 2.0f);
+            Dev<float> dv(v);
+            Dev<int32_t> dskip(std::vector<int32_t>{skip});
+            Tensors ts(rng, dtypes, std::vector<int64_t>(static_cast<size_t>(T), n), shift);
+            std::vector<double> sc(static_cast<size_t>(T * N + T));
+            Dev<double> dsc(sc.size());
+            cuda->neuron_scales(T, rows, cols, ax, din.p(), dv.p(), N, 0.95f, dsc.p());
+            cuda->apply_update_neuron_multi(ts.dev_table.p(), T, rows, cols, din.p(), DION_DTYPE_BF16, dsc.p(), ax,
+                                            dgs.p(), 1.7f, cautious, dskip.p());
+            host->neuron_scales(T, rows, cols, ax, in.data(), v.data(), N, 0.95f, sc.data());
+            host->apply_update_neuron_multi(ts.host_list.data(), T, rows, cols, in.data(), DION_DTYPE_BF16, sc.data(),
+                                            ax, &gs, 1.7f, cautious, &skip);
+            EXPECT_TRUE(close(v, dv.get(), kUlps)) << "variances";
+            const std::vector<double> got = dsc.get();
+            double worst = 0;
+            for (size_t i = 0; i < sc.size(); ++i) worst = std::max(worst, std::fabs(got[i] - sc[i]) / std::fabs(sc[i]));
+            EXPECT_LE(worst, 1e-6) << "scales";  // through the variances, fp32
+            compare_tensors(ts, 1);
+            if (skip)
+              for (size_t i = 0; i < ts.t.size(); ++i)
+                EXPECT_TRUE(same_bits(ts.t[i].h[kParam], ts.dev_raw(i, kParam))) << "a skipped step wrote tensor " << i;
+          }
 }
 
 // update_lowrank (Dion's update from its factors P and Q): every parameter

@@ -682,31 +682,42 @@ TEST_F(HostFused, NsShiftBf16GivesTheScaledPolynomial) {
   }
 }
 
-// neuron_normalize from a bf16 input equals widening the input into u
-// (load(BF16) row by row, u padded) and normalising u, bit for bit, on both
-// axes; u's own values are not read (they start as NaN).
-TEST_F(HostFused, NeuronNormalizeFromBf16EqualsLoadThenNormalize) {
-  const int64_t rows = 5, cols = 7, ld = 9, batch = 2;
-  std::vector<uint16_t> in(static_cast<size_t>(batch * rows * cols));
+// NorMuon's fused pair (neuron_scales, then apply_update_neuron_multi from
+// the bf16 matrices) against the sequence it replaces: load(BF16) into an
+// fp32 U, neuron_normalize, apply_update_multi. Bit for bit (the host sums
+// in the same order either way): the parameters of every dtype and the
+// variances, on both axes, cautious or not, and a set skip flag (the
+// variances still move, as neuron_normalize moves them; no parameter is
+// written).
+TEST_F(HostFused, NeuronScalesAndUpdateEqualNormalizeThenUpdate) {
+  const int64_t count = 3, rows = 5, cols = 7, n = rows * cols;
+  GroupScalars gs{0.02, 0.1, 0.9, 0.99, 3, 0};
+  std::vector<uint16_t> in(static_cast<size_t>(count * n));
   for (uint16_t& e : in) e = float_to_bf16(std::normal_distribution<float>()(rng));
-  for (Axis ax : {kRows, kCols}) {
-    const int64_t N = ax == kRows ? rows : cols;
-    std::vector<float> v(static_cast<size_t>(batch * N));
-    for (float& x : v) x = std::uniform_real_distribution<float>(0.0f, 2.0f)(rng);
-    std::vector<float> v2 = v, u(static_cast<size_t>(batch * rows * ld), std::nanf("")), u2(u.size(), 5.0f);
-    for (int64_t b = 0; b < batch; ++b)
-      for (int64_t i = 0; i < rows; ++i)
-        be->load(u2.data() + (b * rows + i) * ld, in.data() + (b * rows + i) * cols, DION_DTYPE_BF16, cols);
-    for (int64_t b = 0; b < batch; ++b)  // the padding of both: 5
-      for (int64_t i = 0; i < rows; ++i)
-        for (int64_t j = cols; j < ld; ++j) u[static_cast<size_t>((b * rows + i) * ld + j)] = 5.0f;
-    be->neuron_normalize(MatBatch{u.data(), rows, cols, ld, rows * ld, batch}, ax, v.data(), N, 0.9f, nullptr,
-                         in.data());
-    be->neuron_normalize(MatBatch{u2.data(), rows, cols, ld, rows * ld, batch}, ax, v2.data(), N, 0.9f, nullptr,
-                         nullptr);
-    EXPECT_EQ(0, std::memcmp(u.data(), u2.data(), sizeof(float) * u.size())) << (ax == kRows ? "rows" : "cols");
-    EXPECT_EQ(v, v2);
-  }
+  for (dion_dtype_t dx : kDtypes)
+    for (Axis ax : {kRows, kCols})
+      for (bool cautious : {false, true})
+        for (int32_t skip : {0, 1}) {
+          SCOPED_TRACE(::testing::Message() << dtype_name(dx) << (ax == kRows ? " rows" : " cols") << " cautious "
+                                            << cautious << " skip " << skip);
+          const int64_t N = ax == kRows ? rows : cols;
+          std::vector<float> v(static_cast<size_t>(count * N));
+          for (float& x : v) x = std::uniform_real_distribution<float>(0.0f, 2.0f)(rng);
+          std::vector<float> v2 = v, U(static_cast<size_t>(count * n));
+          Twin tw(rng, count, n, {dx, DION_DTYPE_FP32, DION_DTYPE_FP32, DION_DTYPE_FP32});
+          const std::vector<std::vector<uint8_t>> before = tw.a[kParam];
+          be->load(U.data(), in.data(), DION_DTYPE_BF16, count * n);
+          be->neuron_normalize(MatBatch{U.data(), rows, cols, cols, n, count}, ax, v.data(), N, 0.9f, nullptr);
+          be->apply_update_multi(tw.la.data(), count, n, U.data(), DION_DTYPE_FP32, &gs, 0.7f, cautious, &skip);
+          std::vector<double> sc(static_cast<size_t>(count * N + count));
+          be->neuron_scales(count, rows, cols, ax, in.data(), v2.data(), N, 0.9f, sc.data());
+          be->apply_update_neuron_multi(tw.lb.data(), count, rows, cols, in.data(), DION_DTYPE_BF16, sc.data(), ax,
+                                        &gs, 0.7f, cautious, &skip);
+          EXPECT_TRUE(same_floats(v, v2)) << "variances";
+          EXPECT_TRUE(tw.same(kParam));
+          if (skip) EXPECT_TRUE(tw.b[kParam] == before) << "a skipped step wrote the parameters";
+          else EXPECT_FALSE(tw.b[kParam] == before) << "the parameters were updated";
+        }
 }
 
 // Dion's finish of R: finish_r then col_scale_store against nan_to_num,

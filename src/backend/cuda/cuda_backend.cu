@@ -1301,13 +1301,30 @@ class CudaBackend final : public Backend {
     ProfScope ps(prof_, "lion", stream_);
     kernels::lion(ctx(), list, count, max_n, gs, cautious, skip);
   }
-  void neuron_normalize(MatBatch u, Axis axis, float* v, int64_t v_per_matrix, float beta2, const int32_t* selected,
-                        const void* in_bf16) override {
+  void neuron_scales(int64_t batch, int64_t rows, int64_t cols, Axis axis, const void* in_bf16, float* v,
+                     int64_t v_per_matrix, float beta2, double* scales) override {
+    if (batch <= 0 || rows <= 0 || cols <= 0) return;
+    DeviceScope ds(device_);
+    ProfScope ps(prof_, "neuron_scales", stream_);
+    const MatBatch shape{nullptr, rows, cols, cols, rows * cols, batch};
+    void* s = scratch(kReduce, kernels::neuron_normalize_scratch(ctx(), shape, axis));
+    kernels::neuron_scales(ctx(), batch, rows, cols, axis, in_bf16, v, v_per_matrix, beta2, s, scales);
+  }
+  void apply_update_neuron_multi(const TensorEntry* list, int64_t count, int64_t rows, int64_t cols, const void* u,
+                                 dion_dtype_t u_dtype, const double* scales, Axis axis, const GroupScalars* gs,
+                                 float lr_mult, bool cautious, const int32_t* skip) override {
+    DeviceScope ds(device_);
+    ProfScope ps(prof_, "apply_update_neuron_multi", stream_);
+    kernels::apply_update_neuron_multi(ctx(), list, count, rows, cols, u, u_dtype, scales, axis == kRows, gs, lr_mult,
+                                       cautious, skip);
+  }
+  void neuron_normalize(MatBatch u, Axis axis, float* v, int64_t v_per_matrix, float beta2,
+                        const int32_t* selected) override {
     if (u.batch <= 0 || u.rows <= 0 || u.cols <= 0) return;
     DeviceScope ds(device_);
     ProfScope ps(prof_, "neuron_normalize", stream_);
     void* s = scratch(kReduce, kernels::neuron_normalize_scratch(ctx(), u, axis));
-    kernels::neuron_normalize(ctx(), u, axis, v, v_per_matrix, beta2, selected, s, in_bf16);
+    kernels::neuron_normalize(ctx(), u, axis, v, v_per_matrix, beta2, selected, s);
   }
 
   // ---- slice selection ----

@@ -39,7 +39,7 @@ int to_int(int64_t v, const char* what) {
 
 // Scratch that grows and is reused, so steady-state steps do not allocate.
 struct Scratch {
-  std::vector<float> a, tau, work, prod, slices;
+  std::vector<float> a, tau, work, prod, slices, neuron;
 };
 thread_local Scratch g_scratch;
 
@@ -621,15 +621,8 @@ class HostBackend final : public Backend {
       }
     }
   }
-  void neuron_normalize(MatBatch u, Axis axis, float* v, int64_t v_per_matrix, float beta2, const int32_t* selected,
-                        const void* in_bf16) override {
-    if (in_bf16) {  // u <- the widened input (exact), then as from u
-      const uint16_t* in = static_cast<const uint16_t*>(in_bf16);
-      for (int64_t b = 0; b < u.batch; ++b)
-        for (int64_t i = 0; i < u.rows; ++i)
-          for (int64_t j = 0; j < u.cols; ++j)
-            at(u, b)[i * u.ld + j] = bf16_to_float(in[(b * u.rows + i) * u.cols + j]);
-    }
+  void neuron_normalize(MatBatch u, Axis axis, float* v, int64_t v_per_matrix, float beta2,
+                        const int32_t* selected) override {
     const int64_t N = axis == kRows ? u.rows : u.cols;    // neurons in u
     const int64_t len = axis == kRows ? u.cols : u.rows;  // elements per neuron
     std::vector<double>& scale = col_acc_;
@@ -637,21 +630,42 @@ class HostBackend final : public Backend {
     for (int64_t b = 0; b < u.batch; ++b) {
       float* p = at(u, b);
       auto el = [&](int64_t s, int64_t e) -> float& { return axis == kRows ? p[s * u.ld + e] : p[e * u.ld + s]; };
-      double f2 = 0, g2 = 0;
-      for (int64_t s = 0; s < N; ++s) {
-        double ss = 0;
-        for (int64_t e = 0; e < len; ++e) ss += static_cast<double>(el(s, e)) * el(s, e);
-        f2 += ss;
-        const int64_t vi = b * v_per_matrix + (selected ? selected[b * N + s] : s);
-        const float mean = static_cast<float>(ss / static_cast<double>(len));
-        v[vi] = v[vi] + (1.0f - beta2) * (mean - v[vi]);
-        scale[s] = 1.0 / (std::sqrt(static_cast<double>(v[vi])) + 1e-8);
-        g2 += ss * scale[s] * scale[s];
-      }
-      const double rescale = std::sqrt(f2) / std::max(std::sqrt(g2), 1e-8);
+      const double rescale =
+          neuron_stats([&](int64_t s, int64_t e) { return el(s, e); }, N, len, v, b * v_per_matrix,
+                       selected ? selected + b * N : nullptr, beta2, scale.data());
       for (int64_t s = 0; s < N; ++s)
         for (int64_t e = 0; e < len; ++e) el(s, e) = static_cast<float>(el(s, e) * scale[s] * rescale);
     }
+  }
+  void neuron_scales(int64_t batch, int64_t rows, int64_t cols, Axis axis, const void* in_bf16, float* v,
+                     int64_t v_per_matrix, float beta2, double* scales) override {
+    const uint16_t* in = static_cast<const uint16_t*>(in_bf16);
+    const int64_t N = axis == kRows ? rows : cols, len = axis == kRows ? cols : rows;
+    for (int64_t b = 0; b < batch; ++b) {
+      const uint16_t* p = in + b * rows * cols;
+      scales[batch * N + b] = neuron_stats(
+          [&](int64_t s, int64_t e) { return bf16_to_float(axis == kRows ? p[s * cols + e] : p[e * cols + s]); }, N,
+          len, v, b * v_per_matrix, nullptr, beta2, scales + b * N);
+    }
+  }
+  // One matrix's NorMuon statistics from el(s, e) (element e of neuron s):
+  // each neuron's variance lerped into v[v0 + s] (or v0 + sel[s]), its scale
+  // into scale[s]; returns the rescale that keeps the Frobenius norm.
+  template <class El>
+  static double neuron_stats(const El& el, int64_t N, int64_t len, float* v, int64_t v0, const int32_t* sel,
+                             float beta2, double* scale) {
+    double f2 = 0, g2 = 0;
+    for (int64_t s = 0; s < N; ++s) {
+      double ss = 0;
+      for (int64_t e = 0; e < len; ++e) ss += static_cast<double>(el(s, e)) * el(s, e);
+      f2 += ss;
+      const int64_t vi = v0 + (sel ? sel[s] : s);
+      const float mean = static_cast<float>(ss / static_cast<double>(len));
+      v[vi] = v[vi] + (1.0f - beta2) * (mean - v[vi]);
+      scale[s] = 1.0 / (std::sqrt(static_cast<double>(v[vi])) + 1e-8);
+      g2 += ss * scale[s] * scale[s];
+    }
+    return std::sqrt(f2) / std::max(std::sqrt(g2), 1e-8);
   }
 
   void topk(const float* scores, int64_t batch, int64_t n, int64_t k, int32_t* idx) override {
@@ -811,6 +825,21 @@ class HostBackend final : public Backend {
       apply_update(x, uf, n, gs, lr_mult, cautious);
       store(list[t].ptr[kParam], dx, x, n);
     }
+  }
+  void apply_update_neuron_multi(const TensorEntry* list, int64_t count, int64_t rows, int64_t cols, const void* u,
+                                 dion_dtype_t u_dtype, const double* scales, Axis axis, const GroupScalars* gs,
+                                 float lr_mult, bool cautious, const int32_t* skip) override {
+    if (skip && *skip) return;
+    const int64_t n = rows * cols, N = axis == kRows ? rows : cols;
+    float* uf = grow(g_scratch.neuron, static_cast<size_t>(count * n));
+    load(uf, u, u_dtype, count * n);
+    for (int64_t t = 0; t < count; ++t)
+      for (int64_t i = 0; i < rows; ++i)
+        for (int64_t j = 0; j < cols; ++j) {
+          float& e = uf[(t * rows + i) * cols + j];
+          e = static_cast<float>(e * scales[t * N + (axis == kRows ? i : j)] * scales[count * N + t]);
+        }
+    apply_update_multi(list, count, n, uf, DION_DTYPE_FP32, gs, lr_mult, cautious, nullptr);
   }
   void store_slices_multi(const TensorEntry* list, int64_t count, Field f, ConstMatBatch m, Axis axis,
                           const int32_t* idx, int64_t k, const int32_t* skip) override {
