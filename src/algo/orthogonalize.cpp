@@ -73,16 +73,19 @@ MatBatch newton_schulz_bf16(Backend& be, const dion_group_options_t& o, MatBatch
       // rounding of the small s x s matrix) instead of into a copy of X as C
       // of the last product, which would move the whole s x l matrix once more.
       be.mirror_bf16(B, bs_b, static_cast<float>(k.a), nullptr, scale ? &sc1 : nullptr);
-    } else {
-      // Whole products: B = b A + a I (one pass, for B = c A A + B), so
-      // the product leaves a I + b A + c A A. The first step's scale goes
-      // into the same pass: A <- inv^2 A, a copy inv^3 A as the product's
-      // left operand (in nxt, which the last product overwrites after),
-      // and B = inv (b A + a I).
+    } else if (scale) {
+      // Whole products, the first step: B = inv (b A + a I) and A <- inv^2
+      // A in one pass, with a copy inv^3 A as the product's left operand
+      // (in nxt, which the last product overwrites after), so the product
+      // B = c A3 A + B leaves inv (a I + b A + c A A) of the scaled A.
       MatBatch A3{nxt.p, A.rows, A.rows, A.rows, A.rows * A.rows, A.batch};
-      be.ns_shift_bf16(A, B, static_cast<float>(k.b), static_cast<float>(k.a), scale ? &sc1 : nullptr,
-                       scale ? A3.p : nullptr);
-      be.gemm_bf16(false, false, static_cast<float>(k.c), scale ? A3 : A, A, 1.0f, B);
+      be.ns_shift_bf16(A, B, static_cast<float>(k.b), static_cast<float>(k.a), &sc1, A3.p);
+      be.gemm_bf16(false, false, static_cast<float>(k.c), A3, A, 1.0f, B);
+    } else {
+      // Whole products: B = c A A + b A read from A (no copy of A into B),
+      // then a I on B's diagonal.
+      be.gemm_bf16_out(false, false, static_cast<float>(k.c), A, A, static_cast<float>(k.b), A, B);
+      be.add_diag_bf16(B, static_cast<float>(k.a));
     }
     if (tall)
       be.gemm_bf16(false, false, 1.0f, cur, B, 0.0f, nxt);

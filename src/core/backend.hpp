@@ -225,6 +225,11 @@ class Backend {
   // rounded to bf16. The Muon family's iterations at matmul precision BF16.
   virtual void gemm_bf16(bool trans_a, bool trans_b, float alpha, ConstMatBatch a, ConstMatBatch b, float beta,
                          MatBatch c) = 0;
+  // gemm_bf16 reading C from `c` and writing the result to `d` (distinct
+  // dense buffers of one shape): d = bf16(alpha op(A) op(B) + beta c). The
+  // bf16 iteration's B = c A A + b A without a copy of A into B.
+  virtual void gemm_bf16_out(bool trans_a, bool trans_b, float alpha, ConstMatBatch a, ConstMatBatch b, float beta,
+                             ConstMatBatch c, MatBatch d) = 0;
   // The same with C in fp32 (A and B bf16; C neither read nor rounded to
   // bf16): Dion's products of its bf16 momentum at matmul precision BF16.
   virtual void gemm_bf16_f32(bool trans_a, bool trans_b, float alpha, ConstMatBatch a, ConstMatBatch b, float beta,

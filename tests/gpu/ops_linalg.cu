@@ -16,6 +16,7 @@
 // entries by O(1).
 #include <cuda.h>
 
+#include <algorithm>
 #include <array>
 #include <cstdlib>
 #include <cstring>
@@ -146,7 +147,8 @@ MatBatch mm(void* p, int64_t r, int64_t c, int64_t batch) {
 // the sum of |terms|: 1e-5 at k = 96 with room), and a bf16 C by one more
 // rounding, to nearest on both, of results that may differ by that much: one
 // bf16 ulp, at most 2^-7 of the value (the spacing of bf16 is 2^-8 to 2^-7
-// of the values it separates).
+// of the values it separates). gemm_bf16_out (C read from a buffer of its
+// own, through cuBLASLt) the same way, and its C must stay as it was.
 TEST_F(OpsTest, GemmOnBf16BuffersMatchesHost) {
   const int64_t m = 70, n = 48, k = 96, B = 2;
   auto bf = [&](size_t count) {
@@ -155,9 +157,10 @@ TEST_F(OpsTest, GemmOnBf16BuffersMatchesHost) {
     return v;
   };
   for (int t = 0; t < 4; ++t)
-    for (bool f32 : {true, false}) {
-      const bool ta = t & 1, tb = t & 2;
-      SCOPED_TRACE(testing::Message() << "ta " << ta << " tb " << tb << (f32 ? " fp32 C" : " bf16 C"));
+    for (int mode = 0; mode < 3; ++mode) {
+      const bool ta = t & 1, tb = t & 2, f32 = mode == 0, out = mode == 2;
+      SCOPED_TRACE(testing::Message() << "ta " << ta << " tb " << tb
+                                      << (f32 ? " fp32 C" : out ? " bf16 C apart from D" : " bf16 C"));
       const int64_t ar = ta ? k : m, ac = ta ? m : k, br = tb ? n : k, bc = tb ? k : n;
       const std::vector<uint16_t> a = bf(static_cast<size_t>(B * ar * ac)), b = bf(static_cast<size_t>(B * br * bc));
       const std::vector<uint16_t> c0b = bf(static_cast<size_t>(B * m * n));
@@ -175,17 +178,30 @@ TEST_F(OpsTest, GemmOnBf16BuffersMatchesHost) {
                             MatBatch{dc.p(), m, n, n, m * n, B});
         got = dc.get();
       } else {
-        host->gemm_bf16(ta, tb, alpha, cm(a.data(), ar, ac, B), cm(b.data(), br, bc, B), beta,
-                        MatBatch{reinterpret_cast<float*>(hcb.data()), m, n, n, m * n, B});
-        cuda->gemm_bf16(ta, tb, alpha, cm(da.p(), ar, ac, B), cm(db.p(), br, bc, B), beta,
-                        MatBatch{reinterpret_cast<float*>(dcb.p()), m, n, n, m * n, B});
-        const std::vector<uint16_t> gb = dcb.get();
+        Dev<uint16_t> dd(std::vector<uint16_t>(c0b.size(), 0x7fc0));  // NaN: every element must be written
+        if (out) {
+          std::vector<uint16_t> hd(c0b.size());
+          host->gemm_bf16_out(ta, tb, alpha, cm(a.data(), ar, ac, B), cm(b.data(), br, bc, B), beta,
+                              cm(c0b.data(), m, n, B), MatBatch{reinterpret_cast<float*>(hd.data()), m, n, n, m * n, B});
+          hcb = hd;
+          cuda->gemm_bf16_out(ta, tb, alpha, cm(da.p(), ar, ac, B), cm(db.p(), br, bc, B), beta,
+                              cm(dcb.p(), m, n, B), MatBatch{reinterpret_cast<float*>(dd.p()), m, n, n, m * n, B});
+          EXPECT_EQ(dcb.get(), c0b) << "C was written";
+        } else {
+          host->gemm_bf16(ta, tb, alpha, cm(a.data(), ar, ac, B), cm(b.data(), br, bc, B), beta,
+                          MatBatch{reinterpret_cast<float*>(hcb.data()), m, n, n, m * n, B});
+          cuda->gemm_bf16(ta, tb, alpha, cm(da.p(), ar, ac, B), cm(db.p(), br, bc, B), beta,
+                          MatBatch{reinterpret_cast<float*>(dcb.p()), m, n, n, m * n, B});
+        }
+        const std::vector<uint16_t> gb = out ? dd.get() : dcb.get();
         got.resize(gb.size());
         for (size_t i = 0; i < gb.size(); ++i) {
           got[i] = bf16_to_float(gb[i]);
           hc[i] = bf16_to_float(hcb[i]);
         }
       }
+      EXPECT_EQ(std::count_if(got.begin(), got.end(), [](float x) { return !std::isfinite(x); }), 0)
+          << "elements not written";
       double worst = 0;
       for (int64_t q = 0; q < B; ++q)
         for (int64_t i = 0; i < m; ++i)

@@ -1,6 +1,6 @@
 // SPDX-License-Identifier: MIT
 // The CUDA backend: one device, one current stream (set_stream), cuBLAS (and
-// cuBLASLt for some TF32 products: lt_tf32_plan) for GEMM and triangular
+// cuBLASLt for some products: lt_plan) for GEMM and triangular
 // solves, cuSOLVER for Cholesky and Householder QR, and the kernels of
 // kernels/ for everything else.
 //
@@ -494,15 +494,15 @@ class CudaBackend final : public Backend {
               ldc = to_int(std::max<int64_t>(c.ld, 1), "gemm ldc");
     // TF32 products with a long inner dimension (RCQR's sketches S P: k x r
     // outputs, P's rows inner) take cuBLASLt's 128 x 128 tiles
-    // (lt_tf32_plan). On an H200 (DION_PROFILE=2, gpt-1.3b Dion at TF32) the
+    // (lt_plan). On an H200 (DION_PROFILE=2, gpt-1.3b Dion at TF32) the
     // sketches took 1.21 ms per step instead of 1.75; the same tiles for
     // every TF32 product of this function were slower on gpt-1.3b at r = 1.0
     // (295 -> 300 ms per step).
     if (precision == DION_MATMUL_TF32 && lt_gemm_ && k >= 4 * std::max(m, n) &&
-        lt_tf32(LtProduct{N, M, K, tb, ta, ldb, lda, ldc, c.batch, b.stride, a.stride, c.stride,
-                          /*pointer_array=*/false, /*device_scalars=*/false, pointer_alignment(b.p, b.stride * 4),
-                          pointer_alignment(a.p, a.stride * 4), pointer_alignment(c.p, c.stride * 4)},
-                &alpha, b.p, a.p, &beta, c.p, "cublasLtMatmul (gemm)"))
+        lt_matmul(LtProduct{N, M, K, tb, ta, ldb, lda, ldc, c.batch, b.stride, a.stride, c.stride,
+                            /*pointer_array=*/false, /*device_scalars=*/false, pointer_alignment(b.p, b.stride * 4),
+                            pointer_alignment(a.p, a.stride * 4), pointer_alignment(c.p, c.stride * 4)},
+                  &alpha, b.p, a.p, &beta, c.p, c.p, "cublasLtMatmul (gemm)"))
       return;
     check(cublasGemmStridedBatchedEx(blas_, tb ? CUBLAS_OP_T : CUBLAS_OP_N, ta ? CUBLAS_OP_T : CUBLAS_OP_N, N, M, K,
                                      &alpha, b.p, CUDA_R_32F, ldb, b.stride, a.p, CUDA_R_32F, lda, a.stride, &beta, c.p,
@@ -675,6 +675,33 @@ class CudaBackend final : public Backend {
                               to_int(std::max<int64_t>(c.ld, 1), "gemm_field ldc"), to_int(count, "gemm_field batch"),
                               compute, CUBLAS_GEMM_DEFAULT),
           "cublasGemmBatchedEx (gemm_field)");
+  }
+  // Through cuBLASLt (C apart from D), else a copy of c into d and the
+  // cuBLAS product.
+  void gemm_bf16_out(bool ta, bool tb, float alpha, ConstMatBatch a, ConstMatBatch b, float beta, ConstMatBatch c,
+                     MatBatch d) override {
+    const int64_t m = d.rows, n = d.cols, k = ta ? a.rows : a.cols;
+    DION_REQUIRE(c.rows == m && c.cols == n && c.batch == d.batch && c.ld == n && d.ld == n && c.stride == m * n &&
+                     d.stride == m * n && (ta ? a.cols : a.rows) == m && (tb ? b.cols : b.rows) == k &&
+                     (tb ? b.rows : b.cols) == n && k > 0,
+                 DION_ERROR_INTERNAL, "cuda gemm_bf16_out: shape mismatch, or c and d not dense");
+    if (m == 0 || n == 0 || d.batch <= 0) return;
+    DeviceScope ds(device_);
+    {
+      ProfScope ps(prof_, "gemm_bf16_out", stream_);
+      ps.detail([&] { return gemm_tag("gemm_bf16_out", m, n, k, ta, tb, d.batch); });
+      const int M = to_int(m, "gemm m"), N = to_int(n, "gemm n"), K = to_int(k, "gemm k");
+      const int64_t cd_align = std::min(pointer_alignment(c.p, c.stride * 2), pointer_alignment(d.p, d.stride * 2));
+      if (lt_matmul(LtProduct{N, M, K, tb, ta, b.ld, a.ld, n, d.batch, b.stride, a.stride, d.stride,
+                              /*pointer_array=*/false, /*device_scalars=*/false, pointer_alignment(b.p, b.stride * 2),
+                              pointer_alignment(a.p, a.stride * 2), cd_align, /*bf16=*/true},
+                    &alpha, b.p, a.p, &beta, c.p, d.p, "cublasLtMatmul (gemm_bf16_out)"))
+        return;
+      check(cudaMemcpyAsync(d.p, c.p, sizeof(uint16_t) * static_cast<size_t>(d.batch * d.stride),
+                            cudaMemcpyDeviceToDevice, stream_),
+            "cudaMemcpyAsync (gemm_bf16_out)");
+    }
+    gemm_bf16_to(ta, tb, alpha, a, b, beta, d, CUDA_R_16BF, "gemm_bf16");
   }
   void gemm_bf16_f32(bool ta, bool tb, float alpha, ConstMatBatch a, ConstMatBatch b, float beta,
                      MatBatch c) override {
@@ -1495,10 +1522,10 @@ class CudaBackend final : public Backend {
     const cublasComputeType_t compute = lowp ? CUBLAS_COMPUTE_32F : compute_type(precision);
     const cudaDataType_t ab = lowp ? CUDA_R_16BF : CUDA_R_32F;
     if (!lowp && precision == DION_MATMUL_TF32 && lt_lowrank_ &&
-        lt_tf32(LtProduct{cols, rows, r, true, false, b.ld, a.ld, cols, count, 0, 0, 0, /*pointer_array=*/true,
-                          /*device_scalars=*/true, pointer_alignment(b.p, b.stride * es),
-                          pointer_alignment(a.p, a.stride * es), 16},
-                coef, ptr, ptr + count, coef + 1, ptr + 2 * count, "cublasLtMatmul (lowrank)"))
+        lt_matmul(LtProduct{cols, rows, r, true, false, b.ld, a.ld, cols, count, 0, 0, 0, /*pointer_array=*/true,
+                            /*device_scalars=*/true, pointer_alignment(b.p, b.stride * es),
+                            pointer_alignment(a.p, a.stride * es), 16},
+                  coef, ptr, ptr + count, coef + 1, ptr + 2 * count, ptr + 2 * count, "cublasLtMatmul (lowrank)"))
       return;
     check(cublasSetPointerMode(blas_, CUBLAS_POINTER_MODE_DEVICE), "cublasSetPointerMode (device)");
     const cublasStatus_t st = cublasGemmBatchedEx(
@@ -1530,7 +1557,9 @@ class CudaBackend final : public Backend {
   // same algorithm (the same bits). ok is false where cuBLASLt offers none:
   // the caller then makes its cuBLAS call. DION_LT_LOWRANK=0 keeps
   // lowrank_gemm's cuBLAS call at TF32, DION_LT_GEMM=0 gemm's (which takes
-  // this path for products with a long inner dimension only).
+  // this path for products with a long inner dimension only). bf16
+  // products (gemm_bf16_out, for its C apart from D) take the heuristic's
+  // first algorithm, as cuBLAS would.
   struct LtPlan {
     cublasLtMatmulDesc_t desc = nullptr;
     cublasLtMatrixLayout_t la = nullptr, lb = nullptr, lc = nullptr;
@@ -1541,31 +1570,35 @@ class CudaBackend final : public Backend {
   // op(A), op(B) transposed where ta, tb; a strided batch (the strides in
   // elements) or, with pointer_array, arrays of pointers (strides unused);
   // alpha and beta in device memory where device_scalars; the smallest
-  // alignments (bytes) of A's, B's and C's matrices.
+  // alignments (bytes) of A's, B's and C's matrices. fp32 elements at TF32
+  // (the first 128 x 128-tile algorithm of the heuristic's first 8), or,
+  // with bf16, bf16 elements with fp32 accumulation (the heuristic's first).
   struct LtProduct {
     int64_t m, n, k;
     bool ta, tb;
     int64_t lda, ldb, ldc, batch, stride_a, stride_b, stride_c;
     bool pointer_array, device_scalars;
     int64_t align_a, align_b, align_c;
-    std::array<int64_t, 17> key() const {
-      return {m, n, k, ta, tb, lda, ldb, ldc, batch, stride_a, stride_b, stride_c, pointer_array, device_scalars,
-              align_a, align_b, align_c};
+    bool bf16 = false;
+    std::array<int64_t, 18> key() const {
+      return {m,        n,        k,        ta,       tb,       lda,           ldb,            ldc,     batch,
+              stride_a, stride_b, stride_c, pointer_array, device_scalars, align_a, align_b, align_c, bf16};
     }
   };
   // The product g through cuBLASLt (a, b, c the buffers, or the pointer
-  // arrays, its layouts describe) if its plan has an algorithm; false where
-  // it has none, and the caller makes its cuBLAS call.
-  bool lt_tf32(const LtProduct& g, const void* alpha, const void* a, const void* b, const void* beta, void* c,
-               const char* what) {
-    const LtPlan& plan = lt_tf32_plan(g);
+  // arrays, its layouts describe; D = c unless d is given, with C's layout)
+  // if its plan has an algorithm; false where it has none, and the caller
+  // makes its cuBLAS call.
+  bool lt_matmul(const LtProduct& g, const void* alpha, const void* a, const void* b, const void* beta, const void* c,
+                 void* d, const char* what) {
+    const LtPlan& plan = lt_plan(g);
     if (!plan.ok) return false;
-    check(cublasLtMatmul(lt_, plan.desc, alpha, a, plan.la, b, plan.lb, beta, c, plan.lc, c, plan.lc, &plan.algo,
+    check(cublasLtMatmul(lt_, plan.desc, alpha, a, plan.la, b, plan.lb, beta, c, plan.lc, d, plan.lc, &plan.algo,
                          blas_ws_, kCublasWorkspaceBytes, stream_),
           what);
     return true;
   }
-  const LtPlan& lt_tf32_plan(const LtProduct& g) {
+  const LtPlan& lt_plan(const LtProduct& g) {
     const auto key = g.key();
     auto it = lt_plans_.find(key);
     if (it != lt_plans_.end()) return it->second;
@@ -1576,7 +1609,8 @@ class CudaBackend final : public Backend {
       check(cublasLtMatmulDescSetAttribute(p.desc, attr, &v, sizeof(v)), "cublasLtMatmulDescSetAttribute");
     };
     auto layout = [&](cublasLtMatrixLayout_t* l, int rows, int cols, int64_t ld, int64_t stride) {
-      check(cublasLtMatrixLayoutCreate(l, CUDA_R_32F, rows, cols, ld), "cublasLtMatrixLayoutCreate");
+      check(cublasLtMatrixLayoutCreate(l, g.bf16 ? CUDA_R_16BF : CUDA_R_32F, rows, cols, ld),
+            "cublasLtMatrixLayoutCreate");
       const int32_t bc = batch;
       const uint32_t mode = g.pointer_array ? CUBLASLT_BATCH_MODE_POINTER_ARRAY : CUBLASLT_BATCH_MODE_STRIDED;
       check(cublasLtMatrixLayoutSetAttribute(*l, CUBLASLT_MATRIX_LAYOUT_BATCH_COUNT, &bc, sizeof(bc)),
@@ -1588,7 +1622,8 @@ class CudaBackend final : public Backend {
                                                sizeof(stride)),
               "cublasLtMatrixLayoutSetAttribute");
     };
-    check(cublasLtMatmulDescCreate(&p.desc, CUBLAS_COMPUTE_32F_FAST_TF32, CUDA_R_32F), "cublasLtMatmulDescCreate");
+    check(cublasLtMatmulDescCreate(&p.desc, g.bf16 ? CUBLAS_COMPUTE_32F : CUBLAS_COMPUTE_32F_FAST_TF32, CUDA_R_32F),
+          "cublasLtMatmulDescCreate");
     set_desc(CUBLASLT_MATMUL_DESC_TRANSA, g.ta ? CUBLAS_OP_T : CUBLAS_OP_N);
     set_desc(CUBLASLT_MATMUL_DESC_TRANSB, g.tb ? CUBLAS_OP_T : CUBLAS_OP_N);
     set_desc(CUBLASLT_MATMUL_DESC_POINTER_MODE, g.device_scalars ? CUBLASLT_POINTER_MODE_DEVICE
@@ -1620,6 +1655,7 @@ class CudaBackend final : public Backend {
       uint32_t tile = 0;
       size_t written = 0;
       if (pick < 0) pick = i;
+      if (g.bf16) break;
       if (cublasLtMatmulAlgoConfigGetAttribute(&res[i].algo, CUBLASLT_ALGO_CONFIG_TILE_ID, &tile, sizeof(tile),
                                                &written) == CUBLAS_STATUS_SUCCESS &&
           tile == CUBLASLT_MATMUL_TILE_128x128) {
@@ -1958,11 +1994,12 @@ class CudaBackend final : public Backend {
   void* blas_ws_ = nullptr;
   Buffer scratch_[kSlotCount];
   std::map<std::tuple<int, int, int>, int> lwork_;
-  // TF32 products through cuBLASLt (lt_tf32): its handle, the switches, the plans per product
+  // TF32 products through cuBLASLt, and bf16 ones with C apart from D
+  // (lt_matmul): its handle, the switches, the plans per product
   cublasLtHandle_t lt_ = nullptr;
   bool lt_lowrank_ = env_int("DION_LT_LOWRANK", 1) != 0;
   bool lt_gemm_ = env_int("DION_LT_GEMM", 1) != 0;
-  std::map<std::array<int64_t, 17>, LtPlan> lt_plans_;
+  std::map<std::array<int64_t, 18>, LtPlan> lt_plans_;
 };
 
 }  // namespace

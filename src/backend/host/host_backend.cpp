@@ -210,6 +210,14 @@ class HostBackend final : public Backend {
           cp[q * c.stride + i * c.ld + j] = float_to_bf16(fc[static_cast<size_t>((q * c.rows + i) * c.cols + j)]);
   }
 
+  void gemm_bf16_out(bool ta, bool tb, float alpha, ConstMatBatch a, ConstMatBatch b, float beta, ConstMatBatch c,
+                     MatBatch d) override {
+    DION_REQUIRE(c.rows == d.rows && c.cols == d.cols && c.batch == d.batch && c.ld == c.cols &&
+                     d.ld == d.cols && c.stride == c.rows * c.cols && d.stride == d.rows * d.cols,
+                 DION_ERROR_INTERNAL, "host gemm_bf16_out: c and d must be dense, of one shape");
+    std::memcpy(d.p, c.p, sizeof(uint16_t) * static_cast<size_t>(d.batch * d.stride));
+    gemm_bf16(ta, tb, alpha, a, b, beta, d);
+  }
   void gemm_bf16_f32(bool ta, bool tb, float alpha, ConstMatBatch a, ConstMatBatch b, float beta,
                      MatBatch c) override {
     // Widen A and B to fp32 (exact) and multiply in fp32 into C.
