@@ -279,7 +279,8 @@ class Backend {
   // m[b] (bf16 elements, as for gemm_bf16) += v on its diagonal, rounded to bf16.
   virtual void add_diag_bf16(MatBatch m, float v) = 0;
   // The bf16 iteration's step between A = X X^T and B = c A A + B where the
-  // products are whole (no blocks): for each n x n matrix of `a` (bf16
+  // products are whole (no blocks; the iteration calls it for the first
+  // step's scale, later steps take gemm_bf16_out): for each n x n matrix of `a` (bf16
   // elements, as for gemm_bf16), in fp32, b <- bf16((coef x + diag [i == j])
   // sc) with x = a's element and sc = 1. With `scale` (the first step from an
   // unnormalised start; its power is not read) and inv its inverse norm:
@@ -426,9 +427,12 @@ class Backend {
                                          float eps, void* out) = 0;
   // In place on bf16 matrices (as for gemm_bf16): m[b] <- bf16(sc * (m[b] +
   // diag * I)), the sum and product in fp32, sc the FrobScale's (inv as
-  // frob_normalize takes it, or its square). The bf16 iteration's first step
-  // on an unnormalised start X = s Y (Y the unit-norm matrix, s = 1 / inv):
-  // A = inv^2 X X^T and (a I + B) inv, so X is never rescaled.
+  // frob_normalize takes it, or its square). The scaling of the bf16
+  // iteration's first step on an unnormalised start X = s Y (Y the unit-norm
+  // matrix, s = 1 / inv): A = inv^2 X X^T and (a I + B) inv, so X is never
+  // rescaled. The iteration no longer calls it (mirror_bf16 scales in its
+  // pass, ns_shift_bf16 in its): it defines, and the tests check, mirror_bf16's
+  // scaled result.
   virtual void frob_scale_bf16(MatBatch m, const FrobScale& scale, float diag) = 0;
 
   // ---- optimizer updates ----
@@ -506,7 +510,8 @@ class Backend {
   // nullptr) that also takes, in the same pass, momentum_parts(count, n)
   // partial sums of the squares of each tensor's u as written (in double,
   // their total ||u[t]||_F^2; the same on every run): the Muon family's bf16
-  // iteration then starts from u unnormalised (frob_scale_bf16).
+  // iteration then starts from u unnormalised (its first step scales its
+  // small products: mirror_bf16, ns_shift_bf16).
   virtual void momentum_multi_sums(const TensorEntry* list, int64_t count, int64_t n, float mu, float g_scale,
                                    bool nesterov, void* u, dion_dtype_t u_dtype, const int32_t* skip,
                                    double* sumsq) = 0;
@@ -585,7 +590,7 @@ class Backend {
   // sumsq (nullable; only where select_momentum_parts(...) > 0): that many
   // partial sums of the squares of each out matrix's elements (in double,
   // their total ||out[b]||_F^2; the same on every run), taken in the same
-  // pass, for frob_normalize_bf16_parts and frob_scale_bf16. out_dtype
+  // pass, for frob_normalize_bf16_parts and the unnormalised bf16 start. out_dtype
   // BF16: out's elements are bf16 (ld and stride count them), each slice
   // element rounded once, and the sums are those of the rounded values.
   virtual void select_momentum_multi(const TensorEntry* list, int64_t count, int64_t per, int64_t rows, int64_t cols,
