@@ -1001,7 +1001,8 @@ TEST_F(OpsTest, NeuronScalesAndUpdate) {
             EXPECT_TRUE(close(v, dv.get(), kUlps)) << "variances";
             const std::vector<double> got = dsc.get();
             double worst = 0;
-            for (size_t i = 0; i < sc.size(); ++i) worst = std::max(worst, std::fabs(got[i] - sc[i]) / std::fabs(sc[i]));
+            for (size_t i = 0; i < sc.size(); ++i)
+              worst = std::max(worst, std::fabs(got[i] - sc[i]) / std::fabs(sc[i]));
             EXPECT_LE(worst, 1e-6) << "scales";  // through the variances, fp32
             compare_tensors(ts, 1);
             if (skip)
@@ -1024,7 +1025,7 @@ TEST_F(OpsTest, NeuronScalesAndUpdate) {
 // then apply_update_multi) within the FP32 bound, and a set skip flag
 // leaves every parameter bit for bit. Two shapes: a small one, and one of
 // several 128 x 128 output tiles per matrix, where the TF32 products go
-// through cuBLASLt's algorithm with such tiles (lt_lowrank_plan; the test
+// through cuBLASLt's algorithm with such tiles (lt_plan; the test
 // runs again with DION_LT_LOWRANK=0, the cuBLAS call, in ctest's
 // ops_elementwise_lt_off).
 TEST_F(OpsTest, UpdateAndAccumulateLowrank) {

@@ -182,7 +182,8 @@ TEST_F(OpsTest, GemmOnBf16BuffersMatchesHost) {
         if (out) {
           std::vector<uint16_t> hd(c0b.size());
           host->gemm_bf16_out(ta, tb, alpha, cm(a.data(), ar, ac, B), cm(b.data(), br, bc, B), beta,
-                              cm(c0b.data(), m, n, B), MatBatch{reinterpret_cast<float*>(hd.data()), m, n, n, m * n, B});
+                              cm(c0b.data(), m, n, B),
+                              MatBatch{reinterpret_cast<float*>(hd.data()), m, n, n, m * n, B});
           hcb = hd;
           cuda->gemm_bf16_out(ta, tb, alpha, cm(da.p(), ar, ac, B), cm(db.p(), br, bc, B), beta,
                               cm(dcb.p(), m, n, B), MatBatch{reinterpret_cast<float*>(dd.p()), m, n, n, m * n, B});

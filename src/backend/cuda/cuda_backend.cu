@@ -1586,9 +1586,9 @@ class CudaBackend final : public Backend {
     }
   };
   // The product g through cuBLASLt (a, b, c the buffers, or the pointer
-  // arrays, its layouts describe; D = c unless d is given, with C's layout)
-  // if its plan has an algorithm; false where it has none, and the caller
-  // makes its cuBLAS call.
+  // arrays, its layouts describe; the result goes to d, with C's layout: c
+  // itself in place, another buffer for gemm_bf16_out) if its plan has an
+  // algorithm; false where it has none, and the caller makes its cuBLAS call.
   bool lt_matmul(const LtProduct& g, const void* alpha, const void* a, const void* b, const void* beta, const void* c,
                  void* d, const char* what) {
     const LtPlan& plan = lt_plan(g);
