@@ -18,6 +18,14 @@ inline bool env_on(const char* name) {
   return !(e && std::strcmp(e, "0") == 0);
 }
 
+// The Gram form of the Muon family's bf16 iteration (src/algo/ns_bf16.hpp;
+// CUDA backend, matmul precision BF16): off unless DION_NS_GRAM is "1"
+// (docs/ENV.md). Read at each step.
+inline bool ns_gram_on() {
+  const char* e = std::getenv("DION_NS_GRAM");
+  return e && std::strcmp(e, "1") == 0;
+}
+
 // Loads field f (n elements per tensor) of the batch's tensors into a fresh
 // workspace buffer: tensor i at offset i * n.
 inline float* load_ws(Optimizer& opt, const Batch& b, Field f, int64_t n) {

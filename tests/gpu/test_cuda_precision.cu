@@ -132,12 +132,14 @@ double rel_update_diff(const std::vector<float>& a, const std::vector<float>& b,
 // One A/B of a switch the CUDA backend reads (DION_... = 0 turns a path
 // off): from the same x0 and g (hash seeds sx, sg), three steps of the fp32
 // host and of the CUDA backend at BF16 matmuls with the switch on (default)
-// and off; the relative update differences of each against the host and
+// and off (env set to `value`: "0", or "1" for an opt-in path, whose run is
+// then `off`); the relative update differences of each against the host and
 // between the two. NaN where a run failed (the size assertions say which).
 struct SwitchAb {
   double on = NAN, off = NAN, between = NAN;
 };
-SwitchAb switch_ab(dion_algorithm_t algo, const char* env, int64_t m, int64_t n, uint64_t sx, uint64_t sg) {
+SwitchAb switch_ab(dion_algorithm_t algo, const char* env, int64_t m, int64_t n, uint64_t sx, uint64_t sg,
+                   const char* value = "0") {
   SwitchAb r;
   std::vector<float> x0(static_cast<size_t>(m * n)), g(x0.size());
   for (size_t i = 0; i < x0.size(); ++i) {
@@ -147,7 +149,7 @@ SwitchAb switch_ab(dion_algorithm_t algo, const char* env, int64_t m, int64_t n,
   const Case c{algo, DION_MATMUL_BF16, DION_DTYPE_UNSET, 3};
   const std::vector<float> xh = run(DION_BACKEND_HOST, Case{algo, DION_MATMUL_FP32, DION_DTYPE_UNSET, 3}, x0, g, m, n);
   const std::vector<float> xon = run(DION_BACKEND_CUDA, c, x0, g, m, n);
-  EXPECT_EQ(setenv(env, "0", 1), 0);
+  EXPECT_EQ(setenv(env, value, 1), 0);
   const std::vector<float> xoff = run(DION_BACKEND_CUDA, c, x0, g, m, n);
   EXPECT_EQ(unsetenv(env), 0);
   EXPECT_EQ(xh.size(), x0.size());
@@ -217,6 +219,42 @@ TEST(SymProducts, MuonFamilyMatchesFullProductsWithinBf16Rounding) {
       EXPECT_LT(d.off, kBf16Bound);
       std::printf("  %s %lld x %lld: vs fp32 host %.3g (blocks), %.3g (full); between %.3g\n", algo_name(algo),
                   static_cast<long long>(m), static_cast<long long>(n), d.on, d.off, d.between);
+    }
+}
+
+// The Gram form of the bf16 iteration (src/algo/ns_bf16.hpp, opt-in by
+// DION_NS_GRAM=1, taken where the long side is at least twice the short):
+// Muon (bf16 start, and with DION_MUON_BF16_START=0 the fp32 start
+// normalised into bf16), NorMuon and Dion2 (its selected slices, a quarter
+// of one side, so the long side is at least twice the short here too) with
+// it are within the BF16 bound above of the fp32
+// host and of the classic form, over three steps, wide and tall, with the
+// Gram matrix by blocks (s = 1024) and whole; and not the classic form's
+// bits (the Gram form ran). tests/unit/test_ns_bf16.cpp checks both forms
+// against float64 through the host backend's bf16 ops.
+TEST(NsGram, MuonFamilyMatchesTheClassicFormWithinBf16Rounding) {
+  DION_REQUIRE_GPU();
+  struct Run {
+    dion_algorithm_t algo;
+    bool fp32_start;
+  };
+  for (const Run& run : {Run{DION_ALGO_MUON, false}, Run{DION_ALGO_MUON, true}, Run{DION_ALGO_NORMUON, false},
+                         Run{DION_ALGO_DION2, false}})
+    for (const auto& [m, n] :
+         std::initializer_list<std::pair<int64_t, int64_t>>{{256, 512}, {512, 256}, {1024, 2048}, {2048, 1024}}) {
+      if (run.algo == DION_ALGO_DION2 && m > 512) continue;
+      SCOPED_TRACE(::testing::Message() << algo_name(run.algo) << (run.fp32_start ? " (fp32 start) " : " ") << m
+                                        << " x " << n);
+      if (run.fp32_start) EXPECT_EQ(setenv("DION_MUON_BF16_START", "0", 1), 0);
+      const SwitchAb d = switch_ab(run.algo, "DION_NS_GRAM", m, n, 7, 8, "1");
+      if (run.fp32_start) EXPECT_EQ(unsetenv("DION_MUON_BF16_START"), 0);
+      EXPECT_LT(d.on, kBf16Bound);
+      EXPECT_LT(d.off, kBf16Bound);
+      EXPECT_LT(d.between, kBf16Bound);
+      EXPECT_GT(d.between, 0.0) << "DION_NS_GRAM=1 changed nothing: did the Gram form run?";
+      std::printf("  %s%s %lld x %lld: vs fp32 host %.3g (classic), %.3g (Gram); between %.3g\n", algo_name(run.algo),
+                  run.fp32_start ? " (fp32 start)" : "", static_cast<long long>(m), static_cast<long long>(n), d.on,
+                  d.off, d.between);
     }
 }
 

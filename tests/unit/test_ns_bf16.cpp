@@ -1,0 +1,207 @@
+// SPDX-License-Identifier: MIT
+//
+// The Muon family's bf16 iteration (src/algo/ns_bf16.hpp), both forms, run
+// through the host backend's bf16 ops (the same ops the CUDA backend's tests
+// check against these host ones), against the float64 iteration of
+// tests/reference/ref_orthogonalize.h from the same bf16 start.
+//
+// Property: the classic form (X <- (a I + b A + c A A) X every step) and the
+// Gram form (the polynomial kept in s x s matrices, X formed at the restart
+// and at the end) are the same polynomial, so each lands within bf16
+// rounding of float64: wide, tall and square matrices, a normalised and an
+// unnormalised (raw) start, Newton-Schulz and Polar Express coefficients,
+// 1, 2, 3, 5 and 7 steps (around the restart after step 2 and past the 5
+// tuned triples).
+//
+// Tolerance, the relative Frobenius distance to float64: bf16's unit
+// roundoff is 2^-8; each step rounds X, the Gram matrix, the shifted
+// polynomial and (Gram form) the running product, and the polynomial's
+// slope (up to |a| ~ 4 at small singular values) carries earlier roundings
+// forward: 20 x 2^-8 ~ 7.8e-2, the BF16 bound of tests/gpu/test_cuda_precision.cu.
+// bench/numerics/ns_precision.py measured ~5e-3 for Gaussian matrices in
+// both forms, so the bound is loose for these well-conditioned starts; a
+// wrong product order, a missing scale or a skipped step misses it by far
+// (the distance is then of order 1). The distance is also asserted above
+// 2^-12 (bf16 really rounds), and the two forms are asserted to differ (the
+// Gram form really ran) while staying within the bound of each other.
+//
+// The Backend classes are internal (libdion.so exports only dion_*): this
+// suite compiles the host backend's and the iteration's sources itself
+// (tests/CMakeLists.txt).
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstdint>
+#include <memory>
+#include <random>
+#include <vector>
+
+#include "algo/ns_bf16.hpp"
+#include "core/backend.hpp"
+#include "core/dtype.hpp"
+#include "reference/ref_orthogonalize.h"
+
+namespace {
+
+using namespace dion;
+
+const double kBf16Bound = 20 * std::ldexp(1.0, -8);
+
+struct Case {
+  int64_t rows, cols;
+  int steps;
+  bool polar_express;
+  bool raw;
+};
+
+// bf16 matrices, `batch` of rows x cols, dense.
+struct Bf16Batch {
+  int64_t rows, cols, batch;
+  std::vector<uint16_t> v;
+  Bf16Batch(int64_t r, int64_t c, int64_t b) : rows(r), cols(c), batch(b), v(static_cast<size_t>(r * c * b)) {}
+  MatBatch mb() { return MatBatch{reinterpret_cast<float*>(v.data()), rows, cols, cols, rows * cols, batch}; }
+  dionref::Matrix<double> matrix(int64_t q) const {
+    dionref::Matrix<double> m(rows, cols);
+    for (int64_t e = 0; e < rows * cols; ++e)
+      m.v[static_cast<size_t>(e)] = bf16_to_float(v[static_cast<size_t>(q * rows * cols + e)]);
+    return m;
+  }
+};
+
+double distance(const dionref::Matrix<double>& a, const dionref::Matrix<double>& b) {
+  double num = 0, den = 0;
+  for (size_t i = 0; i < a.v.size(); ++i) {
+    num += (a.v[i] - b.v[i]) * (a.v[i] - b.v[i]);
+    den += b.v[i] * b.v[i];
+  }
+  return std::sqrt(num / den);
+}
+
+class NsBf16 : public ::testing::TestWithParam<Case> {
+ protected:
+  std::unique_ptr<Backend> be{make_host_backend()};
+};
+
+TEST_P(NsBf16, BothFormsMatchFloat64WithinBf16Rounding) {
+  const Case c = GetParam();
+  const int64_t batch = 2, s = std::min(c.rows, c.cols);
+  const double eps = 1e-7;
+  const double(*coeffs)[3] = c.polar_express ? dionref::kPolarExpressCoeffs : dionref::kNewtonSchulzCoeffs;
+  NsCoeffs table[5];
+  for (int i = 0; i < 5; ++i) table[i] = NsCoeffs{coeffs[i][0], coeffs[i][1], coeffs[i][2]};
+  const float factor = c.polar_express ? 1.02f : 1.0f;
+
+  // The start: Gaussian, 3.7 x the unit scale where raw (so a missing scale
+  // shows), else normalised here in double and rounded.
+  std::mt19937 rng(static_cast<uint32_t>(c.rows * 131 + c.cols * 7 + c.steps));
+  std::normal_distribution<float> g(0.0f, 1.0f);
+  Bf16Batch u(c.rows, c.cols, batch);
+  for (uint16_t& e : u.v) e = float_to_bf16(3.7f * g(rng));
+  std::vector<double> parts(static_cast<size_t>(batch), 0.0);
+  Bf16Batch start = u;
+  for (int64_t q = 0; q < batch; ++q) {
+    const dionref::Matrix<double> m = u.matrix(q);
+    for (double x : m.v) parts[static_cast<size_t>(q)] += x * x;
+    if (c.raw) continue;
+    const double inv = 1.0 / (factor * std::sqrt(parts[static_cast<size_t>(q)]) + eps);
+    for (int64_t e = 0; e < c.rows * c.cols; ++e)
+      start.v[static_cast<size_t>(q * c.rows * c.cols + e)] = float_to_bf16(static_cast<float>(m.v[e] * inv));
+  }
+
+  NsPlan plan{table, 5, c.steps, factor, static_cast<float>(eps), c.rows > c.cols};
+  if (c.raw) {
+    plan.parts = parts.data();
+    plan.nparts = 1;
+  }
+  Bf16Batch x1 = start, y1(c.rows, c.cols, batch), a(s, s, batch), b(s, s, batch);
+  const MatBatch r1 = newton_schulz_bf16(*be, plan, x1.mb(), y1.mb(), a.mb(), b.mb());
+  Bf16Batch x2 = start, y2(c.rows, c.cols, batch), r(s, s, batch), q2(s, s, batch), p(s, s, batch), t(s, s, batch);
+  const MatBatch r2 = newton_schulz_gram_bf16(*be, plan, x2.mb(), y2.mb(), r.mb(), q2.mb(), p.mb(), t.mb());
+  const Bf16Batch& classic = r1.p == x1.mb().p ? x1 : y1;
+  const Bf16Batch& gram = r2.p == x2.mb().p ? x2 : y2;
+  ASSERT_TRUE(r1.p == x1.mb().p || r1.p == y1.mb().p);
+  ASSERT_TRUE(r2.p == x2.mb().p || r2.p == y2.mb().p);
+
+  bool differ = false;
+  for (int64_t q = 0; q < batch; ++q) {
+    SCOPED_TRACE(::testing::Message() << "matrix " << q);
+    const dionref::Matrix<double> want =
+        dionref::orthogonalize(c.polar_express ? dionref::Ortho::kPolarExpress : dionref::Ortho::kNewtonSchulz,
+                               u.matrix(q), c.steps, eps);
+    const double dc = distance(classic.matrix(q), want), dg = distance(gram.matrix(q), want);
+    const double between = distance(gram.matrix(q), classic.matrix(q));
+    EXPECT_LT(dc, kBf16Bound) << "classic form";
+    EXPECT_LT(dg, kBf16Bound) << "Gram form";
+    EXPECT_GT(dc, std::ldexp(1.0, -12)) << "classic form equal to float64 to 2^-12: is bf16 rounding used?";
+    EXPECT_GT(dg, std::ldexp(1.0, -12)) << "Gram form equal to float64 to 2^-12: is bf16 rounding used?";
+    EXPECT_LT(between, kBf16Bound);
+    differ = differ || between > 0;
+    RecordProperty("classic_" + std::to_string(q), std::to_string(dc));
+    RecordProperty("gram_" + std::to_string(q), std::to_string(dg));
+  }
+  // One step of a phase's first Q is the classic step itself (P = Q_1, X =
+  // P X): the forms then share every rounding but the raw start's, where
+  // the Gram form scales P and the classic form fuses the scale into Q.
+  if (c.steps > 1) EXPECT_TRUE(differ) << "the Gram form gave the classic form's bits: did it run?";
+}
+
+// Zero rows of a wide start (zero columns of a tall one) stay zero in the
+// Gram form, as in the classic one (spec §1.2 (i)): R's row and column are
+// zero, every Q is a there, P's row a scalar multiple of e_i.
+TEST(NsBf16Gram, ZeroRowsStayZero) {
+  std::unique_ptr<Backend> be{make_host_backend()};
+  NsCoeffs table[5];
+  for (int i = 0; i < 5; ++i)
+    table[i] = NsCoeffs{dionref::kNewtonSchulzCoeffs[i][0], dionref::kNewtonSchulzCoeffs[i][1],
+                        dionref::kNewtonSchulzCoeffs[i][2]};
+  for (bool tall : {false, true}) {
+    const int64_t s = 12, l = 40, rows = tall ? l : s, cols = tall ? s : l;
+    std::mt19937 rng(7);
+    std::normal_distribution<float> g(0.0f, 0.05f);
+    Bf16Batch x(rows, cols, 1), y(rows, cols, 1), r(s, s, 1), q(s, s, 1), p(s, s, 1), t(s, s, 1);
+    for (int64_t i = 0; i < rows; ++i)
+      for (int64_t j = 0; j < cols; ++j) {
+        const bool zero = tall ? (j == 3 || j == 7) : (i == 3 || i == 7);
+        x.v[static_cast<size_t>(i * cols + j)] = float_to_bf16(zero ? 0.0f : g(rng));
+      }
+    const NsPlan plan{table, 5, 5, 1.0f, 1e-7f, tall};
+    const MatBatch res = newton_schulz_gram_bf16(*be, plan, x.mb(), y.mb(), r.mb(), q.mb(), p.mb(), t.mb());
+    const Bf16Batch& out = res.p == x.mb().p ? x : y;
+    double nonzero = 0;
+    for (int64_t i = 0; i < rows; ++i)
+      for (int64_t j = 0; j < cols; ++j) {
+        const float v = bf16_to_float(out.v[static_cast<size_t>(i * cols + j)]);
+        const bool zero = tall ? (j == 3 || j == 7) : (i == 3 || i == 7);
+        if (zero)
+          EXPECT_EQ(v, 0.0f) << i << ", " << j;
+        else
+          nonzero += std::fabs(v);
+      }
+    EXPECT_GT(nonzero, 0.0);
+  }
+}
+
+TEST(NsBf16Gram, PaysWhereTheLongSideIsTwiceTheShort) {
+  EXPECT_TRUE(ns_gram_pays(768, 3072));
+  EXPECT_TRUE(ns_gram_pays(2304, 768));
+  EXPECT_TRUE(ns_gram_pays(256, 512));
+  EXPECT_FALSE(ns_gram_pays(768, 768));
+  EXPECT_FALSE(ns_gram_pays(768, 1535));
+}
+
+std::vector<Case> cases() {
+  std::vector<Case> v;
+  for (const auto& [r, c] : std::initializer_list<std::pair<int64_t, int64_t>>{{24, 64}, {64, 24}, {32, 32}})
+    for (int steps : {1, 2, 3, 5, 7})
+      for (bool pe : {false, true})
+        for (bool raw : {false, true}) v.push_back(Case{r, c, steps, pe, raw});
+  return v;
+}
+
+INSTANTIATE_TEST_SUITE_P(All, NsBf16, ::testing::ValuesIn(cases()), [](const ::testing::TestParamInfo<Case>& i) {
+  const Case& c = i.param;
+  return std::to_string(c.rows) + "x" + std::to_string(c.cols) + "_" + std::to_string(c.steps) + "_steps_" +
+         (c.polar_express ? "pe" : "ns") + (c.raw ? "_raw" : "_normalised");
+});
+
+}  // namespace
