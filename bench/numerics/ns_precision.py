@@ -8,30 +8,45 @@ rounded again -- and compares each variant of the quintic Newton-Schulz
 iteration (src/algo/orthogonalize.cpp's coefficients, 5 steps) with the same
 iteration in float64.
 
-Variants:
+Variants (each with the library's Newton-Schulz or Polar Express coefficients):
   classic      X <- (a I + b A + c A A) X with A = X X^T, every product rounded
                (what newton_schulz_bf16 does today, in bf16)
   gram         the same polynomial kept in the s x s space: Q_k = a I + b R + c R R,
                R <- Q_k R Q_k, P <- Q_k P, and X = P X_0 once at the end
                (equal to classic in exact arithmetic; 2 s^2 l products in all
                instead of 2 per step)
-  gram+r2      gram, restarted after step 2: X_2 = P X_0 formed, R = X_2 X_2^T
-               formed again from it, P reset
+  gram+rK      gram, restarted after step K (2 or 3): X_K = P X_0 formed,
+               R = X_K X_K^T formed again from it, P reset (the same FLOPs
+               either way; src/algo/ns_bf16.hpp restarts after step 2: see
+               kNsGramRestart there for why not 3)
 
 Printed per matrix: the relative Frobenius distance to the float64 iteration
 and the range of the result's singular values (float64's own range beside it).
 Then the model's FLOP count of each variant on the bench's GPT shapes.
 
   /usr/bin/python3 bench/numerics/ns_precision.py [--m 768 --n 3072] [--seed 0]
+                                                 [--coeffs newton-schulz|polar-express]
 """
 import argparse
 
 import numpy as np
 
 # kNewtonSchulz in src/algo/orthogonalize.cpp
-NS = [(4.0848, -6.8946, 2.9270), (3.9505, -6.3029, 2.6377), (3.7418, -5.5913, 2.3037),
-      (2.8769, -3.1427, 1.2046), (2.8366, -3.0525, 1.2012)]
+NEWTON_SCHULZ = [(4.0848, -6.8946, 2.9270), (3.9505, -6.3029, 2.6377), (3.7418, -5.5913, 2.3037),
+                 (2.8769, -3.1427, 1.2046), (2.8366, -3.0525, 1.2012)]
+# kPolarExpress, whose start is normalised by 1.02 ||X||_F (kPolarExpressSafety)
+POLAR_EXPRESS = [(8.156554524902461, -22.48329292557795, 15.878769915207462),
+                 (4.042929935166739, -2.808917465908714, 0.5000178451051316),
+                 (3.8916678022926607, -2.772484153217685, 0.5060648178503393),
+                 (3.285753657755655, -2.3681294933425376, 0.46449024233003106),
+                 (2.3465413258596377, -1.7097828382687081, 0.42323551169305323)]
+NS = list(NEWTON_SCHULZ)  # the table in use (--coeffs)
+FACTOR = 1.0
 EPS = 1e-7
+
+
+def normalise(G):
+    return G / (FACTOR * np.linalg.norm(G) + EPS)
 
 
 def bf16(x):
@@ -60,8 +75,7 @@ def shift(R, coef, rnd):
 
 
 def classic64(G):
-    X = G.astype(np.float64)
-    X = X / (np.linalg.norm(X) + EPS)
+    X = normalise(G.astype(np.float64))
     eye = np.eye(X.shape[0])
     for a, b, c in NS:
         A = X @ X.T
@@ -70,14 +84,14 @@ def classic64(G):
 
 
 def classic(G, rnd):
-    X = rnd(G / (np.linalg.norm(G) + EPS))
+    X = rnd(normalise(G))
     for coef in NS:
         X = mm(shift(mm(X, X.T, rnd), coef, rnd), X, rnd)
     return X
 
 
 def gram(G, rnd, restart=None):
-    X = rnd(G / (np.linalg.norm(G) + EPS))
+    X = rnd(normalise(G))
     R, P = mm(X, X.T, rnd), None
     for it, coef in enumerate(NS):
         if it == restart:
@@ -86,8 +100,7 @@ def gram(G, rnd, restart=None):
         Q = shift(R, coef, rnd)
         P = Q if P is None else mm(Q, P, rnd)
         if it + 1 < len(NS) and it + 1 != restart:
-            R = mm(mm(Q, R, rnd), Q, rnd)
-            R = rnd((R + R.T) / 2)  # keep R symmetric; the two roundings of Q R Q differ slightly
+            R = mm(mm(Q, R, rnd), Q, rnd)  # not symmetrised, as the library forms it
     return mm(P, X, rnd)
 
 
@@ -126,7 +139,12 @@ def main():
     ap.add_argument("--m", type=int, default=768)
     ap.add_argument("--n", type=int, default=3072)
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--coeffs", choices=("newton-schulz", "polar-express"), default="newton-schulz")
     args = ap.parse_args()
+    global FACTOR
+    if args.coeffs == "polar-express":
+        NS[:] = POLAR_EXPRESS
+        FACTOR = 1.02
     rng = np.random.default_rng(args.seed)
     for kind in ("gaussian", "decaying", "low rank"):
         G = make(kind, args.m, args.n, rng)
@@ -135,11 +153,12 @@ def main():
         print(f"{kind} {args.m} x {args.n}: float64 singular values {lo:.3f} .. {hi:.3f}")
         for prec in ("bf16", "fp16"):
             rnd = ROUND[prec]
-            for name, Y in (("classic", classic(G, rnd)), ("gram", gram(G, rnd)), ("gram+r2", gram(G, rnd, 2))):
+            for name, Y in (("classic", classic(G, rnd)), ("gram", gram(G, rnd)), ("gram+r2", gram(G, rnd, 2)),
+                            ("gram+r3", gram(G, rnd, 3))):
                 lo, hi = sv_range(Y)
                 d = np.linalg.norm(Y - ref) / np.linalg.norm(ref)
                 print(f"  {prec} {name:8s} distance {d:.4f}   singular values {lo:.3f} .. {hi:.3f}")
-    print("model FLOPs per step, GPT block matrices (s = d; classic -> gram+r2):")
+    print("model FLOPs per step, GPT block matrices (s = d; classic -> gram+r2, the same for gram+r3):")
     for d, layers, name in ((768, 12, "gpt-160m"), (2048, 24, "gpt-1.3b")):
         tot_c = tot_g = 0
         for l in (3 * d, d, 4 * d, 4 * d):
