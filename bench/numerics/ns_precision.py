@@ -17,8 +17,9 @@ Variants (each with the library's Newton-Schulz or Polar Express coefficients):
                instead of 2 per step)
   gram+rK      gram, restarted after step K (2 or 3): X_K = P X_0 formed,
                R = X_K X_K^T formed again from it, P reset (the same FLOPs
-               either way; src/algo/ns_bf16.hpp restarts after step 2: see
-               kNsGramRestart there for why not 3)
+               either way)
+  gram+r13     restarted after steps 1 and 3 (the first step is then the
+               classic one), src/algo/ns_bf16.hpp's default (kNsGramRestarts)
 
 Printed per matrix: the relative Frobenius distance to the float64 iteration
 and the range of the result's singular values (float64's own range beside it).
@@ -90,16 +91,17 @@ def classic(G, rnd):
     return X
 
 
-def gram(G, rnd, restart=None):
+def gram(G, rnd, restarts=()):
+    """restarts: the steps after which X and R are formed again."""
     X = rnd(normalise(G))
     R, P = mm(X, X.T, rnd), None
     for it, coef in enumerate(NS):
-        if it == restart:
+        if it in restarts:
             X, P = mm(P, X, rnd), None
             R = mm(X, X.T, rnd)
         Q = shift(R, coef, rnd)
         P = Q if P is None else mm(Q, P, rnd)
-        if it + 1 < len(NS) and it + 1 != restart:
+        if it + 1 < len(NS) and it + 1 not in restarts:
             R = mm(mm(Q, R, rnd), Q, rnd)  # not symmetrised, as the library forms it
     return mm(P, X, rnd)
 
@@ -121,17 +123,15 @@ def sv_range(X):
     return s.min(), s.max()
 
 
-def flops(s, l, variant, steps=len(NS), restart=2):
+def flops(s, l, variant, steps=len(NS), restarts=(1, 3)):
     """Model FLOPs of one s x l matrix (s <= l). s^3 products: Q's R R, R's two, P's one."""
     if variant == "classic":
         return steps * (4 * s * s * l + 2 * s ** 3)
-    grams = 2 if restart is not None else 1
-    # Gram formations and P X products: 2 s^2 l each
-    fl = (2 * grams) * 2 * s * s * l
-    phases = [restart, steps - restart] if restart is not None else [steps]
-    for k in phases:  # per phase: k Q's, (k - 1) P products and (k - 1) R updates of 2 products
-        fl += 2 * s ** 3 * (k + (k - 1) + 2 * (k - 1))
-    return fl
+    bounds = [0] + sorted(restarts) + [steps]
+    phases = [b - a for a, b in zip(bounds, bounds[1:])]
+    # per phase: the Gram formation and the P X product, 2 s^2 l each; k Q's,
+    # (k - 1) P products and (k - 1) R updates of 2 products
+    return sum(4 * s * s * l + 2 * s ** 3 * (k + (k - 1) + 2 * (k - 1)) for k in phases)
 
 
 def main():
@@ -153,20 +153,22 @@ def main():
         print(f"{kind} {args.m} x {args.n}: float64 singular values {lo:.3f} .. {hi:.3f}")
         for prec in ("bf16", "fp16"):
             rnd = ROUND[prec]
-            for name, Y in (("classic", classic(G, rnd)), ("gram", gram(G, rnd)), ("gram+r2", gram(G, rnd, 2)),
-                            ("gram+r3", gram(G, rnd, 3))):
+            for name, Y in (("classic", classic(G, rnd)), ("gram", gram(G, rnd)), ("gram+r2", gram(G, rnd, (2,))),
+                            ("gram+r3", gram(G, rnd, (3,))), ("gram+r13", gram(G, rnd, (1, 3)))):
                 lo, hi = sv_range(Y)
                 d = np.linalg.norm(Y - ref) / np.linalg.norm(ref)
                 print(f"  {prec} {name:8s} distance {d:.4f}   singular values {lo:.3f} .. {hi:.3f}")
-    print("model FLOPs per step, GPT block matrices (s = d; classic -> gram+r2, the same for gram+r3):")
+    print("model FLOPs per step, GPT block matrices (s = d; square ones keep the classic form):")
     for d, layers, name in ((768, 12, "gpt-160m"), (2048, 24, "gpt-1.3b")):
-        tot_c = tot_g = 0
-        for l in (3 * d, d, 4 * d, 4 * d):
-            c = flops(d, l, "classic")
-            g = min(c, flops(d, l, "gram"))  # square matrices keep the classic form
-            tot_c += layers * c
-            tot_g += layers * g
-        print(f"  {name}: {tot_c / 1e12:.3f} -> {tot_g / 1e12:.3f} TFLOP ({tot_g / tot_c:.2f})")
+        tot = {}
+        for label, rs in (("classic", None), ("gram+r2", (2,)), ("gram+r13", (1, 3))):
+            for l in (3 * d, d, 4 * d, 4 * d):
+                c = flops(d, l, "classic")
+                g = c if rs is None else min(c, flops(d, l, "gram", restarts=rs))
+                tot[label] = tot.get(label, 0) + layers * g
+        c = tot["classic"]
+        print(f"  {name}: classic {c / 1e12:.3f} TFLOP, gram+r2 {tot['gram+r2'] / 1e12:.3f} ({tot['gram+r2'] / c:.2f}),"
+              f" gram+r13 {tot['gram+r13'] / 1e12:.3f} ({tot['gram+r13'] / c:.2f})")
 
 
 if __name__ == "__main__":

@@ -2,11 +2,13 @@
 // Pieces shared by the algorithms: typed <-> fp32 workspace helpers and the
 // Muon-family orthogonalizers (Polar Express, quintic Newton-Schulz).
 #pragma once
+#include <cstdint>
 #include <cstdlib>
 #include <cstring>
 #include <vector>
 
 #include "../core/error.hpp"
+#include "../core/log.hpp"
 #include "../core/optimizer.hpp"
 
 namespace dion {
@@ -24,6 +26,28 @@ inline bool env_on(const char* name) {
 inline bool ns_gram_on() {
   const char* e = std::getenv("DION_NS_GRAM");
   return e && std::strcmp(e, "1") == 0;
+}
+// Its restarts as NsPlan::gram_restarts takes them: DION_NS_GRAM_RESTARTS, a
+// comma-separated list of the steps (1 to 31) after which X and R are formed
+// again ("none": no restart); unset or malformed, `dflt` (a malformed value
+// is logged as a warning). Read at each step.
+inline uint32_t ns_gram_restarts(uint32_t dflt) {
+  const char* e = std::getenv("DION_NS_GRAM_RESTARTS");
+  if (!e || !*e) return dflt;
+  if (std::strcmp(e, "none") == 0) return 0;
+  uint32_t mask = 0;
+  for (const char* c = e; *c;) {
+    char* end = nullptr;
+    const long k = std::strtol(c, &end, 10);
+    if (end == c || k < 1 || k > 31 || (*end && *end != ',') || (*end == ',' && !end[1])) {
+      DION_LOG_WARN("DION_NS_GRAM_RESTARTS=\"%s\" is not a list of steps 1 to 31 (e.g. \"1,3\") or \"none\": "
+                    "the default restarts are used", e);
+      return dflt;
+    }
+    mask |= 1u << k;
+    c = *end ? end + 1 : end;
+  }
+  return mask;
 }
 
 // Loads field f (n elements per tensor) of the batch's tensors into a fresh

@@ -83,7 +83,7 @@ MatBatch newton_schulz_bf16(Backend& be, const NsPlan& p, MatBatch X, MatBatch Y
   return cur;  // steps >= 1 (dion_add_group checks ortho_steps): a raw start was scaled
 }
 
-// The Gram form. Per phase (steps [0, r) and [r, steps), r = kNsGramRestart):
+// The Gram form. Per phase (the steps between restarts, p.gram_restarts):
 // R = X X^T by the same (possibly blocked) product as the classic form's A;
 // each step Q_k = a I + b R + c R R, P = Q_k ... Q_1 (P Q_k for tall X: the
 // classic form's X B), and, where the phase has a further step, R <- Q_k R
@@ -102,6 +102,7 @@ MatBatch newton_schulz_gram_bf16(Backend& be, const NsPlan& p, MatBatch X, MatBa
   const FrobScale sc2{p.parts, p.nparts, p.factor, p.eps, 2};
   const FrobScale sc1{p.parts, p.nparts, p.factor, p.eps, 1};
   bool have_p = false;  // P holds this phase's product of Q's
+  auto restart_at = [&](int it) { return it > 0 && it < 32 && ((p.gram_restarts >> it) & 1u); };
   // cur <- P cur (tall: cur P), ending the phase.
   auto apply = [&]() {
     if (raw) be.frob_scale_bf16(P, sc1, 0.0f);
@@ -115,7 +116,7 @@ MatBatch newton_schulz_gram_bf16(Backend& be, const NsPlan& p, MatBatch X, MatBa
   };
   for (int it = 0; it < p.steps; ++it) {
     const NsCoeffs& k = coeffs_at(p, it);
-    const bool restart = it == kNsGramRestart;
+    const bool restart = restart_at(it);
     if (restart) apply();
     if (it == 0 || restart) {
       // The phase's Gram matrix and its first Q, as the classic form forms
@@ -141,7 +142,7 @@ MatBatch newton_schulz_gram_bf16(Backend& be, const NsPlan& p, MatBatch X, MatBa
         be.gemm_bf16(false, false, 1.0f, Q, P, 0.0f, T);
       std::swap(P, T);
     }
-    if (it + 1 < p.steps && it + 1 != kNsGramRestart) {
+    if (it + 1 < p.steps && !restart_at(it + 1)) {
       // R <- Q_k R Q_k through T (R is not read by the second product).
       const MatBatch qk = first ? P : Q;
       be.gemm_bf16(false, false, 1.0f, qk, R, 0.0f, T);

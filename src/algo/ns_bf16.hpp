@@ -3,21 +3,25 @@
 // precision BF16 on the CUDA backend), in two forms of one polynomial:
 //
 //   classic  A = X X^T, B = a I + b A + c A A, X <- B X, every step
-//   Gram     R = X X^T once; per step Q = a I + b R + c R R, P <- Q P,
-//            R <- Q R Q; X <- P X once at the end (Dao et al.'s Gram
-//            Newton-Schulz), restarted after step kNsGramRestart: there X =
-//            P X is formed and R formed again from it
+//   Gram     R = X X^T once per phase; per step Q = a I + b R + c R R,
+//            P <- Q P, R <- Q R Q; X <- P X at the phase's end (Dao et
+//            al.'s Gram Newton-Schulz), the phases split by restarts
 //
 // (X^T X and X B for tall X, s = min(rows, cols), l = max). The two are the
-// same polynomial in exact arithmetic. Per matrix and per 5 steps the classic
-// form costs 20 s^2 l + 10 s^3 FLOPs and the Gram form with its restart 8 s^2
-// l + 28 s^3, fewer where l >= 2 s. Its bf16 roundings differ:
-// bench/numerics/ns_precision.py measures both against float64
-// (docs/benchmarks.md); without the restart the Gram form drifts (spurious
-// growth of R's eigenvalues), with it it stays within about 3 x of the
-// classic form's distance to float64, closer than the classic form on some
-// matrices. Only a backend and bf16 buffers: the host suite runs both forms
-// through the host backend's bf16 ops.
+// same polynomial in exact arithmetic. Per matrix and per K steps in p phases
+// the classic form costs 4 K s^2 l + 2 K s^3 FLOPs and the Gram form 4 p s^2
+// l + 2 (4 K - 3 p) s^3, fewer wherever l > 1.5 s, whatever p. At K = 5:
+// restarts after steps 1 and 3 (p = 3) 12 s^2 l + 22 s^3, after step 2 alone
+// (p = 2) 8 s^2 l + 28 s^3, against 20 s^2 l + 10 s^3.
+// Their bf16 roundings differ: bench/numerics/ns_precision.py measures them
+// against float64 (docs/benchmarks.md, seventh session). Without a restart
+// the Gram form drifts (spurious growth of R's eigenvalues: distances to
+// float64 up to 37 x the classic form's); restarted after step 2 it stayed
+// within about 3 x, after step 3 alone it blew up on small matrices, after
+// steps 1 and 3 within 1.7 x (its first phase is one classic step, which
+// lifts the small singular values before R is iterated on).
+// Only a backend and bf16 buffers: the host suite runs both forms through
+// the host backend's bf16 ops.
 #pragma once
 #include <cstdint>
 
@@ -41,6 +45,9 @@ struct NsPlan {
   // inv instead of X. Null: X is normalised already (its norm at most 1).
   const double* parts = nullptr;
   int64_t nparts = 0;
+  // The Gram form's restarts: bit k set, X and R are formed again after
+  // step k (before step index k; bits 0 and >= steps are ignored).
+  uint32_t gram_restarts = 0;
 };
 
 // The classic form. X (the bf16 start) and Y: rows x cols dense; A and B: s x
@@ -48,24 +55,18 @@ struct NsPlan {
 // overwritten.
 MatBatch newton_schulz_bf16(Backend& be, const NsPlan& p, MatBatch X, MatBatch Y, MatBatch A, MatBatch B);
 
-// The Gram form's restart: after this many steps X is formed and R formed
-// again from it. bench/numerics/ns_precision.py (docs/benchmarks.md): with
-// none the bf16 Gram form drifts (distances to float64 up to 37 x the
-// classic form's); after step 2 it stayed within 3.1 x on every matrix
-// tried; after step 3 (the same FLOPs) it was closer on some large matrices
-// but blew up on small ones (--m 32 --n 128 --coeffs polar-express --seed 2,
-// singular values spread over 1e-3: 0.75 with singular values up to 5.0,
-// against 0.14 after step 2 and 0.11 for the classic form).
-constexpr int kNsGramRestart = 2;
+// The Gram form's default restarts: after steps 1 and 3 (the measurements
+// above; DION_NS_GRAM_RESTARTS chooses others, docs/ENV.md).
+constexpr uint32_t kNsGramRestarts = (1u << 1) | (1u << 3);
 
 // The Gram form: X, Y as above; R, Q, P, T: s x s dense. Returns the buffer
 // holding the result (X's or Y's); X may be overwritten.
 MatBatch newton_schulz_gram_bf16(Backend& be, const NsPlan& p, MatBatch X, MatBatch Y, MatBatch R, MatBatch Q,
                                  MatBatch P, MatBatch T);
 
-// Where the Gram form needs fewer FLOPs: l >= 2 s (8 s^2 l + 28 s^3 against
-// 20 s^2 l + 10 s^3 at 5 steps: equal at l = 1.5 s; the s x s products run
-// slower than the s x l ones, hence the margin).
+// Where the Gram form is taken: l >= 2 s (it needs fewer FLOPs from l =
+// 1.5 s on; the s x s products run slower than the s x l ones, hence the
+// margin).
 inline bool ns_gram_pays(int64_t rows, int64_t cols) {
   const int64_t s = rows < cols ? rows : cols, l = rows < cols ? cols : rows;
   return l >= 2 * s;

@@ -52,8 +52,9 @@ MatBatch bf16_iteration(Optimizer& opt, const dion_group_options_t& o, MatBatch 
   auto half = [&](int64_t n) { return opt.ws.take((n + 1) / 2); };
   MatBatch Y{half(nx), X.rows, X.cols, X.cols, X.rows * X.cols, X.batch};
   auto square = [&]() { return MatBatch{half(ns), s, s, s, s * s, X.batch}; };
-  const NsPlan plan{table, 5, o.ortho_steps, factor, static_cast<float>(o.epsilon), tall, raw.parts, raw.nparts};
+  NsPlan plan{table, 5, o.ortho_steps, factor, static_cast<float>(o.epsilon), tall, raw.parts, raw.nparts};
   if (ns_gram_on() && ns_gram_pays(X.rows, X.cols)) {
+    plan.gram_restarts = ns_gram_restarts(kNsGramRestarts);
     const MatBatch R = square(), Q = square(), P = square(), T = square();
     return newton_schulz_gram_bf16(*opt.backend, plan, X, Y, R, Q, P, T);
   }
