@@ -85,9 +85,9 @@ size_t orthogonalize_ws_floats(int64_t rows, int64_t cols, int64_t batch);
 // The bf16 iteration (CUDA backend, matmul precision BF16) from an
 // unnormalised bf16 start: xb (dense bf16 matrices, as select_momentum_multi
 // writes them with out_dtype BF16) with its squared Frobenius norms as
-// partial sums. The first step scales its small Gram products instead of
-// xb (Backend::mirror_bf16 or ns_shift_bf16), so no pass normalises xb; xb may be
-// overwritten. *bf16_result points to the result (xb's buffer or workspace
+// partial sums. The first step scales its small s x s matrices instead of
+// xb (Backend::mirror_bf16 or ns_shift_bf16; frob_scale_bf16 in the Gram
+// form), so no pass normalises xb; xb may be overwritten. *bf16_result points to the result (xb's buffer or workspace
 // within orthogonalize_ws_floats). The same iteration as orthogonalize's up
 // to bf16 rounding: that one rounds the normalised start, this one the start
 // and the scaled Gram matrices.

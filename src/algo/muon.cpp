@@ -36,30 +36,42 @@ size_t muon_family_workspace(const Group& g, const Tensor& t, int64_t count) {
 
 namespace {
 
-// NorMuon's neuron-wise normalisation of the owned matrices Um, with the
-// "variance_neuron" state exchanged like them (plan): on the owner, over
-// whole rows and the whole matrix, the single-device statistics (the
-// reference normalizes each rank's row shard after the return, with a
+// NorMuon's "variance_neuron" state of the batch, exchanged like the
+// matrices (plan): loaded, the owned matrices' variances handed to
+// use(Vo), then sent back and stored (no exchange: Vo is the loaded buffer).
+template <class Use>
+void with_owned_variances(Optimizer& opt, const dion_group_options_t& o, const Batch& bt, const MbPlan& plan,
+                          Use&& use) {
+  const Tensor& t = bt.t;
+  const StateBuf& Vs = state_of(opt, t, 1);
+  float* V = load_ws(opt, bt, kState1, Vs.numel);
+  Unshard uv(opt, plan, neuron_piece(t, plan, o.flatten != 0), t.geom.batch * bt.count);
+  use(uv.forward(V));
+  uv.backward(V);
+  store_ws(opt, bt, kState1, V, Vs.numel);
+}
+
+// NorMuon's neuron-wise normalisation of the owned matrices Um: on the
+// owner, over whole rows and the whole matrix, the single-device statistics
+// (the reference normalizes each rank's row shard after the return, with a
 // per-shard Frobenius rescale, spec §4.2).
 void normalize_owned(Optimizer& opt, const dion_group_options_t& o, const Batch& bt, const MbPlan& plan, MatBatch Um) {
   const Tensor& t = bt.t;
-  const bool flatten = o.flatten != 0;
-  const StateBuf& Vs = state_of(opt, t, 1);
-  float* V = load_ws(opt, bt, kState1, Vs.numel);
-  Unshard uv(opt, plan, neuron_piece(t, plan, flatten), t.geom.batch * bt.count);
-  float* Vo = uv.forward(V);
-  opt.backend->neuron_normalize(Um, logical_rows_axis(t), Vo, t.geom.m, static_cast<float>(o.muon_beta2), nullptr);
-  uv.backward(V);
-  store_ws(opt, bt, kState1, V, Vs.numel);
+  with_owned_variances(opt, o, bt, plan, [&](float* Vo) {
+    opt.backend->neuron_normalize(Um, logical_rows_axis(t), Vo, t.geom.m, static_cast<float>(o.muon_beta2), nullptr);
+  });
+}
+
+// The update's learning-rate multiplier (the shape adjustment).
+float update_lr_mult(const dion_group_options_t& o, const Tensor& t) {
+  return static_cast<float>(adjusted_lr(o, 1.0, t.geom.m, t.geom.n));
 }
 
 // X = (1 - lr wd) X - lr_adj O for the batch, O (the batch's local pieces)
 // of dtype `dt`.
 void update(Optimizer& opt, const Group& g, const Batch& bt, const void* O, dion_dtype_t dt) {
   const dion_group_options_t& o = g.opt;
-  const Tensor& t = bt.t;
-  const double lr_mult = adjusted_lr(o, 1.0, t.geom.m, t.geom.n);
-  opt.backend->apply_update_multi(bt.list, bt.count, t.numel_local, O, dt, g.scalars, static_cast<float>(lr_mult),
+  opt.backend->apply_update_multi(bt.list, bt.count, bt.t.numel_local, O, dt, g.scalars, update_lr_mult(o, bt.t),
                                   o.cautious_wd != 0, opt.skip_flag());
 }
 
@@ -115,13 +127,11 @@ void muon_family_step(Optimizer& opt, Group& g, const Batch& bt, bool normalize)
     const Axis axis = logical_rows_axis(t);
     const int64_t nn = axis == kRows ? Um.rows : Um.cols;
     double* sc = reinterpret_cast<double*>(opt.ws.take(2 * (Um.batch * nn + Um.batch)));
-    const StateBuf& Vs = state_of(opt, t, 1);
-    float* V = load_ws(opt, bt, kState1, Vs.numel);
-    be.neuron_scales(Um.batch, Um.rows, Um.cols, axis, Ob, V, t.geom.m, static_cast<float>(o.muon_beta2), sc);
-    store_ws(opt, bt, kState1, V, Vs.numel);
+    with_owned_variances(opt, o, bt, plan, [&](float* Vo) {
+      be.neuron_scales(Um.batch, Um.rows, Um.cols, axis, Ob, Vo, t.geom.m, static_cast<float>(o.muon_beta2), sc);
+    });
     be.apply_update_neuron_multi(bt.list, T, Um.rows, Um.cols, Ob, DION_DTYPE_BF16, sc, axis, g.scalars,
-                                 static_cast<float>(adjusted_lr(o, 1.0, t.geom.m, t.geom.n)), o.cautious_wd != 0,
-                                 opt.skip_flag());
+                                 update_lr_mult(o, t), o.cautious_wd != 0, opt.skip_flag());
     return;
   }
   if (normalize) normalize_owned(opt, o, bt, plan, Um);

@@ -7,6 +7,7 @@
 // polynomial; zero rows/columns stay zero (property (i) of §1.2).
 #include <algorithm>
 #include <cstdint>
+#include <iterator>
 #include <utility>
 
 #include "common.hpp"
@@ -16,11 +17,9 @@ namespace dion {
 
 namespace {
 
-using Coeffs = NsCoeffs;
-
 // Polar Express (Amsel et al., arXiv 2505.16932), 5 polynomials tuned for
 // safety factor 2e-2 and cushion 2, as used by microsoft/dion's polar_express.
-constexpr Coeffs kPolarExpress[] = {
+constexpr NsCoeffs kPolarExpress[] = {
     {8.156554524902461, -22.48329292557795, 15.878769915207462},
     {4.042929935166739, -2.808917465908714, 0.5000178451051316},
     {3.8916678022926607, -2.772484153217685, 0.5060648178503393},
@@ -30,12 +29,16 @@ constexpr Coeffs kPolarExpress[] = {
 constexpr double kPolarExpressSafety = 1.02;  // ||X|| is inflated by 2% before the first polynomial
 
 // Quintic Newton-Schulz with 5 tuned iterations (microsoft/dion newton_schulz_triton.py).
-constexpr Coeffs kNewtonSchulz[] = {
+constexpr NsCoeffs kNewtonSchulz[] = {
     {4.0848, -6.8946, 2.9270}, {3.9505, -6.3029, 2.6377}, {3.7418, -5.5913, 2.3037},
     {2.8769, -3.1427, 1.2046}, {2.8366, -3.0525, 1.2012},
 };
 
-const Coeffs* coeffs_of(const dion_group_options_t& o, float* factor) {
+// Both tables hold 5 steps' coefficients; later steps reuse the last.
+constexpr int kTableLength = 5;
+static_assert(std::size(kPolarExpress) == kTableLength && std::size(kNewtonSchulz) == kTableLength);
+
+const NsCoeffs* coeffs_of(const dion_group_options_t& o, float* factor) {
   const bool pe = o.orthogonalizer == DION_ORTHO_POLAR_EXPRESS;
   *factor = pe ? static_cast<float>(kPolarExpressSafety) : 1.0f;
   return pe ? kPolarExpress : kNewtonSchulz;
@@ -45,14 +48,14 @@ const Coeffs* coeffs_of(const dion_group_options_t& o, float* factor) {
 // gives its sums), its other buffers carved from the workspace (bf16: two
 // elements per float): the Gram form where DION_NS_GRAM=1 and it needs fewer
 // FLOPs (ns_gram_pays), else the classic form. Returns the result's buffer.
-MatBatch bf16_iteration(Optimizer& opt, const dion_group_options_t& o, MatBatch X, const Coeffs* table, float factor,
+MatBatch bf16_iteration(Optimizer& opt, const dion_group_options_t& o, MatBatch X, const NsCoeffs* table, float factor,
                         FrobParts raw) {
   const bool tall = X.rows > X.cols;
   const int64_t s = tall ? X.cols : X.rows, nx = X.rows * X.cols * X.batch, ns = s * s * X.batch;
   auto half = [&](int64_t n) { return opt.ws.take((n + 1) / 2); };
   MatBatch Y{half(nx), X.rows, X.cols, X.cols, X.rows * X.cols, X.batch};
   auto square = [&]() { return MatBatch{half(ns), s, s, s, s * s, X.batch}; };
-  NsPlan plan{table, 5, o.ortho_steps, factor, static_cast<float>(o.epsilon), tall, raw.parts, raw.nparts};
+  NsPlan plan{table, kTableLength, o.ortho_steps, factor, static_cast<float>(o.epsilon), tall, raw.parts, raw.nparts};
   if (ns_gram_on() && ns_gram_pays(X.rows, X.cols)) {
     plan.gram_restarts = ns_gram_restarts(kNsGramRestarts);
     const MatBatch R = square(), Q = square(), P = square(), T = square();
@@ -67,7 +70,7 @@ MatBatch bf16_iteration(Optimizer& opt, const dion_group_options_t& o, MatBatch 
 // writing the normalised fp32 x, which nothing reads), and the result
 // widened back into x (or, with bf16_result, left in bf16 for a caller that
 // reads it there).
-void orthogonalize_bf16(Optimizer& opt, const dion_group_options_t& o, MatBatch x, const Coeffs* table, float factor,
+void orthogonalize_bf16(Optimizer& opt, const dion_group_options_t& o, MatBatch x, const NsCoeffs* table, float factor,
                         const void** bf16_result, FrobParts given) {
   Backend& be = *opt.backend;
   const int64_t nx = x.rows * x.cols * x.batch;
@@ -103,8 +106,7 @@ void orthogonalize(Optimizer& opt, const dion_group_options_t& o, MatBatch x, co
   if (bf16_result) *bf16_result = nullptr;
   if (x.batch == 0 || x.rows == 0 || x.cols == 0) return;
   float factor;
-  const Coeffs* table = coeffs_of(o, &factor);
-  const int ntab = 5;
+  const NsCoeffs* table = coeffs_of(o, &factor);
   const bool tall = x.rows > x.cols;
   const int64_t s = tall ? x.cols : x.rows;
   if (o.matmul_precision == DION_MATMUL_BF16 && !be.host_memory()) {
@@ -118,7 +120,7 @@ void orthogonalize(Optimizer& opt, const dion_group_options_t& o, MatBatch x, co
   MatBatch cur = x, nxt = Y;
   const dion_matmul_precision_t prec = o.matmul_precision;
   for (int it = 0; it < o.ortho_steps; ++it) {
-    const Coeffs& k = table[std::min(it, ntab - 1)];
+    const NsCoeffs& k = table[std::min(it, kTableLength - 1)];
     // A = X^T X (tall) or X X^T (wide)
     be.gemm(tall, !tall, 1.0f, cur, cur, 0.0f, A, prec);
     // B = b A + c A A
@@ -143,7 +145,7 @@ void orthogonalize_bf16_unnormalised(Optimizer& opt, const dion_group_options_t&
   DION_REQUIRE(xb.ld == xb.cols && xb.stride == xb.rows * xb.cols, DION_ERROR_INTERNAL,
                "orthogonalize_bf16_unnormalised: the input must be dense");
   float factor;
-  const Coeffs* table = coeffs_of(o, &factor);
+  const NsCoeffs* table = coeffs_of(o, &factor);
   *bf16_result = bf16_iteration(opt, o, xb, table, factor, sums).p;
 }
 

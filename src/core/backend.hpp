@@ -430,9 +430,10 @@ class Backend {
   // frob_normalize takes it, or its square). The scaling of the bf16
   // iteration's first step on an unnormalised start X = s Y (Y the unit-norm
   // matrix, s = 1 / inv): A = inv^2 X X^T and (a I + B) inv, so X is never
-  // rescaled. The iteration no longer calls it (mirror_bf16 scales in its
-  // pass, ns_shift_bf16 in its): it defines, and the tests check, mirror_bf16's
-  // scaled result.
+  // rescaled. The classic iteration scales in mirror_bf16's or
+  // ns_shift_bf16's pass instead (this defines, and the tests check,
+  // mirror_bf16's scaled result); the Gram form (src/algo/ns_bf16.hpp) calls
+  // it on a raw start's first R, where it was formed whole, and on P.
   virtual void frob_scale_bf16(MatBatch m, const FrobScale& scale, float diag) = 0;
 
   // ---- optimizer updates ----

@@ -86,6 +86,11 @@ double distance(const dionref::Matrix<double>& a, const dionref::Matrix<double>&
   return std::sqrt(num / den);
 }
 
+// The library's coefficient form of a table of tests/reference/ref_orthogonalize.h.
+void table_of(const double (*coeffs)[3], NsCoeffs (&table)[5]) {
+  for (int i = 0; i < 5; ++i) table[i] = NsCoeffs{coeffs[i][0], coeffs[i][1], coeffs[i][2]};
+}
+
 class NsBf16 : public ::testing::TestWithParam<Case> {
  protected:
   std::unique_ptr<Backend> be{make_host_backend()};
@@ -97,7 +102,7 @@ TEST_P(NsBf16, BothFormsMatchFloat64WithinBf16Rounding) {
   const double eps = 1e-7;
   const double(*coeffs)[3] = c.polar_express ? dionref::kPolarExpressCoeffs : dionref::kNewtonSchulzCoeffs;
   NsCoeffs table[5];
-  for (int i = 0; i < 5; ++i) table[i] = NsCoeffs{coeffs[i][0], coeffs[i][1], coeffs[i][2]};
+  table_of(coeffs, table);
   const float factor = c.polar_express ? 1.02f : 1.0f;
 
   // The start: Gaussian, 3.7 x the unit scale where raw (so a missing scale
@@ -169,9 +174,7 @@ TEST_P(NsBf16, BothFormsMatchFloat64WithinBf16Rounding) {
 TEST(NsBf16Gram, ZeroRowsStayZero) {
   std::unique_ptr<Backend> be{make_host_backend()};
   NsCoeffs table[5];
-  for (int i = 0; i < 5; ++i)
-    table[i] = NsCoeffs{dionref::kNewtonSchulzCoeffs[i][0], dionref::kNewtonSchulzCoeffs[i][1],
-                        dionref::kNewtonSchulzCoeffs[i][2]};
+  table_of(dionref::kNewtonSchulzCoeffs, table);
   for (bool tall : {false, true}) {
     const int64_t s = 12, l = 40, rows = tall ? l : s, cols = tall ? s : l;
     std::mt19937 rng(7);
