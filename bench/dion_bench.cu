@@ -40,6 +40,12 @@
 //   Muon / NorMuon: Polar Express, T = 5 iterations on s x l, s = min(m, n),
 //     l = max(m, n); per iteration A = X X^T (2s^2 l), B = bA + cA^2 (2s^3),
 //     X = aX + BX (2s^2 l):      T * (4 s^2 l + 2 s^3)
+//     At matmul precision bf16 with l >= 2 s the library runs the Gram form
+//     (src/algo/ns_bf16.hpp; DION_NS_GRAM=0 the form above): in p phases
+//     (restarts + 1; DION_NS_GRAM_RESTARTS, by default after steps 1 and 3,
+//     p = 3) per phase R = X X^T and X = P X (2s^2 l each), per step Q (2s^3),
+//     and within a phase P = Q P and R = Q R Q (2s^3 and 4s^3) after its first
+//     step:                      4 p s^2 l + 2 (4T - 3p) s^3
 //   Dion2 (fraction f): k = ceil(f * min(m, n)) slices of the shorter dim, so
 //     the orthogonalized matrix is k x max(m, n); same polynomial cost with
 //     s = k, l = max(m, n).
@@ -159,14 +165,39 @@ std::vector<Shape> shapes_of(const Workload& w) {
 constexpr int kOrthoSteps = 5;        // Polar Express iterations (library default)
 constexpr double kOversample = 1.25;  // RCQR oversampling (library default)
 
-double poly_flops(double s, double l) { return kOrthoSteps * (4.0 * s * s * l + 2.0 * s * s * s); }
+// The Gram form's phases as the library takes them (0: the classic form):
+// matmul precision bf16, DION_NS_GRAM not "0", DION_NS_GRAM_RESTARTS (a list
+// of steps, or "none"; unset or malformed: 1,3) counting the restarts before
+// the last step.
+int gram_phases(Precision prec) {
+  const char* on = std::getenv("DION_NS_GRAM");
+  if (prec != Precision::kBf16 || (on && std::strcmp(on, "0") == 0)) return 0;
+  const char* r = std::getenv("DION_NS_GRAM_RESTARTS");
+  if (!r || !*r) return 3;
+  if (std::strcmp(r, "none") == 0) return 1;
+  int phases = 1;
+  for (const char* c = r; *c;) {
+    char* end = nullptr;
+    const long k = std::strtol(c, &end, 10);
+    if (end == c || k < 1 || k > 31 || (*end && *end != ',') || (*end == ',' && !end[1])) return 3;
+    if (k < kOrthoSteps) ++phases;
+    c = *end ? end + 1 : end;
+  }
+  return phases;
+}
+
+double poly_flops(double s, double l, int phases) {
+  if (phases > 0 && l >= 2 * s)
+    return 4.0 * phases * s * s * l + 2.0 * (4.0 * kOrthoSteps - 3.0 * phases) * s * s * s;
+  return kOrthoSteps * (4.0 * s * s * l + 2.0 * s * s * s);
+}
 
 struct Cost {
   double flops = 0;
   double bytes = 0;
 };
 
-Cost matrix_cost(const Algo& algo, const Shape& sh, Dtype dt) {
+Cost matrix_cost(const Algo& algo, const Shape& sh, Dtype dt, int phases) {
   const double p = static_cast<double>(dtype_size(dt));
   const int64_t lo = std::min(sh.m, sh.n), hi = std::max(sh.m, sh.n);
   const double e = static_cast<double>(sh.m) * static_cast<double>(sh.n);
@@ -188,23 +219,23 @@ Cost matrix_cost(const Algo& algo, const Shape& sh, Dtype dt) {
       break;
     }
     case DION_ALGO_MUON:
-      c.flops = poly_flops(static_cast<double>(lo), static_cast<double>(hi));
+      c.flops = poly_flops(static_cast<double>(lo), static_cast<double>(hi), phases);
       c.bytes += 2.0 * e * p;
       break;
     case DION_ALGO_NORMUON:
-      c.flops = poly_flops(static_cast<double>(lo), static_cast<double>(hi));
+      c.flops = poly_flops(static_cast<double>(lo), static_cast<double>(hi), phases);
       c.bytes += 2.0 * e * p + 2.0 * static_cast<double>(sh.m) * p;
       break;
     case DION_ALGO_DION2: {
       const int64_t k = std::max<int64_t>(1, static_cast<int64_t>(std::ceil(algo.fraction * lo)));
-      c.flops = poly_flops(static_cast<double>(std::min(k, hi)), static_cast<double>(std::max(k, hi)));
+      c.flops = poly_flops(static_cast<double>(std::min(k, hi)), static_cast<double>(std::max(k, hi)), phases);
       c.bytes += 2.0 * e * p;
       break;
     }
     case DION_ALGO_NORDION2: {
       const int64_t k =
           std::min<int64_t>(sh.m, std::max<int64_t>(1, static_cast<int64_t>(std::ceil(algo.fraction * sh.m))));
-      c.flops = poly_flops(static_cast<double>(std::min(k, sh.n)), static_cast<double>(std::max(k, sh.n)));
+      c.flops = poly_flops(static_cast<double>(std::min(k, sh.n)), static_cast<double>(std::max(k, sh.n)), phases);
       c.bytes += 2.0 * e * p + 2.0 * static_cast<double>(sh.m) * p;
       break;
     }
@@ -220,10 +251,11 @@ Cost matrix_cost(const Algo& algo, const Shape& sh, Dtype dt) {
   return c;
 }
 
-Cost workload_cost(const Algo& algo, const std::vector<Shape>& shapes, Dtype dt) {
+Cost workload_cost(const Algo& algo, const std::vector<Shape>& shapes, Dtype dt, Precision prec) {
   Cost total;
+  const int phases = gram_phases(prec);
   for (const Shape& s : shapes) {
-    Cost c = matrix_cost(algo, s, dt);
+    Cost c = matrix_cost(algo, s, dt, phases);
     total.flops += c.flops;
     total.bytes += c.bytes;
   }
@@ -606,7 +638,7 @@ bool run_config(const Config& c, const Options& o, const Rates& rates, const std
   if ((st = dion_get_memory_usage(run.opt, &state_bytes, &ws_bytes)) != DION_SUCCESS)
     return dion_fail("dion_get_memory_usage", st);
 
-  const Cost cost = workload_cost(*c.algo, shapes, c.dtype);
+  const Cost cost = workload_cost(*c.algo, shapes, c.dtype, c.precision);
   const double gemm_rate = rates.gemm[static_cast<int>(c.precision)];
   const double floor_s = std::max(cost.flops / gemm_rate, cost.bytes / rates.copy);
   const double floor_ms = floor_s * 1e3;
@@ -742,7 +774,7 @@ int main(int argc, char** argv) {
       const std::vector<Shape> shapes = shapes_of(*c.workload);
       int64_t params = 0;
       for (const Shape& s : shapes) params += s.m * s.n;
-      const Cost cost = workload_cost(*c.algo, shapes, c.dtype);
+      const Cost cost = workload_cost(*c.algo, shapes, c.dtype, c.precision);
       std::printf("%s,\"tensors\":%zu,\"params\":%lld,\"flops\":%.6g,\"bytes\":%.6g}\n",
                   config_prefix(c, "").c_str(), shapes.size(), static_cast<long long>(params), cost.flops,
                   cost.bytes);

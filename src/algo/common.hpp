@@ -21,12 +21,9 @@ inline bool env_on(const char* name) {
 }
 
 // The Gram form of the Muon family's bf16 iteration (src/algo/ns_bf16.hpp;
-// CUDA backend, matmul precision BF16): off unless DION_NS_GRAM is "1"
+// CUDA backend, matmul precision BF16): on unless DION_NS_GRAM is "0"
 // (docs/ENV.md). Read at each step.
-inline bool ns_gram_on() {
-  const char* e = std::getenv("DION_NS_GRAM");
-  return e && std::strcmp(e, "1") == 0;
-}
+inline bool ns_gram_on() { return env_on("DION_NS_GRAM"); }
 // Its restarts as NsPlan::gram_restarts takes them: DION_NS_GRAM_RESTARTS, a
 // comma-separated list of the steps (1 to 31) after which X and R are formed
 // again ("none": no restart); unset or malformed, `dflt` (a malformed value

@@ -103,6 +103,19 @@ MatBatch newton_schulz_gram_bf16(Backend& be, const NsPlan& p, MatBatch X, MatBa
   const FrobScale sc1{p.parts, p.nparts, p.factor, p.eps, 1};
   bool have_p = false;  // P holds this phase's product of Q's
   auto restart_at = [&](int it) { return it > 0 && it < 32 && ((p.gram_restarts >> it) & 1u); };
+  int it0 = 0;
+  if (p.steps > 1 && restart_at(1)) {
+    // A first phase of one step is the classic step (the same products:
+    // R = X X^T, Q_1 from it, X <- Q_1 X), which scales a raw start inside
+    // its shift and mirror passes instead of in two passes of its own over R
+    // and P.
+    NsPlan one = p;
+    one.steps = 1;
+    cur = newton_schulz_bf16(be, one, X, Y, R, Q);
+    nxt = cur.p == X.p ? Y : X;
+    raw = false;
+    it0 = 1;
+  }
   // cur <- P cur (tall: cur P), ending the phase.
   auto apply = [&]() {
     if (raw) be.frob_scale_bf16(P, sc1, 0.0f);
@@ -114,11 +127,11 @@ MatBatch newton_schulz_gram_bf16(Backend& be, const NsPlan& p, MatBatch X, MatBa
     raw = false;
     have_p = false;
   };
-  for (int it = 0; it < p.steps; ++it) {
+  for (int it = it0; it < p.steps; ++it) {
     const NsCoeffs& k = coeffs_at(p, it);
-    const bool restart = restart_at(it);
+    const bool restart = restart_at(it) && it > it0;
     if (restart) apply();
-    if (it == 0 || restart) {
+    if (it == it0 || restart) {
       // The phase's Gram matrix and its first Q, as the classic form forms
       // A and B (blocks where the backend forms them, mirrored).
       if (gram_and_shift_by_blocks(be, tall, cur, R, Q, k, raw ? &sc2 : nullptr, nullptr) == 0) {

@@ -46,8 +46,8 @@ const NsCoeffs* coeffs_of(const dion_group_options_t& o, float* factor) {
 
 // The bf16 iteration from X (the bf16 start, dense; unnormalised where raw
 // gives its sums), its other buffers carved from the workspace (bf16: two
-// elements per float): the Gram form where DION_NS_GRAM=1 and it needs fewer
-// FLOPs (ns_gram_pays), else the classic form. Returns the result's buffer.
+// elements per float): the Gram form where it needs fewer FLOPs (ns_gram_pays)
+// and DION_NS_GRAM is not 0, else the classic form. Returns the result's buffer.
 MatBatch bf16_iteration(Optimizer& opt, const dion_group_options_t& o, MatBatch X, const NsCoeffs* table, float factor,
                         FrobParts raw) {
   const bool tall = X.rows > X.cols;
