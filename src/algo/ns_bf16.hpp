@@ -60,7 +60,9 @@ MatBatch newton_schulz_bf16(Backend& be, const NsPlan& p, MatBatch X, MatBatch Y
 constexpr uint32_t kNsGramRestarts = (1u << 1) | (1u << 3);
 
 // The Gram form: X, Y as above; R, Q, P, T: s x s dense. Returns the buffer
-// holding the result (X's or Y's); X may be overwritten.
+// holding the result (X's or Y's); X may be overwritten. A first phase of one
+// step (a restart after step 1, as by default) runs as the classic step, R
+// and Q serving as its A and B.
 MatBatch newton_schulz_gram_bf16(Backend& be, const NsPlan& p, MatBatch X, MatBatch Y, MatBatch R, MatBatch Q,
                                  MatBatch P, MatBatch T);
 
