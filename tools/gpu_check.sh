@@ -20,9 +20,9 @@
 # MEMCHECK_JOBS (default 12) at a time, each bounded by MEMCHECK_TIMEOUT
 # (default 540 s); test_cuda_resources (1000 optimizers, its own leak
 # measurement) is left out, and so is CudaApiSteadyState.NoDeviceAllocationAfterWarmup
-# and CudaApiState.ReportedWorkspaceCoversTheMemoryTheFirstStepTakes (they
-# compare cudaMemGetInfo before and after steps, which the tool's own
-# device allocations move); OpsTest.AllocFailureIsOutOfMemory runs with
+# and CudaApiState.ReportedWorkspaceCoversTheMemoryTheFirstStepTakes /
+# ReportedWorkspaceCoversTheQrStreams (they compare cudaMemGetInfo before and
+# after steps, which the tool's own device allocations move); OpsTest.AllocFailureIsOutOfMemory runs with
 # --report-api-errors no (its cudaMalloc of more than the device has is the
 # point of the test, and memcheck counts the failed call as an error).
 # Environment: BUILD_DIR (default build-gpu), BENCH_ARGS (extra dion-bench
@@ -110,7 +110,8 @@ if [ "$what" = memcheck ]; then
     [ -x "$prog" ] && [ "$name" != test_cuda_resources ] || continue
     "$prog" --gtest_list_tests | awk -v p="$name" '/^[^ ]/{suite=$1} /^  /{print p, suite $1}'
   done | grep -v -e " CudaApiSteadyState.NoDeviceAllocationAfterWarmup$" \
-    -e " CudaApiState.ReportedWorkspaceCoversTheMemoryTheFirstStepTakes$" > "$out/memcheck-cases.txt"
+    -e " CudaApiState.ReportedWorkspaceCoversTheMemoryTheFirstStepTakes$" \
+    -e " CudaApiState.ReportedWorkspaceCoversTheQrStreams$" > "$out/memcheck-cases.txt"
   export cs build out
   xargs -P "${MEMCHECK_JOBS:-12}" -L 1 sh -c 'log="$out/memcheck/$0.$(echo "$1" | tr / _).log"
     api=; case "$1" in *AllocFailureIsOutOfMemory) api="--report-api-errors no";; esac
