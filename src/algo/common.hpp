@@ -90,6 +90,14 @@ size_t orthogonalize_ws_floats(int64_t rows, int64_t cols, int64_t batch);
 // and the scaled Gram matrices.
 void orthogonalize_bf16_unnormalised(Optimizer& opt, const dion_group_options_t& o, MatBatch xb, FrobParts sums,
                                      const void** bf16_result);
+// The same for n classes of one short side s at once, in the Gram form with
+// their s x s products shared (ns_bf16.hpp, newton_schulz_gram_bf16_classes):
+// xb[c] and sums[c] as above, results[c] receives class c's bf16 result.
+// Workspace: orthogonalize_classes_ws_floats(s, total batch, elems, n), with
+// elems[c] the elements of xb[c].
+void orthogonalize_bf16_classes(Optimizer& opt, const dion_group_options_t& o, const MatBatch* xb,
+                                const FrobParts* sums, int n, const void** results);
+size_t orthogonalize_classes_ws_floats(int64_t s, int64_t total_batch, const int64_t* elems, int n);
 
 
 // The "momentum" state every algorithm has: the parameter's shape, sharding

@@ -4,9 +4,11 @@
 //   X = (1 - lr wd) X - lr_adj O   (cautious: decay only where X O >= 0)
 // Leading dims of a tensor are a batch of independent matrices (flatten=1
 // makes each tensor one shape[0] x prod(rest) matrix, per tensor).
+#include <algorithm>
 #include <vector>
 
 #include "megabatch.hpp"
+#include "ns_bf16.hpp"
 #include "pipeline.hpp"
 
 namespace dion {
@@ -75,6 +77,44 @@ void update(Optimizer& opt, const Group& g, const Batch& bt, const void* O, dion
                                   o.cautious_wd != 0, opt.skip_flag());
 }
 
+// The rest of a bucket's step where the orthogonalizer left its bf16 result
+// Ob laid out as U (no exchange): Muon's update reads it where it lies;
+// NorMuon takes its statistics from it there and the update normalises as it
+// reads it (in fp32, the bits of the normalised fp32 U), so the normalised
+// matrices are never written.
+void finish_bf16(Optimizer& opt, const Group& g, const Batch& bt, const MbPlan& plan, const MatBatch& Um, const void* Ob,
+                 bool normalize) {
+  if (!normalize) {
+    update(opt, g, bt, Ob, DION_DTYPE_BF16);
+    return;
+  }
+  Backend& be = *opt.backend;
+  const dion_group_options_t& o = g.opt;
+  const Tensor& t = bt.t;
+  const Axis axis = logical_rows_axis(t);
+  const int64_t nn = axis == kRows ? Um.rows : Um.cols;
+  double* sc = reinterpret_cast<double*>(opt.ws.take(2 * (Um.batch * nn + Um.batch)));
+  with_owned_variances(opt, o, bt, plan, [&](float* Vo) {
+    be.neuron_scales(Um.batch, Um.rows, Um.cols, axis, Ob, Vo, t.geom.m, static_cast<float>(o.muon_beta2), sc);
+  });
+  be.apply_update_neuron_multi(bt.list, bt.count, Um.rows, Um.cols, Ob, DION_DTYPE_BF16, sc, axis, g.scalars,
+                               update_lr_mult(o, t), o.cautious_wd != 0, opt.skip_flag());
+}
+
+// The parts of U's sums of squares where the momentum pass writes U straight
+// in bf16 for an unnormalised start (muon_family_step), else 0: without
+// meshes, one matrix per tensor, matmul precision BF16 on the CUDA backend,
+// DION_MUON_BF16_START not 0 (read at each step).
+int64_t bf16_start_parts(const Optimizer& opt, const dion_group_options_t& o, const Tensor& t, int64_t count,
+                         const MbPlan& plan) {
+  Backend& be = *opt.backend;
+  if (plan.levels != 0 || t.geom.batch != 1 || o.matmul_precision != DION_MATMUL_BF16 || be.host_memory() ||
+      !env_on("DION_MUON_BF16_START"))
+    return 0;
+  const int64_t np = be.momentum_parts(count, t.numel_local);
+  return np > Backend::select_parts_max(1, t.numel_local) ? 0 : np;
+}
+
 }  // namespace
 
 // Each rank orthogonalizes whole matrices: those of its share of the batch
@@ -93,12 +133,8 @@ void muon_family_step(Optimizer& opt, Group& g, const Batch& bt, bool normalize)
   // Gram matrices), so no pass normalises and rounds U. DION_MUON_BF16_START=0
   // keeps the fp32 U (read at each step).
   FrobParts sums;
-  if (plan.levels == 0 && t.geom.batch == 1 && o.matmul_precision == DION_MATMUL_BF16 && !be.host_memory() &&
-      env_on("DION_MUON_BF16_START")) {
-    sums.nparts = be.momentum_parts(T, n);
-    if (sums.nparts > Backend::select_parts_max(1, n)) sums.nparts = 0;
-    if (sums.nparts > 0) sums.parts = reinterpret_cast<const double*>(opt.ws.take(2 * T * sums.nparts));
-  }
+  sums.nparts = bf16_start_parts(opt, o, t, T, plan);
+  if (sums.nparts > 0) sums.parts = reinterpret_cast<const double*>(opt.ws.take(2 * T * sums.nparts));
   // M = mu M + G, stored back; U = nesterov ? mu M + G : M, in fp32 (or
   // bf16, above): one pass over the typed M and G (Backend::momentum_multi).
   float* U = sums.parts ? opt.ws.take((N + 1) / 2) : opt.ws.take(N);  // bf16 elements with the sums
@@ -119,19 +155,8 @@ void muon_family_step(Optimizer& opt, Group& g, const Batch& bt, bool normalize)
     orthogonalize_bf16_unnormalised(opt, o, Um, sums, &Ob);
   else
     orthogonalize(opt, o, Um, plan.levels == 0 && !normalize ? &Ob : nullptr);
-  if (normalize && Ob) {
-    // NorMuon from the bf16 result (the bf16 start, no exchange): the
-    // statistics from it where it lies, and the update normalises as it
-    // reads it (in fp32, the bits of the normalised fp32 U), so the
-    // normalised matrices are never written.
-    const Axis axis = logical_rows_axis(t);
-    const int64_t nn = axis == kRows ? Um.rows : Um.cols;
-    double* sc = reinterpret_cast<double*>(opt.ws.take(2 * (Um.batch * nn + Um.batch)));
-    with_owned_variances(opt, o, bt, plan, [&](float* Vo) {
-      be.neuron_scales(Um.batch, Um.rows, Um.cols, axis, Ob, Vo, t.geom.m, static_cast<float>(o.muon_beta2), sc);
-    });
-    be.apply_update_neuron_multi(bt.list, T, Um.rows, Um.cols, Ob, DION_DTYPE_BF16, sc, axis, g.scalars,
-                                 update_lr_mult(o, t), o.cautious_wd != 0, opt.skip_flag());
+  if (Ob) {
+    finish_bf16(opt, g, bt, plan, Um, Ob, normalize);
     return;
   }
   if (normalize) normalize_owned(opt, o, bt, plan, Um);
@@ -155,13 +180,172 @@ const PipelineKind kMuonPipeline{muon_piped, muon_family_workspace};
 
 }  // namespace
 
+// ---- The lockstep group step ----
+// Without meshes, from the bf16 start, the buckets of a group whose matrices
+// take the Gram form at one short side s < 1024 (ns_lockstep_pays: a GPT
+// block's qkv, fc1 and fc2 at s = d) run their iterations as one
+// (orthogonalize_bf16_classes): each one's momentum pass, then their s x s
+// products over all of their matrices at once, then each one's update (and
+// NorMuon's normalisation). One bucket's s x s products at gpt-160m's s = 768
+// are 12 matrices, 432 tiles of 128 x 128 or 3.3 waves of an H200's 132 SMs;
+// the three classes' together 9.8 waves. Their starts and results are alive
+// at once, so such a step takes the sum of their workspaces
+// (muon_group_workspace reserves it up to twice the batch cap; a step it
+// would not fit runs bucket by bucket). Where the buckets' short sides
+// differ, those of the most common one run together, the others bucket by
+// bucket. DION_NS_LOCKSTEP=0 steps bucket by bucket (read at each step).
+
+namespace {
+
+struct LockLane {
+  size_t batch;                // the bucket's index in the step's batches
+  int64_t rows, cols, parts;  // its matrices; its bf16 start's parts
+};
+
+// A bucket's matrix dims where its step may join a lockstep (false where
+// it may not).
+bool lockstep_dims(const Optimizer& opt, const Group& g, const Tensor& t, int64_t count, int64_t* rows,
+                   int64_t* cols) {
+  const dion_group_options_t& o = g.opt;
+  if (o.matmul_precision != DION_MATMUL_BF16 || opt.backend->host_memory() || t.geom.batch != 1) return false;
+  const bool flatten = o.flatten != 0;
+  const MbPlan plan = megabatch_plan(&opt, t, flatten, count);
+  if (plan.levels != 0) return false;
+  const MbPiece pc = matrix_piece(t, plan, flatten);
+  *rows = pc.rows();
+  *cols = pc.cols();
+  return ns_lockstep_pays(*rows, *cols);
+}
+
+// Keeps in `lanes` those of the most common short side (ties: the first
+// seen); false where fewer than two.
+bool keep_common_side(std::vector<LockLane>& lanes) {
+  auto side = [](const LockLane& l) { return std::min(l.rows, l.cols); };
+  int64_t best = 0;
+  size_t most = 0;
+  for (const LockLane& a : lanes) {
+    size_t k = 0;
+    for (const LockLane& b : lanes) k += side(b) == side(a) ? 1 : 0;
+    if (k > most) {
+      most = k;
+      best = side(a);
+    }
+  }
+  if (most < 2) return false;
+  size_t w = 0;
+  for (const LockLane& l : lanes)
+    if (side(l) == best) lanes[w++] = l;
+  lanes.resize(w);  // shrinks: no allocation
+  return true;
+}
+
+// The workspace of a lockstep over `lanes` of the batches bs: each bucket's
+// start (sums and U in bf16), the iteration's, then the largest of NorMuon's
+// tails (its variances and scales, muon_family_workspace's bounds).
+size_t lockstep_floats(const Group& g, const Batch* bs, const std::vector<LockLane>& lanes) {
+  thread_local std::vector<int64_t> elems;
+  elems.clear();
+  size_t front = 0, tail = 0;
+  int64_t total = 0;
+  const bool flatten = g.opt.flatten != 0;
+  for (const LockLane& l : lanes) {
+    const Batch& bt = bs[l.batch];
+    const Tensor& t = bt.t;
+    const int64_t T = bt.count;
+    front += ws_floats(2 * T * l.parts) + ws_floats((t.numel_local * T + 1) / 2);
+    elems.push_back(l.rows * l.cols * T);
+    total += T;
+    if (g.opt.algorithm == DION_ALGO_NORMUON) {
+      const int64_t rows = max_local_extent(t, flatten && t.ndim >= 3 ? 0 : t.ndim - 2);
+      tail = std::max(tail, ws_floats(T * rows) + ws_floats(2 * (T * (t.geom.m + t.geom.n) + T)));
+    }
+  }
+  const int64_t s = std::min(lanes[0].rows, lanes[0].cols);
+  return front + orthogonalize_classes_ws_floats(s, total, elems.data(), static_cast<int>(lanes.size())) + tail;
+}
+
+// dion_add_group's reservation: every bucket's tensors, the bf16 start's
+// largest parts (none where DION_NS_LOCKSTEP or DION_NS_GRAM is 0 then; a
+// step that finds too little workspace runs bucket by bucket).
+size_t lockstep_group_workspace(const Optimizer& opt, const Group& g) {
+  if (g.opt.matmul_precision != DION_MATMUL_BF16 || opt.backend->host_memory() || !env_on("DION_NS_LOCKSTEP") ||
+      !ns_gram_on())
+    return 0;
+  const std::vector<Batch> bs = bucket_batches(opt, g);
+  std::vector<LockLane> lanes;
+  for (size_t i = 0; i < bs.size(); ++i) {
+    int64_t rows = 0, cols = 0;
+    if (lockstep_dims(opt, g, bs[i].t, bs[i].count, &rows, &cols))
+      lanes.push_back(LockLane{i, rows, cols, Backend::select_parts_max(1, bs[i].t.numel_local)});
+  }
+  if (!keep_common_side(lanes)) return 0;
+  return group_reservation(opt, lockstep_floats(g, bs.data(), lanes));
+}
+
+// The lockstep step of g; false where it does not apply this step (the
+// group is then stepped bucket by bucket).
+bool muon_lockstep(Optimizer& opt, Group& g, bool normalize) {
+  if (!env_on("DION_NS_LOCKSTEP") || !ns_gram_on()) return false;
+  const dion_group_options_t& o = g.opt;
+  thread_local std::vector<Batch> bs;  // the lists keep their capacity: a steady-state step allocates nothing
+  thread_local std::vector<LockLane> lanes;
+  thread_local std::vector<MatBatch> xs;
+  thread_local std::vector<FrobParts> sums;
+  thread_local std::vector<const void*> res;
+  thread_local std::vector<char> joined;
+  active_batches(opt, g, bs);
+  lanes.clear();
+  for (size_t i = 0; i < bs.size(); ++i) {
+    int64_t rows = 0, cols = 0;
+    if (!lockstep_dims(opt, g, bs[i].t, bs[i].count, &rows, &cols)) continue;
+    const MbPlan plan = megabatch_plan(&opt, bs[i].t, o.flatten != 0, bs[i].count);
+    const int64_t parts = bf16_start_parts(opt, o, bs[i].t, bs[i].count, plan);
+    if (parts > 0) lanes.push_back(LockLane{i, rows, cols, parts});
+  }
+  if (!keep_common_side(lanes) || lockstep_floats(g, bs.data(), lanes) > opt.ws.capacity_floats()) return false;
+  Backend& be = *opt.backend;
+  joined.assign(bs.size(), 0);
+  for (const LockLane& l : lanes) joined[l.batch] = 1;
+  for (size_t i = 0; i < bs.size(); ++i)
+    if (!joined[i]) {
+      opt.ws.reset();
+      muon_family_step(opt, g, bs[i], normalize);
+    }
+  opt.ws.reset();
+  xs.clear();
+  sums.clear();
+  for (const LockLane& l : lanes) {
+    const Batch& bt = bs[l.batch];
+    const int64_t n = bt.t.numel_local, T = bt.count;
+    FrobParts f;
+    f.nparts = l.parts;
+    f.parts = reinterpret_cast<const double*>(opt.ws.take(2 * T * l.parts));
+    float* U = opt.ws.take((n * T + 1) / 2);
+    be.momentum_multi_sums(bt.list, T, n, static_cast<float>(o.mu), 1.0f, o.nesterov != 0, U, DION_DTYPE_BF16,
+                           opt.skip_flag(), const_cast<double*>(f.parts));
+    xs.push_back(MatBatch{U, l.rows, l.cols, l.cols, l.rows * l.cols, T});
+    sums.push_back(f);
+  }
+  res.assign(lanes.size(), nullptr);
+  orthogonalize_bf16_classes(opt, o, xs.data(), sums.data(), static_cast<int>(lanes.size()), res.data());
+  const size_t mark = opt.ws.mark();
+  for (size_t j = 0; j < lanes.size(); ++j) {
+    const Batch& bt = bs[lanes[j].batch];
+    opt.ws.rewind(mark);
+    finish_bf16(opt, g, bt, megabatch_plan(&opt, bt.t, o.flatten != 0, bt.count), xs[j], res[j], normalize);
+  }
+  return true;
+}
+
+}  // namespace
+
 size_t muon_group_workspace(const Optimizer& opt, const Group& g) {
-  return pipeline_group_workspace(opt, g, kMuonPipeline);
+  return std::max(pipeline_group_workspace(opt, g, kMuonPipeline), lockstep_group_workspace(opt, g));
 }
 
 bool muon_family_step_group(Optimizer& opt, Group& g, bool normalize) {
   const PipelineBuckets* pb = pipeline_begin(opt, g, kMuonPipeline);
-  if (!pb) return false;
+  if (!pb) return muon_lockstep(opt, g, normalize);
   const std::vector<Batch>& batches = pb->batches;
   Backend& be = *opt.backend;
   const dion_group_options_t& o = g.opt;

@@ -3,7 +3,9 @@
 #include "ns_bf16.hpp"
 
 #include <algorithm>
+#include <cstdint>
 #include <utility>
+#include <vector>
 
 #include "../core/error.hpp"
 
@@ -85,22 +87,50 @@ MatBatch newton_schulz_bf16(Backend& be, const NsPlan& p, MatBatch X, MatBatch Y
 
 // The Gram form. Per phase (the steps between restarts, p.gram_restarts):
 // R = X X^T by the same (possibly blocked) product as the classic form's A;
-// each step Q_k = a I + b R + c R R, P = Q_k ... Q_1 (P Q_k for tall X: the
-// classic form's X B), and, where the phase has a further step, R <- Q_k R
-// Q_k (two whole products through T); at the phase's end X <- P X (X P).
+// each step Q_k = a I + b R + c R R, P = Q_k ... Q_1, and, where the phase
+// has a further step, R <- Q_k R Q_k (two whole products through T); at the
+// phase's end X <- P X (tall X: X P^T, which is X Q_1 ... Q_k, the Q's being
+// symmetric, so that wide and tall classes share their s x s products).
 // The buffers trade roles instead of being copied: P takes the phase's first
 // Q, T the product that becomes the new P.
-// A raw start: the first phase's R is scaled to inv^2 R (in the mirror's pass
-// where it was formed by blocks, else by frob_scale_bf16), its Q's are then
-// those of the normalised start, and P is scaled by inv before its product
-// with the raw X.
-MatBatch newton_schulz_gram_bf16(Backend& be, const NsPlan& p, MatBatch X, MatBatch Y, MatBatch R, MatBatch Q,
-                                 MatBatch P, MatBatch T) {
-  MatBatch cur = X, nxt = Y;
-  const bool tall = p.tall;
-  bool raw = p.parts != nullptr;  // cur is still the unnormalised start
-  const FrobScale sc2{p.parts, p.nparts, p.factor, p.eps, 2};
-  const FrobScale sc1{p.parts, p.nparts, p.factor, p.eps, 1};
+// A raw start: where the first phase is Gram (no restart after step 1), its
+// R is scaled to inv^2 R (in the mirror's pass where it was formed by
+// blocks, else by frob_scale_bf16), its Q's are then those of the
+// normalised start, and P is scaled by inv before its product with the raw X.
+// Several classes (one s): everything that reads a class's X or its start's
+// sums runs per class on its slices of R, Q and P; the s x s products and
+// shifts run once over the whole buffers.
+void newton_schulz_gram_bf16_classes(Backend& be, const NsGramClass* cls, int n, MatBatch R, MatBatch Q, MatBatch P,
+                                     MatBatch T, MatBatch* out) {
+  DION_REQUIRE(n >= 1, DION_ERROR_INTERNAL, "the Gram form: no class");
+  struct Lane {
+    MatBatch cur, nxt;
+    int64_t first;  // the class's first matrix in R, Q, P and T
+    bool raw;       // cur is still the unnormalised start
+  };
+  thread_local std::vector<Lane> lanes;  // capacity kept: a steady-state step allocates nothing
+  lanes.clear();
+  const NsPlan& p = cls[0].plan;
+  int64_t first = 0;
+  for (int c = 0; c < n; ++c) {
+    const NsPlan& q = cls[c].plan;
+    DION_REQUIRE(q.table == p.table && q.ntab == p.ntab && q.steps == p.steps && q.gram_restarts == p.gram_restarts &&
+                     std::min(cls[c].X.rows, cls[c].X.cols) == R.rows,
+                 DION_ERROR_INTERNAL, "the Gram form: classes of different iterations or short sides");
+    lanes.push_back(Lane{cls[c].X, cls[c].Y, first, q.parts != nullptr});
+    first += cls[c].X.batch;
+  }
+  DION_REQUIRE(first == R.batch && R.batch == Q.batch && R.batch == P.batch && R.batch == T.batch,
+               DION_ERROR_INTERNAL, "the Gram form: the s x s buffers do not hold the classes' matrices");
+  auto slice = [&](MatBatch m, int c) {
+    const Lane& l = lanes[static_cast<size_t>(c)];
+    return MatBatch{reinterpret_cast<float*>(reinterpret_cast<uint16_t*>(m.p) + l.first * m.stride), m.rows, m.cols,
+                    m.ld, m.stride, cls[c].X.batch};
+  };
+  auto scale = [&](int c, int power) {
+    const NsPlan& q = cls[c].plan;
+    return FrobScale{q.parts, q.nparts, q.factor, q.eps, power};
+  };
   bool have_p = false;  // P holds this phase's product of Q's
   auto restart_at = [&](int it) { return it > 0 && it < 32 && ((p.gram_restarts >> it) & 1u); };
   int it0 = 0;
@@ -109,22 +139,33 @@ MatBatch newton_schulz_gram_bf16(Backend& be, const NsPlan& p, MatBatch X, MatBa
     // R = X X^T, Q_1 from it, X <- Q_1 X), which scales a raw start inside
     // its shift and mirror passes instead of in two passes of its own over R
     // and P.
-    NsPlan one = p;
-    one.steps = 1;
-    cur = newton_schulz_bf16(be, one, X, Y, R, Q);
-    nxt = cur.p == X.p ? Y : X;
-    raw = false;
+    for (int c = 0; c < n; ++c) {
+      Lane& l = lanes[static_cast<size_t>(c)];
+      NsPlan one = cls[c].plan;
+      one.steps = 1;
+      const MatBatch x = l.cur, y = l.nxt;
+      l.cur = newton_schulz_bf16(be, one, x, y, slice(R, c), slice(Q, c));
+      l.nxt = l.cur.p == x.p ? y : x;
+      l.raw = false;
+    }
     it0 = 1;
   }
-  // cur <- P cur (tall: cur P), ending the phase.
+  // cur <- P cur (tall: cur P^T), ending the phase.
   auto apply = [&]() {
-    if (raw) be.frob_scale_bf16(P, sc1, 0.0f);
-    if (tall)
-      be.gemm_bf16(false, false, 1.0f, cur, P, 0.0f, nxt);
-    else
-      be.gemm_bf16(false, false, 1.0f, P, cur, 0.0f, nxt);
-    std::swap(cur, nxt);
-    raw = false;
+    for (int c = 0; c < n; ++c) {
+      Lane& l = lanes[static_cast<size_t>(c)];
+      const MatBatch pc = slice(P, c);
+      if (l.raw) {
+        const FrobScale sc1 = scale(c, 1);
+        be.frob_scale_bf16(pc, sc1, 0.0f);
+      }
+      if (cls[c].plan.tall)
+        be.gemm_bf16(false, true, 1.0f, l.cur, pc, 0.0f, l.nxt);
+      else
+        be.gemm_bf16(false, false, 1.0f, pc, l.cur, 0.0f, l.nxt);
+      std::swap(l.cur, l.nxt);
+      l.raw = false;
+    }
     have_p = false;
   };
   for (int it = it0; it < p.steps; ++it) {
@@ -132,38 +173,60 @@ MatBatch newton_schulz_gram_bf16(Backend& be, const NsPlan& p, MatBatch X, MatBa
     const bool restart = restart_at(it) && it > it0;
     if (restart) apply();
     if (it == it0 || restart) {
-      // The phase's Gram matrix and its first Q, as the classic form forms
-      // A and B (blocks where the backend forms them, mirrored).
-      if (gram_and_shift_by_blocks(be, tall, cur, R, Q, k, raw ? &sc2 : nullptr, nullptr) == 0) {
-        if (raw) be.frob_scale_bf16(R, sc2, 0.0f);
-        shift_whole(be, k, R, Q);
+      // The phase's Gram matrices and first Q, per class as the classic form
+      // forms A and B (blocks where the backend forms them, mirrored); the
+      // Q's of those formed whole in one shift over all of them.
+      bool all_whole = true, any_whole = false;
+      thread_local std::vector<char> whole;
+      whole.assign(static_cast<size_t>(n), 0);
+      for (int c = 0; c < n; ++c) {
+        const Lane& l = lanes[static_cast<size_t>(c)];
+        const FrobScale sc2 = scale(c, 2);
+        const MatBatch rc = slice(R, c);
+        if (gram_and_shift_by_blocks(be, cls[c].plan.tall, l.cur, rc, slice(Q, c), k, l.raw ? &sc2 : nullptr,
+                                     nullptr) == 0) {
+          if (l.raw) be.frob_scale_bf16(rc, sc2, 0.0f);
+          whole[static_cast<size_t>(c)] = 1;
+        }
+        all_whole = all_whole && whole[static_cast<size_t>(c)];
+        any_whole = any_whole || whole[static_cast<size_t>(c)];
       }
+      if (all_whole)
+        shift_whole(be, k, R, Q);
+      else if (any_whole)
+        for (int c = 0; c < n; ++c)
+          if (whole[static_cast<size_t>(c)]) shift_whole(be, k, slice(R, c), slice(Q, c));
     } else {
       shift_whole(be, k, R, Q);
     }
-    // P <- Q_k P (tall: P Q_k): the phase's first Q_k becomes P (Q then
-    // names the old P's buffer), a later one's product goes to T, which
-    // becomes P (T then names the old P's). Either way T is free after.
-    const bool first = !have_p;
-    if (first) {
+    // P <- Q_k P: the phase's first Q_k becomes P (Q then names the old
+    // P's buffer), a later one's product goes to T, which becomes P (T then
+    // names the old P's). Either way T is free after.
+    const bool first_q = !have_p;
+    if (first_q) {
       std::swap(P, Q);
       have_p = true;
     } else {
-      if (tall)
-        be.gemm_bf16(false, false, 1.0f, P, Q, 0.0f, T);
-      else
-        be.gemm_bf16(false, false, 1.0f, Q, P, 0.0f, T);
+      be.gemm_bf16(false, false, 1.0f, Q, P, 0.0f, T);
       std::swap(P, T);
     }
     if (it + 1 < p.steps && !restart_at(it + 1)) {
       // R <- Q_k R Q_k through T (R is not read by the second product).
-      const MatBatch qk = first ? P : Q;
+      const MatBatch qk = first_q ? P : Q;
       be.gemm_bf16(false, false, 1.0f, qk, R, 0.0f, T);
       be.gemm_bf16(false, false, 1.0f, T, qk, 0.0f, R);
     }
   }
   apply();
-  return cur;
+  for (int c = 0; c < n; ++c) out[c] = lanes[static_cast<size_t>(c)].cur;
+}
+
+MatBatch newton_schulz_gram_bf16(Backend& be, const NsPlan& p, MatBatch X, MatBatch Y, MatBatch R, MatBatch Q,
+                                 MatBatch P, MatBatch T) {
+  const NsGramClass c{p, X, Y};
+  MatBatch out = X;
+  newton_schulz_gram_bf16_classes(be, &c, 1, R, Q, P, T, &out);
+  return out;
 }
 
 }  // namespace dion

@@ -66,12 +66,37 @@ constexpr uint32_t kNsGramRestarts = (1u << 1) | (1u << 3);
 MatBatch newton_schulz_gram_bf16(Backend& be, const NsPlan& p, MatBatch X, MatBatch Y, MatBatch R, MatBatch Q,
                                  MatBatch P, MatBatch T);
 
+// One shape class of a run of the Gram form over several (one short side
+// s): its plan (table, steps and restarts those of every class; tall and a
+// raw start's sums its own), X and Y as above.
+struct NsGramClass {
+  NsPlan plan;
+  MatBatch X, Y;
+};
+
+// The Gram form of n classes at once: R, Q, P, T s x s dense, batch the
+// classes' total, class c's matrices after those of the classes before it.
+// The s x s products and shifts run once over all of them, so that small
+// batches (a GPT block's qkv, fc1 and fc2 share s = d) fill the device;
+// out[c] receives the buffer holding class c's result.
+void newton_schulz_gram_bf16_classes(Backend& be, const NsGramClass* cls, int n, MatBatch R, MatBatch Q, MatBatch P,
+                                     MatBatch T, MatBatch* out);
+
 // Where the Gram form is taken: l >= 2 s (it needs fewer FLOPs from l =
 // 1.5 s on; the s x s products run slower than the s x l ones, hence the
 // margin).
 inline bool ns_gram_pays(int64_t rows, int64_t cols) {
   const int64_t s = rows < cols ? rows : cols, l = rows < cols ? cols : rows;
   return l >= 2 * s;
+}
+
+// Where a group's classes run the Gram form together (muon.cpp's lockstep
+// step): the Gram form at s < 1024, where the s x s products are whole (the
+// backend forms them by blocks from s = 1024 on) and one class's batch fills
+// the device poorly (gpt-160m: 432 tiles of 128 x 128 at s = 768 and 12
+// matrices, 3.3 waves of an H200's 132 SMs).
+inline bool ns_lockstep_pays(int64_t rows, int64_t cols) {
+  return ns_gram_pays(rows, cols) && (rows < cols ? rows : cols) < 1024;
 }
 
 }  // namespace dion

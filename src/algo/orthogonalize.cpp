@@ -9,6 +9,7 @@
 #include <cstdint>
 #include <iterator>
 #include <utility>
+#include <vector>
 
 #include "common.hpp"
 #include "ns_bf16.hpp"
@@ -147,6 +148,42 @@ void orthogonalize_bf16_unnormalised(Optimizer& opt, const dion_group_options_t&
   float factor;
   const NsCoeffs* table = coeffs_of(o, &factor);
   *bf16_result = bf16_iteration(opt, o, xb, table, factor, sums).p;
+}
+
+size_t orthogonalize_classes_ws_floats(int64_t s, int64_t total_batch, const int64_t* elems, int n) {
+  size_t w = 4 * ws_floats((s * s * total_batch + 1) / 2);  // R, Q, P, T
+  for (int c = 0; c < n; ++c) w += ws_floats((elems[c] + 1) / 2);  // each class's Y
+  return w;
+}
+
+void orthogonalize_bf16_classes(Optimizer& opt, const dion_group_options_t& o, const MatBatch* xb,
+                                const FrobParts* sums, int n, const void** results) {
+  DION_REQUIRE(n >= 1, DION_ERROR_INTERNAL, "orthogonalize_bf16_classes: no class");
+  float factor;
+  const NsCoeffs* table = coeffs_of(o, &factor);
+  const uint32_t restarts = ns_gram_restarts(kNsGramRestarts);
+  const int64_t s = std::min(xb[0].rows, xb[0].cols);
+  thread_local std::vector<NsGramClass> cls;  // capacity kept: a steady-state step allocates nothing
+  thread_local std::vector<MatBatch> out;
+  cls.clear();
+  int64_t total = 0;
+  for (int c = 0; c < n; ++c) {
+    const MatBatch& x = xb[c];
+    DION_REQUIRE(x.ld == x.cols && x.stride == x.rows * x.cols && sums[c].parts && sums[c].nparts > 0,
+                 DION_ERROR_INTERNAL, "orthogonalize_bf16_classes: a start is not dense or has no sums");
+    const int64_t nx = x.rows * x.cols * x.batch;
+    const MatBatch Y{opt.ws.take((nx + 1) / 2), x.rows, x.cols, x.cols, x.rows * x.cols, x.batch};
+    NsPlan plan{table,     kTableLength,   o.ortho_steps, factor, static_cast<float>(o.epsilon), x.rows > x.cols,
+                sums[c].parts, sums[c].nparts};
+    plan.gram_restarts = restarts;
+    cls.push_back(NsGramClass{plan, x, Y});
+    total += x.batch;
+  }
+  auto square = [&]() { return MatBatch{opt.ws.take((s * s * total + 1) / 2), s, s, s, s * s, total}; };
+  const MatBatch R = square(), Q = square(), P = square(), T = square();
+  out.assign(static_cast<size_t>(n), MatBatch{});
+  newton_schulz_gram_bf16_classes(*opt.backend, cls.data(), n, R, Q, P, T, out.data());
+  for (int c = 0; c < n; ++c) results[c] = out[static_cast<size_t>(c)].p;
 }
 
 }  // namespace dion

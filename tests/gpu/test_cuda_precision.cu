@@ -21,9 +21,12 @@
 // starts from a bf16 copy of R); its host reference keeps the bf16 momentum too.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <string>
+#include <utility>
 #include <vector>
 
 #include "gpu_test_util.h"
@@ -269,6 +272,107 @@ TEST(NsGram, MuonFamilyMatchesTheClassicFormWithinBf16Rounding) {
                   run.fp32_start ? " (fp32 start)" : "", static_cast<long long>(m), static_cast<long long>(n), d.on,
                   d.off, d.between);
     }
+}
+
+// The lockstep group step (src/algo/muon.cpp; DION_NS_LOCKSTEP=0 steps bucket
+// by bucket): a group's buckets whose matrices take the Gram form at one short
+// side s < 1024 run their bf16 iterations as one, their s x s products over
+// all of their matrices at once. Muon and NorMuon over one group of five
+// shapes, two tensors each: three at s = 256 in the Gram form (768 x 256 and
+// 512 x 256 tall, 256 x 1024 wide: they run together), a square 256 x 256
+// (the classic form) and 128 x 512 (another s), both stepped on their own.
+// Three steps with the lockstep and without are each within the BF16 bound
+// above of the fp32 host, tensor by tensor, and of each other; and the
+// lockstep's workspace (dion_get_memory_usage) is the larger: its buckets'
+// buffers are alive at once, so it was planned.
+std::vector<std::vector<float>> run_group(dion_backend_t backend, dion_algorithm_t algo, dion_matmul_precision_t prec,
+                                          const std::vector<std::pair<int64_t, int64_t>>& shapes,
+                                          const std::vector<std::vector<float>>& x0,
+                                          const std::vector<std::vector<float>>& g, uint64_t* ws_bytes) {
+  Optimizer opt;
+  if (opt.create(options(backend, 7)) != DION_SUCCESS) return {};
+  dion_group_options_t go = group_options(algo);
+  go.lr = 0.01;
+  go.weight_decay = 0.0;
+  go.matmul_precision = prec;
+  std::vector<std::vector<float>> x = x0;
+  std::vector<DeviceBuffer> dx(x.size()), dg(x.size());
+  std::vector<dion_tensor_t> ts;
+  std::vector<std::string> names;
+  for (size_t i = 0; i < x.size(); ++i) names.push_back("w" + std::to_string(i));
+  for (size_t i = 0; i < x.size(); ++i) {
+    const size_t bytes = x[i].size() * sizeof(float);
+    void* pp = x[i].data();
+    const void* gp = g[i].data();
+    if (backend == DION_BACKEND_CUDA) {
+      EXPECT_EQ(dx[i].allocate(bytes), cudaSuccess);
+      EXPECT_EQ(dg[i].allocate(bytes), cudaSuccess);
+      EXPECT_EQ(dx[i].upload(x[i].data(), bytes), cudaSuccess);
+      EXPECT_EQ(dg[i].upload(g[i].data(), bytes), cudaSuccess);
+      pp = dx[i].get();
+      gp = dg[i].get();
+    }
+    const auto& [m, n] = shapes[i];
+    ts.push_back(descriptor(names[i].c_str(), pp, gp, DION_DTYPE_FP32, {m, n}));
+  }
+  EXPECT_EQ(dion_add_group(opt, &go, ts.data(), static_cast<int32_t>(ts.size()), nullptr), DION_SUCCESS)
+      << dion_last_error(opt);
+  for (int k = 0; k < 3; ++k) EXPECT_EQ(dion_step(opt, nullptr), DION_SUCCESS) << dion_last_error(opt);
+  uint64_t state = 0;
+  *ws_bytes = 0;
+  EXPECT_EQ(dion_get_memory_usage(opt, &state, ws_bytes), DION_SUCCESS);
+  if (backend == DION_BACKEND_CUDA) {
+    EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+    for (size_t i = 0; i < x.size(); ++i)
+      EXPECT_EQ(dx[i].download(x[i].data(), x[i].size() * sizeof(float)), cudaSuccess);
+  }
+  return x;
+}
+
+TEST(NsLockstep, MuonFamilyGroupMatchesBucketByBucketWithinBf16Rounding) {
+  DION_REQUIRE_GPU();
+  std::vector<std::pair<int64_t, int64_t>> shapes;
+  for (const auto& sh : std::initializer_list<std::pair<int64_t, int64_t>>{
+           {768, 256}, {256, 1024}, {512, 256}, {256, 256}, {128, 512}})
+    for (int k = 0; k < 2; ++k) shapes.push_back(sh);
+  std::vector<std::vector<float>> x0, g;
+  for (size_t i = 0; i < shapes.size(); ++i) {
+    const size_t e = static_cast<size_t>(shapes[i].first * shapes[i].second);
+    x0.emplace_back(e);
+    g.emplace_back(e);
+    for (size_t j = 0; j < e; ++j) {
+      x0[i][j] = 0.05f * hash_uniform(20 + i, j);
+      g[i][j] = hash_uniform(40 + i, j);
+    }
+  }
+  for (dion_algorithm_t algo : {DION_ALGO_MUON, DION_ALGO_NORMUON}) {
+    SCOPED_TRACE(algo_name(algo));
+    uint64_t ws_host = 0, ws_on = 0, ws_off = 0;
+    const auto xh = run_group(DION_BACKEND_HOST, algo, DION_MATMUL_FP32, shapes, x0, g, &ws_host);
+    const auto xon = run_group(DION_BACKEND_CUDA, algo, DION_MATMUL_BF16, shapes, x0, g, &ws_on);
+    EXPECT_EQ(setenv("DION_NS_LOCKSTEP", "0", 1), 0);
+    const auto xoff = run_group(DION_BACKEND_CUDA, algo, DION_MATMUL_BF16, shapes, x0, g, &ws_off);
+    EXPECT_EQ(unsetenv("DION_NS_LOCKSTEP"), 0);
+    ASSERT_EQ(xh.size(), shapes.size());
+    ASSERT_EQ(xon.size(), shapes.size());
+    ASSERT_EQ(xoff.size(), shapes.size());
+    EXPECT_GT(ws_on, ws_off) << "the lockstep's workspace was not reserved: was it planned?";
+    double worst_on = 0, worst_off = 0, worst_between = 0;
+    for (size_t i = 0; i < shapes.size(); ++i) {
+      SCOPED_TRACE(::testing::Message() << "tensor " << i << ", " << shapes[i].first << " x " << shapes[i].second);
+      const double on = rel_update_diff(xh[i], xon[i], x0[i]), off = rel_update_diff(xh[i], xoff[i], x0[i]);
+      const double between = rel_update_diff(xoff[i], xon[i], x0[i]);
+      EXPECT_LT(on, kBf16Bound);
+      EXPECT_LT(off, kBf16Bound);
+      EXPECT_LT(between, kBf16Bound);
+      worst_on = std::max(worst_on, on);
+      worst_off = std::max(worst_off, off);
+      worst_between = std::max(worst_between, between);
+    }
+    std::printf("  %s: vs fp32 host at most %.3g (lockstep), %.3g (bucket by bucket); between %.3g; workspace %.1f / "
+                "%.1f MiB\n",
+                algo_name(algo), worst_on, worst_off, worst_between, ws_on / 1048576.0, ws_off / 1048576.0);
+  }
 }
 
 }  // namespace
