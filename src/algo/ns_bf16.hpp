@@ -7,7 +7,7 @@
 //            P <- Q P, R <- Q R Q; X <- P X at the phase's end (Dao et
 //            al.'s Gram Newton-Schulz), the phases split by restarts
 //
-// (X^T X and X B for tall X, s = min(rows, cols), l = max). The two are the
+// (tall X: X^T X, X B and X P^T, s = min(rows, cols), l = max). The two are the
 // same polynomial in exact arithmetic. Per matrix and per K steps in p phases
 // the classic form costs 4 K s^2 l + 2 K s^3 FLOPs and the Gram form 4 p s^2
 // l + 2 (4 K - 3 p) s^3, fewer wherever l > 1.5 s, whatever p. At K = 5:
