@@ -13,6 +13,19 @@
 
 namespace dion {
 
+namespace {
+
+// NorMuon's "variance_neuron" state of B matrices as load_ws takes it
+// (with_owned_variances), the largest shard of any rank.
+size_t variance_floats(const Tensor& t, int64_t B, bool flatten) {
+  return ws_floats(B * max_local_extent(t, flatten && t.ndim >= 3 ? 0 : t.ndim - 2));
+}
+// The neurons' scales and the matrices' rescales of B matrices (doubles;
+// neuron_scales, finish_bf16), at most.
+size_t neuron_scale_floats(const Tensor& t, int64_t B) { return ws_floats(2 * (B * (t.geom.m + t.geom.n) + B)); }
+
+}  // namespace
+
 size_t muon_family_workspace(const Group& g, const Tensor& t, int64_t count) {
   // Rank-independent (megabatch.hpp): the largest shard of any rank.
   const bool flatten = g.opt.flatten != 0;
@@ -25,13 +38,12 @@ size_t muon_family_workspace(const Group& g, const Tensor& t, int64_t count) {
   // U's sums of squares for the unnormalised bf16 start (muon_family_step)
   if (plan.levels == 0) w += ws_floats(2 * count * Backend::select_parts_max(1, max_local_numel(t)));
   if (g.opt.algorithm == DION_ALGO_NORMUON) {
-    const int64_t rows = max_local_extent(t, flatten && t.ndim >= 3 ? 0 : t.ndim - 2);
-    w += ws_floats(B * rows) + megabatch_sizes(plan, neuron_piece(t, plan, flatten), B).ws_floats;
+    w += variance_floats(t, B, flatten) + megabatch_sizes(plan, neuron_piece(t, plan, flatten), B).ws_floats;
     // With the bf16 start, U (bf16) and the iteration's second bf16 buffer
     // take two half-size buffers where the fp32 path takes one of N floats
     // (at most two alignment units more), then the neurons' scales and the
     // matrices' rescales (doubles; neuron_scales).
-    if (plan.levels == 0) w += 2 * ws_floats(1) + ws_floats(2 * (B * (t.geom.m + t.geom.n) + B));
+    if (plan.levels == 0) w += 2 * ws_floats(1) + neuron_scale_floats(t, B);
   }
   return w;
 }
@@ -199,22 +211,25 @@ namespace {
 
 struct LockLane {
   size_t batch;                // the bucket's index in the step's batches
+  MbPlan plan;                 // its megabatch plan (no levels)
   int64_t rows, cols, parts;  // its matrices; its bf16 start's parts
 };
 
-// A bucket's matrix dims where its step may join a lockstep (false where
-// it may not).
-bool lockstep_dims(const Optimizer& opt, const Group& g, const Tensor& t, int64_t count, int64_t* rows,
-                   int64_t* cols) {
+// A bucket's lane where its step may join a lockstep (false where it may
+// not); the parts are left to the caller.
+bool lockstep_lane(const Optimizer& opt, const Group& g, const Batch& bt, size_t i, LockLane* lane) {
   const dion_group_options_t& o = g.opt;
+  const Tensor& t = bt.t;
   if (o.matmul_precision != DION_MATMUL_BF16 || opt.backend->host_memory() || t.geom.batch != 1) return false;
   const bool flatten = o.flatten != 0;
-  const MbPlan plan = megabatch_plan(&opt, t, flatten, count);
-  if (plan.levels != 0) return false;
-  const MbPiece pc = matrix_piece(t, plan, flatten);
-  *rows = pc.rows();
-  *cols = pc.cols();
-  return ns_lockstep_pays(*rows, *cols);
+  lane->batch = i;
+  lane->plan = megabatch_plan(&opt, t, flatten, bt.count);
+  if (lane->plan.levels != 0) return false;
+  const MbPiece pc = matrix_piece(t, lane->plan, flatten);
+  lane->rows = pc.rows();
+  lane->cols = pc.cols();
+  lane->parts = 0;
+  return ns_lockstep_pays(lane->rows, lane->cols);
 }
 
 // Keeps in `lanes` those of the most common short side (ties: the first
@@ -255,10 +270,8 @@ size_t lockstep_floats(const Group& g, const Batch* bs, const std::vector<LockLa
     front += ws_floats(2 * T * l.parts) + ws_floats((t.numel_local * T + 1) / 2);
     elems.push_back(l.rows * l.cols * T);
     total += T;
-    if (g.opt.algorithm == DION_ALGO_NORMUON) {
-      const int64_t rows = max_local_extent(t, flatten && t.ndim >= 3 ? 0 : t.ndim - 2);
-      tail = std::max(tail, ws_floats(T * rows) + ws_floats(2 * (T * (t.geom.m + t.geom.n) + T)));
-    }
+    if (g.opt.algorithm == DION_ALGO_NORMUON)
+      tail = std::max(tail, variance_floats(t, T, flatten) + neuron_scale_floats(t, T));
   }
   const int64_t s = std::min(lanes[0].rows, lanes[0].cols);
   return front + orthogonalize_classes_ws_floats(s, total, elems.data(), static_cast<int>(lanes.size())) + tail;
@@ -274,9 +287,10 @@ size_t lockstep_group_workspace(const Optimizer& opt, const Group& g) {
   const std::vector<Batch> bs = bucket_batches(opt, g);
   std::vector<LockLane> lanes;
   for (size_t i = 0; i < bs.size(); ++i) {
-    int64_t rows = 0, cols = 0;
-    if (lockstep_dims(opt, g, bs[i].t, bs[i].count, &rows, &cols))
-      lanes.push_back(LockLane{i, rows, cols, Backend::select_parts_max(1, bs[i].t.numel_local)});
+    LockLane l;
+    if (!lockstep_lane(opt, g, bs[i], i, &l)) continue;
+    l.parts = Backend::select_parts_max(1, bs[i].t.numel_local);
+    lanes.push_back(l);
   }
   if (!keep_common_side(lanes)) return 0;
   return group_reservation(opt, lockstep_floats(g, bs.data(), lanes));
@@ -296,11 +310,10 @@ bool muon_lockstep(Optimizer& opt, Group& g, bool normalize) {
   active_batches(opt, g, bs);
   lanes.clear();
   for (size_t i = 0; i < bs.size(); ++i) {
-    int64_t rows = 0, cols = 0;
-    if (!lockstep_dims(opt, g, bs[i].t, bs[i].count, &rows, &cols)) continue;
-    const MbPlan plan = megabatch_plan(&opt, bs[i].t, o.flatten != 0, bs[i].count);
-    const int64_t parts = bf16_start_parts(opt, o, bs[i].t, bs[i].count, plan);
-    if (parts > 0) lanes.push_back(LockLane{i, rows, cols, parts});
+    LockLane l;
+    if (!lockstep_lane(opt, g, bs[i], i, &l)) continue;
+    l.parts = bf16_start_parts(opt, o, bs[i].t, bs[i].count, l.plan);
+    if (l.parts > 0) lanes.push_back(l);
   }
   if (!keep_common_side(lanes) || lockstep_floats(g, bs.data(), lanes) > opt.ws.capacity_floats()) return false;
   Backend& be = *opt.backend;
@@ -330,9 +343,8 @@ bool muon_lockstep(Optimizer& opt, Group& g, bool normalize) {
   orthogonalize_bf16_classes(opt, o, xs.data(), sums.data(), static_cast<int>(lanes.size()), res.data());
   const size_t mark = opt.ws.mark();
   for (size_t j = 0; j < lanes.size(); ++j) {
-    const Batch& bt = bs[lanes[j].batch];
     opt.ws.rewind(mark);
-    finish_bf16(opt, g, bt, megabatch_plan(&opt, bt.t, o.flatten != 0, bt.count), xs[j], res[j], normalize);
+    finish_bf16(opt, g, bs[lanes[j].batch], lanes[j].plan, xs[j], res[j], normalize);
   }
   return true;
 }

@@ -45,18 +45,28 @@ const NsCoeffs* coeffs_of(const dion_group_options_t& o, float* factor) {
   return pe ? kPolarExpress : kNewtonSchulz;
 }
 
-// The bf16 iteration from X (the bf16 start, dense; unnormalised where raw
-// gives its sums), its other buffers carved from the workspace (bf16: two
-// elements per float): the Gram form where it needs fewer FLOPs (ns_gram_pays)
+// The bf16 iteration's plan for X (the bf16 start, dense; unnormalised
+// where raw gives its sums), no restarts.
+NsPlan bf16_plan(const dion_group_options_t& o, const NsCoeffs* table, float factor, const MatBatch& X, FrobParts raw) {
+  return NsPlan{table, kTableLength,     o.ortho_steps, factor, static_cast<float>(o.epsilon), X.rows > X.cols,
+                raw.parts, raw.nparts};
+}
+
+// A dense bf16 buffer shaped like X, carved from the workspace (two
+// elements per float).
+MatBatch bf16_like(Optimizer& opt, const MatBatch& X) {
+  return MatBatch{opt.ws.take((X.rows * X.cols * X.batch + 1) / 2), X.rows, X.cols, X.cols, X.rows * X.cols, X.batch};
+}
+
+// The bf16 iteration from X (as bf16_plan), its other buffers carved from
+// the workspace: the Gram form where it needs fewer FLOPs (ns_gram_pays)
 // and DION_NS_GRAM is not 0, else the classic form. Returns the result's buffer.
 MatBatch bf16_iteration(Optimizer& opt, const dion_group_options_t& o, MatBatch X, const NsCoeffs* table, float factor,
                         FrobParts raw) {
-  const bool tall = X.rows > X.cols;
-  const int64_t s = tall ? X.cols : X.rows, nx = X.rows * X.cols * X.batch, ns = s * s * X.batch;
-  auto half = [&](int64_t n) { return opt.ws.take((n + 1) / 2); };
-  MatBatch Y{half(nx), X.rows, X.cols, X.cols, X.rows * X.cols, X.batch};
-  auto square = [&]() { return MatBatch{half(ns), s, s, s, s * s, X.batch}; };
-  NsPlan plan{table, kTableLength, o.ortho_steps, factor, static_cast<float>(o.epsilon), tall, raw.parts, raw.nparts};
+  const int64_t s = std::min(X.rows, X.cols);
+  const MatBatch Y = bf16_like(opt, X);
+  auto square = [&]() { return bf16_like(opt, MatBatch{nullptr, s, s, s, s * s, X.batch}); };
+  NsPlan plan = bf16_plan(o, table, factor, X, raw);
   if (ns_gram_on() && ns_gram_pays(X.rows, X.cols)) {
     plan.gram_restarts = ns_gram_restarts(kNsGramRestarts);
     const MatBatch R = square(), Q = square(), P = square(), T = square();
@@ -75,7 +85,7 @@ void orthogonalize_bf16(Optimizer& opt, const dion_group_options_t& o, MatBatch 
                         const void** bf16_result, FrobParts given) {
   Backend& be = *opt.backend;
   const int64_t nx = x.rows * x.cols * x.batch;
-  MatBatch X{opt.ws.take((nx + 1) / 2), x.rows, x.cols, x.cols, x.rows * x.cols, x.batch};
+  const MatBatch X = bf16_like(opt, x);
   // x may have ld > cols: convert row by row only when it is dense.
   DION_REQUIRE(x.ld == x.cols && x.stride == x.rows * x.cols, DION_ERROR_INTERNAL,
                "orthogonalize_bf16: the input must be dense");
@@ -171,15 +181,12 @@ void orthogonalize_bf16_classes(Optimizer& opt, const dion_group_options_t& o, c
     const MatBatch& x = xb[c];
     DION_REQUIRE(x.ld == x.cols && x.stride == x.rows * x.cols && sums[c].parts && sums[c].nparts > 0,
                  DION_ERROR_INTERNAL, "orthogonalize_bf16_classes: a start is not dense or has no sums");
-    const int64_t nx = x.rows * x.cols * x.batch;
-    const MatBatch Y{opt.ws.take((nx + 1) / 2), x.rows, x.cols, x.cols, x.rows * x.cols, x.batch};
-    NsPlan plan{table,     kTableLength,   o.ortho_steps, factor, static_cast<float>(o.epsilon), x.rows > x.cols,
-                sums[c].parts, sums[c].nparts};
+    NsPlan plan = bf16_plan(o, table, factor, x, sums[c]);
     plan.gram_restarts = restarts;
-    cls.push_back(NsGramClass{plan, x, Y});
+    cls.push_back(NsGramClass{plan, x, bf16_like(opt, x)});
     total += x.batch;
   }
-  auto square = [&]() { return MatBatch{opt.ws.take((s * s * total + 1) / 2), s, s, s, s * s, total}; };
+  auto square = [&]() { return bf16_like(opt, MatBatch{nullptr, s, s, s, s * s, total}); };
   const MatBatch R = square(), Q = square(), P = square(), T = square();
   out.assign(static_cast<size_t>(n), MatBatch{});
   newton_schulz_gram_bf16_classes(*opt.backend, cls.data(), n, R, Q, P, T, out.data());
