@@ -160,6 +160,28 @@ __device__ __forceinline__ void load8(const void* p, dion_dtype_t dt, int64_t j,
   }
 }
 
+// Two floats rounded to bf16 or fp16 (round to nearest even, subnormals
+// kept, fp16 overflow to inf) and packed, lo in the low half: on sm_80 and
+// later one paired conversion instruction for both, where the bit
+// arithmetic of float_to_bf16 / float_to_fp16 takes about eight per value
+// (the streaming passes over bf16 tensors convert every element they
+// store). The hardware writes its canonical NaN; a NaN gets the host's bits
+// instead (a quiet NaN with the input's sign and upper payload), so the
+// device stores what the host backend stores.
+__device__ __forceinline__ uint32_t half2_bits(float lo, float hi, dion_dtype_t dt) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  uint32_t r;
+  if (dt == DION_DTYPE_BF16)
+    asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(hi), "f"(lo));
+  else
+    asm("cvt.rn.f16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(hi), "f"(lo));
+  if (isnan(lo) || isnan(hi)) r = float_to_half_bits(lo, dt) | (float_to_half_bits(hi, dt) << 16);
+  return r;
+#else
+  return float_to_half_bits(lo, dt) | (float_to_half_bits(hi, dt) << 16);
+#endif
+}
+
 __device__ __forceinline__ void store8(void* p, dion_dtype_t dt, int64_t j, const float (&v)[8]) {
   if (dt == DION_DTYPE_FP32) {
     float4* q = static_cast<float4*>(p) + 2 * j;
@@ -168,7 +190,7 @@ __device__ __forceinline__ void store8(void* p, dion_dtype_t dt, int64_t j, cons
   } else {
     uint32_t w[4];
 #pragma unroll
-    for (int k = 0; k < 4; ++k) w[k] = float_to_half_bits(v[2 * k], dt) | (float_to_half_bits(v[2 * k + 1], dt) << 16);
+    for (int k = 0; k < 4; ++k) w[k] = half2_bits(v[2 * k], v[2 * k + 1], dt);
     static_cast<uint4*>(p)[j] = make_uint4(w[0], w[1], w[2], w[3]);
   }
 }

@@ -244,25 +244,48 @@ struct DecayAdd {
     }
     return x;
   }
-  // The same for the chunk (q, r, columns c0 .. c0 + 7) of tensor t.
-  __device__ __forceinline__ void chunk(float (&x)[8], int64_t t, int64_t q, int64_t r, int64_t c0) const {
-#pragma unroll
-    for (int k = 0; k < 8; ++k) x[k] *= d;
-    if (!pos) return;
+  // The chunk (q, r, columns c0 .. c0 + 7) of tensor t in two halves, so
+  // that a walk can load u's elements with the chunk's own, before it
+  // computes: fetch puts u's value of each selected element in v and returns
+  // which are selected (bit k: element c0 + k); apply does the decay and the
+  // additions.
+  __device__ __forceinline__ uint32_t fetch(float (&v)[8], int64_t t, int64_t q, int64_t r, int64_t c0) const {
+    if (!pos) return 0;
     const int64_t b = t * per + q;
     const int32_t* pb = pos + b * N;
+    uint32_t sel = 0;
     if (rows) {
       const int32_t s = pb[r];
-      if (s >= 0)
+      if (s >= 0) {
+        const int64_t i = b * u.stride + s * u.ld + c0;
+        const void* p = ubf16 ? static_cast<const void*>(reinterpret_cast<const uint16_t*>(u.p) + i)
+                              : static_cast<const void*>(u.p + i);
+        if (aligned16(p)) {
+          load8(p, ubf16 ? DION_DTYPE_BF16 : DION_DTYPE_FP32, 0, v);
+        } else {
 #pragma unroll
-        for (int k = 0; k < 8; ++k) x[k] += alpha * u_at(b, s * u.ld + c0 + k);
-      return;
+          for (int k = 0; k < 8; ++k) v[k] = u_at(b, s * u.ld + c0 + k);
+        }
+        sel = 0xffu;
+      }
+      return sel;
     }
     int32_t s[8];
     positions8(pb + c0, s);
 #pragma unroll
     for (int k = 0; k < 8; ++k)
-      if (s[k] >= 0) x[k] += alpha * u_at(b, r * u.ld + s[k]);
+      if (s[k] >= 0) {
+        v[k] = u_at(b, r * u.ld + s[k]);
+        sel |= 1u << k;
+      }
+    return sel;
+  }
+  __device__ __forceinline__ void apply(float (&x)[8], const float (&v)[8], uint32_t sel) const {
+#pragma unroll
+    for (int k = 0; k < 8; ++k) {
+      x[k] *= d;
+      if (sel & (1u << k)) x[k] += alpha * v[k];
+    }
   }
 };
 
@@ -277,23 +300,15 @@ __global__ void decay_add_slices_multi_kernel(const TensorEntry* list, int64_t c
     void* px = list[t].ptr[kParam];
     const dion_dtype_t dx = static_cast<dion_dtype_t>(list[t].dtype[kParam]);
     if (cols % 8 == 0 && aligned16(px)) {
-      const int64_t cpr = cols / 8, step = grid_threads();
-      // Two chunks per iteration, both loaded before either is stored (the
-      // stores may alias the next loads as far as the compiler knows): twice
-      // the bytes in flight per thread.
-      for (ChunkWalk w(global_thread(), step, rows, cpr); w.q < op.per; w.next(step, rows, cpr)) {
-        ChunkWalk w2 = w;
-        w2.next(step, rows, cpr);
-        const bool two = w2.q < op.per;
-        float x[2][8];
-        load8(px, dx, w.j, x[0]);
-        if (two) load8(px, dx, w2.j, x[1]);
-        op.chunk(x[0], t, w.q, w.r, 8 * w.c);
-        store8(px, dx, w.j, x[0]);
-        if (!two) break;
-        op.chunk(x[1], t, w2.q, w2.r, 8 * w2.c);
-        store8(px, dx, w2.j, x[1]);
-        w = w2;
+      // u's elements are loaded with the chunk's own (fetch), before the
+      // decay waits for either.
+      for (ChunkWalk w(global_thread(), grid_threads(), rows, cols / 8); w.q < op.per;
+           w.next(grid_threads(), rows, cols / 8)) {
+        float x[8], v[8];
+        load8(px, dx, w.j, x);
+        const uint32_t sel = op.fetch(v, t, w.q, w.r, 8 * w.c);
+        op.apply(x, v, sel);
+        store8(px, dx, w.j, x);
       }
       continue;
     }
@@ -412,25 +427,13 @@ __global__ void select_momentum_multi_kernel(const TensorEntry* list, int64_t co
     const dion_dtype_t dm = static_cast<dion_dtype_t>(list[t].dtype[kState0]);
     const dion_dtype_t dg = static_cast<dion_dtype_t>(list[t].dtype[kGrad]);
     if (cols % 8 == 0 && aligned16(pm) && aligned16(pg)) {
-      const int64_t cpr = cols / 8, step = grid_threads();
-      // Two chunks per iteration, as decay_add_slices_multi_kernel.
-      for (ChunkWalk w(global_thread(), step, rows, cpr); w.q < op.per; w.next(step, rows, cpr)) {
-        ChunkWalk w2 = w;
-        w2.next(step, rows, cpr);
-        const bool two = w2.q < op.per;
-        float m[2][8], g[2][8];
-        load8(pm, dm, w.j, m[0]);
-        load8(pg, dg, w.j, g[0]);
-        if (two) {
-          load8(pm, dm, w2.j, m[1]);
-          load8(pg, dg, w2.j, g[1]);
-        }
-        op.chunk(m[0], g[0], t, w.q, w.r, 8 * w.c, ss);
-        if (write) store8(pm, dm, w.j, m[0]);
-        if (!two) break;
-        op.chunk(m[1], g[1], t, w2.q, w2.r, 8 * w2.c, ss);
-        if (write) store8(pm, dm, w2.j, m[1]);
-        w = w2;
+      for (ChunkWalk w(global_thread(), grid_threads(), rows, cols / 8); w.q < op.per;
+           w.next(grid_threads(), rows, cols / 8)) {
+        float m[8], g[8];
+        load8(pm, dm, w.j, m);
+        load8(pg, dg, w.j, g);
+        op.chunk(m, g, t, w.q, w.r, 8 * w.c, ss);
+        if (write) store8(pm, dm, w.j, m);
       }
     } else {
       for (int64_t i = global_thread(); i < n; i += grid_threads()) {
