@@ -1,0 +1,56 @@
+#!/usr/bin/env bash
+# SPDX-License-Identifier: MIT
+# One command for a 2- or 4-GPU machine: build for sm_90, then in parallel
+#   GPU 0: ctest -L gpu (every single-GPU suite)
+#   GPU 1: bench/targets.sh (issue 3's rows), the DION_PROFILE=2 profiles of
+#          PROFILE_ROWS (dion-bench arguments, ';'-separated; default none),
+#          then the Python suite against the CUDA build
+# and after both, ctest -L nccl at 2 ranks (NP4=1: also at 4 when 4 GPUs are
+# visible). Logs under OUTDIR; the exit status is 1 if any suite failed.
+#
+#   tools/gpu_session.sh OUTDIR
+set -uo pipefail
+cd "$(dirname "$0")/.."
+out=${1:-gpu-logs}
+mkdir -p "$out"
+export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
+export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
+b=build-gpu
+bash tools/gpu_check.sh "$out" build || exit 1
+rc=0
+t0=$(date +%s)
+(
+  CUDA_VISIBLE_DEVICES=0 ctest --test-dir $b -L gpu --output-on-failure --timeout 300 > "$out/ctest-gpu.log" 2>&1
+  echo "gpu suites rc=$? after $(( $(date +%s) - t0 )) s: $(grep -E 'tests passed' "$out/ctest-gpu.log")"
+  grep -E "\(Failed\)|\(Timeout\)" "$out/ctest-gpu.log" | head -20
+) > "$out/lane0.txt" 2>&1 &
+p0=$!
+(
+  export CUDA_VISIBLE_DEVICES=1
+  DION_BENCH=$b/dion-bench bash bench/targets.sh "$out/targets.jsonl"
+  echo "targets after $(( $(date +%s) - t0 )) s"
+  i=0
+  IFS=';' read -ra rows <<< "${PROFILE_ROWS:-}"
+  for r in "${rows[@]}"; do
+    [ -n "$r" ] || continue
+    i=$((i + 1))
+    # shellcheck disable=SC2086
+    DION_PROFILE=2 $b/dion-bench --iters 10 --warmup 2 $r > "$out/profile-$i.jsonl" 2> "$out/profile-$i.txt"
+    echo "== profile $i: $r: $(grep -o '"step_ms_median":[0-9.]*' "$out/profile-$i.jsonl")"
+  done
+  echo "profiles after $(( $(date +%s) - t0 )) s"
+  PYTHON=python3 timeout 420 bash bindings/python/ci.sh $b -rs > "$out/pytest.log" 2>&1
+  echo "python suite rc=$? after $(( $(date +%s) - t0 )) s: $(grep -E 'passed|failed' "$out/pytest.log" | tail -1)"
+) > "$out/lane1.txt" 2>&1 &
+p1=$!
+wait $p0; wait $p1
+cat "$out/lane0.txt" "$out/lane1.txt"
+grep -q "gpu suites rc=0" "$out/lane0.txt" || rc=1
+grep -q "python suite rc=0" "$out/lane1.txt" || rc=1
+t0=$(date +%s)
+sel='_np2$'
+[ "${NP4:-0}" = 1 ] && [ "$(nvidia-smi -L | wc -l)" -ge 4 ] && sel='_np[24]$'
+ctest --test-dir $b -L nccl -R "$sel" --output-on-failure --timeout 300 > "$out/ctest-nccl.log" 2>&1 || rc=1
+echo "nccl ($sel) after $(( $(date +%s) - t0 )) s: $(grep -E 'tests passed' "$out/ctest-nccl.log")"
+grep -E "\(Failed\)|\(Timeout\)" "$out/ctest-nccl.log" | head
+exit $rc
