@@ -127,6 +127,25 @@ int64_t bf16_start_parts(const Optimizer& opt, const dion_group_options_t& o, co
   return np > Backend::select_parts_max(1, t.numel_local) ? 0 : np;
 }
 
+// The bf16 start of a bucket (nparts > 0, bf16_start_parts): M = mu M + G
+// stored back and U = the (Nesterov) momentum written straight in bf16, with
+// its sums of squares in nparts parts per matrix, in one pass
+// (Backend::momentum_multi_sums).
+struct Bf16Start {
+  float* U;  // bf16 elements
+  FrobParts sums;
+};
+Bf16Start bf16_start(Optimizer& opt, const dion_group_options_t& o, const Batch& bt, int64_t nparts) {
+  const int64_t n = bt.t.numel_local, T = bt.count;
+  Bf16Start st;
+  st.sums.nparts = nparts;
+  st.sums.parts = reinterpret_cast<const double*>(opt.ws.take(2 * T * nparts));
+  st.U = opt.ws.take((n * T + 1) / 2);
+  opt.backend->momentum_multi_sums(bt.list, T, n, static_cast<float>(o.mu), 1.0f, o.nesterov != 0, st.U,
+                                   DION_DTYPE_BF16, opt.skip_flag(), const_cast<double*>(st.sums.parts));
+  return st;
+}
+
 }  // namespace
 
 // Each rank orthogonalizes whole matrices: those of its share of the batch
@@ -145,17 +164,18 @@ void muon_family_step(Optimizer& opt, Group& g, const Batch& bt, bool normalize)
   // Gram matrices), so no pass normalises and rounds U. DION_MUON_BF16_START=0
   // keeps the fp32 U (read at each step).
   FrobParts sums;
-  sums.nparts = bf16_start_parts(opt, o, t, T, plan);
-  if (sums.nparts > 0) sums.parts = reinterpret_cast<const double*>(opt.ws.take(2 * T * sums.nparts));
-  // M = mu M + G, stored back; U = nesterov ? mu M + G : M, in fp32 (or
-  // bf16, above): one pass over the typed M and G (Backend::momentum_multi).
-  float* U = sums.parts ? opt.ws.take((N + 1) / 2) : opt.ws.take(N);  // bf16 elements with the sums
-  if (sums.parts)
-    be.momentum_multi_sums(bt.list, T, n, static_cast<float>(o.mu), 1.0f, o.nesterov != 0, U, DION_DTYPE_BF16,
-                           opt.skip_flag(), const_cast<double*>(sums.parts));
-  else
+  float* U = nullptr;
+  if (const int64_t np = bf16_start_parts(opt, o, t, T, plan); np > 0) {
+    const Bf16Start st = bf16_start(opt, o, bt, np);
+    U = st.U;
+    sums = st.sums;
+  } else {
+    // M = mu M + G, stored back; U = nesterov ? mu M + G : M in fp32: one
+    // pass over the typed M and G (Backend::momentum_multi).
+    U = opt.ws.take(N);
     be.momentum_multi(bt.list, T, n, static_cast<float>(o.mu), 1.0f, o.nesterov != 0, true, U, DION_DTYPE_FP32,
                       opt.skip_flag(), nullptr);
+  }
   Unshard uu(opt, plan, matrix_piece(t, plan, flatten), B);
   float* Uo = uu.forward(U);
   const MbPiece& w = uu.whole();
@@ -173,7 +193,7 @@ void muon_family_step(Optimizer& opt, Group& g, const Batch& bt, bool normalize)
   }
   if (normalize) normalize_owned(opt, o, bt, plan, Um);
   uu.backward(U);
-  update(opt, g, bt, Ob ? Ob : U, Ob ? DION_DTYPE_BF16 : DION_DTYPE_FP32);
+  update(opt, g, bt, U, DION_DTYPE_FP32);
 }
 
 // ---- The pipelined group step (pipeline.hpp) ----
@@ -316,7 +336,6 @@ bool muon_lockstep(Optimizer& opt, Group& g, bool normalize) {
     if (l.parts > 0) lanes.push_back(l);
   }
   if (!keep_common_side(lanes) || lockstep_floats(g, bs.data(), lanes) > opt.ws.capacity_floats()) return false;
-  Backend& be = *opt.backend;
   joined.assign(bs.size(), 0);
   for (const LockLane& l : lanes) joined[l.batch] = 1;
   for (size_t i = 0; i < bs.size(); ++i)
@@ -328,16 +347,9 @@ bool muon_lockstep(Optimizer& opt, Group& g, bool normalize) {
   xs.clear();
   sums.clear();
   for (const LockLane& l : lanes) {
-    const Batch& bt = bs[l.batch];
-    const int64_t n = bt.t.numel_local, T = bt.count;
-    FrobParts f;
-    f.nparts = l.parts;
-    f.parts = reinterpret_cast<const double*>(opt.ws.take(2 * T * l.parts));
-    float* U = opt.ws.take((n * T + 1) / 2);
-    be.momentum_multi_sums(bt.list, T, n, static_cast<float>(o.mu), 1.0f, o.nesterov != 0, U, DION_DTYPE_BF16,
-                           opt.skip_flag(), const_cast<double*>(f.parts));
-    xs.push_back(MatBatch{U, l.rows, l.cols, l.cols, l.rows * l.cols, T});
-    sums.push_back(f);
+    const Bf16Start st = bf16_start(opt, o, bs[l.batch], l.parts);
+    xs.push_back(MatBatch{st.U, l.rows, l.cols, l.cols, l.rows * l.cols, bs[l.batch].count});
+    sums.push_back(st.sums);
   }
   res.assign(lanes.size(), nullptr);
   orthogonalize_bf16_classes(opt, o, xs.data(), sums.data(), static_cast<int>(lanes.size()), res.data());
