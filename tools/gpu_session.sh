@@ -6,7 +6,9 @@
 #          PROFILE_ROWS (dion-bench arguments, ';'-separated; default none),
 #          then the Python suite against the CUDA build
 # and after both, ctest -L nccl at 2 ranks (NP4=1: also at 4 when 4 GPUs are
-# visible). Logs under OUTDIR; the exit status is 1 if any suite failed.
+# visible). With 4 GPUs the 2-rank NCCL suites run on GPUs 2 and 3 beside the
+# two lanes instead of after them. Logs under OUTDIR; the exit status is 1 if
+# any suite failed.
 #
 #   tools/gpu_session.sh OUTDIR
 set -uo pipefail
@@ -43,14 +45,33 @@ p0=$!
   echo "python suite rc=$? after $(( $(date +%s) - t0 )) s: $(grep -E 'passed|failed' "$out/pytest.log" | tail -1)"
 ) > "$out/lane1.txt" 2>&1 &
 p1=$!
+gpus=$(nvidia-smi -L | wc -l)
+p2=
+if [ "$gpus" -ge 4 ]; then
+  (
+    CUDA_VISIBLE_DEVICES=2,3 ctest --test-dir $b -L nccl -R '_np2$' --output-on-failure --timeout 300 \
+      > "$out/ctest-nccl2.log" 2>&1
+    echo "nccl (_np2\$, GPUs 2 and 3) rc=$? after $(( $(date +%s) - t0 )) s: $(grep -E 'tests passed' "$out/ctest-nccl2.log")"
+    grep -E "\(Failed\)|\(Timeout\)" "$out/ctest-nccl2.log" | head
+  ) > "$out/lane2.txt" 2>&1 &
+  p2=$!
+fi
 wait $p0; wait $p1
+[ -n "$p2" ] && wait $p2
 cat "$out/lane0.txt" "$out/lane1.txt"
 grep -q "gpu suites rc=0" "$out/lane0.txt" || rc=1
 grep -q "python suite rc=0" "$out/lane1.txt" || rc=1
-t0=$(date +%s)
 sel='_np2$'
-[ "${NP4:-0}" = 1 ] && [ "$(nvidia-smi -L | wc -l)" -ge 4 ] && sel='_np[24]$'
-ctest --test-dir $b -L nccl -R "$sel" --output-on-failure --timeout 300 > "$out/ctest-nccl.log" 2>&1 || rc=1
-echo "nccl ($sel) after $(( $(date +%s) - t0 )) s: $(grep -E 'tests passed' "$out/ctest-nccl.log")"
-grep -E "\(Failed\)|\(Timeout\)" "$out/ctest-nccl.log" | head
+if [ -n "$p2" ]; then
+  cat "$out/lane2.txt"
+  grep -q "rc=0" "$out/lane2.txt" || rc=1
+  sel=
+fi
+[ "${NP4:-0}" = 1 ] && [ "$gpus" -ge 4 ] && sel="${sel:+_np[24]\$}${sel:-_np4\$}"
+if [ -n "$sel" ]; then
+  t0=$(date +%s)
+  ctest --test-dir $b -L nccl -R "$sel" --output-on-failure --timeout 300 > "$out/ctest-nccl.log" 2>&1 || rc=1
+  echo "nccl ($sel) after $(( $(date +%s) - t0 )) s: $(grep -E 'tests passed' "$out/ctest-nccl.log")"
+  grep -E "\(Failed\)|\(Timeout\)" "$out/ctest-nccl.log" | head
+fi
 exit $rc
