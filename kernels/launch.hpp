@@ -120,7 +120,8 @@ void select_momentum_multi(const Ctx& c, const TensorEntry* list, int64_t count,
 size_t decay_add_slices_multi_scratch(int64_t count, int64_t per, int64_t rows, int64_t cols, Axis axis, int64_t k);
 void decay_add_slices_multi(const Ctx& c, const TensorEntry* list, int64_t count, int64_t per, int64_t rows,
                             int64_t cols, Axis axis, const int32_t* idx, int64_t k, ConstMatBatch u, bool u_bf16,
-                            const GroupScalars* gs, float mult, const int32_t* skip, void* scratch);
+                            const double* scales, const GroupScalars* gs, float mult, const int32_t* skip,
+                            void* scratch);
 
 // The operand pointer arrays of a pointer-array GEMM (update_lowrank,
 // accumulate_lowrank, gemm_field): out[j * count + i] = source j's pointer

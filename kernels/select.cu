@@ -224,6 +224,9 @@ __device__ __forceinline__ void positions8(const int32_t* p, int32_t (&s)[8]) {
 
 // decay (x *= 1 - lr wd, the factor computed in double as decay_kernel
 // does), then add_slices' x += alpha * u on the selected slices, in fp32.
+// Scaled (rows only): u's row s of matrix b is first normalised to
+// float(u * sc[b k + s] * sc[nb k + b]) (neuron_scales' scales, in double).
+template <bool Scaled>
 struct DecayAdd {
   float d, alpha;
   int64_t per, N;
@@ -231,6 +234,8 @@ struct DecayAdd {
   const int32_t* pos;  // null: nothing selected
   ConstMatBatch u;
   bool ubf16;  // u's elements are bf16 (widened exactly)
+  const double* sc;  // Scaled: the scales; k slices per matrix, nb matrices
+  int64_t k, nb;
   __device__ __forceinline__ float u_at(int64_t b, int64_t off) const {
     const int64_t i = b * u.stride + off;
     return ubf16 ? bf16_to_float(reinterpret_cast<const uint16_t*>(u.p)[i]) : u.p[i];
@@ -240,14 +245,18 @@ struct DecayAdd {
     if (pos) {
       const int64_t b = t * per + p.q;
       const int32_t s = pos[b * N + (rows ? p.r : p.c)];
-      if (s >= 0) x += alpha * u_at(b, rows ? s * u.ld + p.c : p.r * u.ld + s);
+      if (s >= 0) {
+        float v = u_at(b, rows ? s * u.ld + p.c : p.r * u.ld + s);
+        if constexpr (Scaled) v = static_cast<float>(v * sc[b * k + s] * sc[nb * k + b]);
+        x += alpha * v;
+      }
     }
     return x;
   }
   // The chunk (q, r, columns c0 .. c0 + 7) of tensor t in two halves, so
   // that a walk can load u's elements with the chunk's own, before it
   // computes: fetch puts u's value of each selected element in v and returns
-  // which are selected (bit k: element c0 + k); apply does the decay and the
+  // which are selected (bit e: element c0 + e); apply does the decay and the
   // additions.
   __device__ __forceinline__ uint32_t fetch(float (&v)[8], int64_t t, int64_t q, int64_t r, int64_t c0) const {
     if (!pos) return 0;
@@ -264,7 +273,12 @@ struct DecayAdd {
           load8(p, ubf16 ? DION_DTYPE_BF16 : DION_DTYPE_FP32, 0, v);
         } else {
 #pragma unroll
-          for (int k = 0; k < 8; ++k) v[k] = u_at(b, s * u.ld + c0 + k);
+          for (int e = 0; e < 8; ++e) v[e] = u_at(b, s * u.ld + c0 + e);
+        }
+        if constexpr (Scaled) {
+          const double a = sc[b * k + s], rs = sc[nb * k + b];
+#pragma unroll
+          for (int e = 0; e < 8; ++e) v[e] = static_cast<float>(v[e] * a * rs);
         }
         sel = 0xffu;
       }
@@ -273,24 +287,26 @@ struct DecayAdd {
     int32_t s[8];
     positions8(pb + c0, s);
 #pragma unroll
-    for (int k = 0; k < 8; ++k)
-      if (s[k] >= 0) {
-        v[k] = u_at(b, r * u.ld + s[k]);
-        sel |= 1u << k;
+    for (int e = 0; e < 8; ++e)
+      if (s[e] >= 0) {
+        v[e] = u_at(b, r * u.ld + s[e]);
+        sel |= 1u << e;
       }
     return sel;
   }
   __device__ __forceinline__ void apply(float (&x)[8], const float (&v)[8], uint32_t sel) const {
 #pragma unroll
-    for (int k = 0; k < 8; ++k) {
-      x[k] *= d;
-      if (sel & (1u << k)) x[k] += alpha * v[k];
+    for (int e = 0; e < 8; ++e) {
+      x[e] *= d;
+      if (sel & (1u << e)) x[e] += alpha * v[e];
     }
   }
 };
 
+template <bool Scaled>
 __global__ void decay_add_slices_multi_kernel(const TensorEntry* list, int64_t count, int64_t rows, int64_t cols,
-                                              DecayAdd op, const GroupScalars* gs, float mult, const int32_t* skip) {
+                                              DecayAdd<Scaled> op, const GroupScalars* gs, float mult,
+                                              const int32_t* skip) {
   if (skip && *skip) return;
   // From the device-side lr and wd, so a captured graph follows their changes.
   op.d = static_cast<float>(1.0 - gs->lr * gs->weight_decay);
@@ -501,16 +517,24 @@ size_t decay_add_slices_multi_scratch(int64_t count, int64_t per, int64_t rows, 
 
 void decay_add_slices_multi(const Ctx& c, const TensorEntry* list, int64_t count, int64_t per, int64_t rows,
                             int64_t cols, Axis axis, const int32_t* idx, int64_t k, ConstMatBatch u, bool u_bf16,
-                            const GroupScalars* gs, float mult, const int32_t* skip, void* scratch) {
+                            const double* scales, const GroupScalars* gs, float mult, const int32_t* skip,
+                            void* scratch) {
   const int64_t n = per * rows * cols;
   if (count <= 0 || n <= 0) return;
   const bool by_rows = axis == kRows;
+  DION_REQUIRE(!scales || by_rows, DION_ERROR_INTERNAL, "decay_add_slices_multi: neuron scales need selected rows");
   const int64_t N = by_rows ? rows : cols;
   const int32_t* pos = k > 0 ? fill_positions(c, count * per, N, idx, k, scratch, "decay_add_slices_multi positions")
                             : nullptr;
-  const DecayAdd op{0.0f, 0.0f, per, N, by_rows, pos, u, u_bf16};
-  decay_add_slices_multi_kernel<<<grid_multi(c, count, (n + 7) / 8), kThreads, 0, c.stream>>>(list, count, rows, cols,
-                                                                                            op, gs, mult, skip);
+  const dim3 grid = grid_multi(c, count, (n + 7) / 8);
+  if (scales && k > 0)
+    decay_add_slices_multi_kernel<true><<<grid, kThreads, 0, c.stream>>>(
+        list, count, rows, cols, DecayAdd<true>{0.0f, 0.0f, per, N, by_rows, pos, u, u_bf16, scales, k, count * per},
+        gs, mult, skip);
+  else
+    decay_add_slices_multi_kernel<false><<<grid, kThreads, 0, c.stream>>>(
+        list, count, rows, cols, DecayAdd<false>{0.0f, 0.0f, per, N, by_rows, pos, u, u_bf16, nullptr, 0, 0}, gs,
+        mult, skip);
   cuda::check_launch("decay_add_slices_multi kernel");
 }
 

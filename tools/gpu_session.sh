@@ -2,9 +2,10 @@
 # SPDX-License-Identifier: MIT
 # One command for a 2- or 4-GPU machine: build for sm_90, then in parallel
 #   GPU 0: ctest -L gpu (every single-GPU suite)
-#   GPU 1: bench/targets.sh (issue 3's rows), the DION_PROFILE=2 profiles of
-#          PROFILE_ROWS (dion-bench arguments, ';'-separated; default none),
-#          then the Python suite against the CUDA build
+#   GPU 1: EXTRA1 (a command, eval'd, output in OUTDIR/extra1.txt; an A/B,
+#          say), bench/targets.sh (issue 3's rows), the DION_PROFILE=2
+#          profiles of PROFILE_ROWS (dion-bench arguments, ';'-separated;
+#          default none), then the Python suite against the CUDA build
 # and after both, ctest -L nccl at 2 ranks (NP4=1: also at 4 when 4 GPUs are
 # visible). With 4 GPUs the 2-rank NCCL suites run on GPUs 2 and 3 beside the
 # two lanes instead of after them. Logs under OUTDIR; the exit status is 1 if
@@ -29,6 +30,10 @@ t0=$(date +%s)
 p0=$!
 (
   export CUDA_VISIBLE_DEVICES=1
+  if [ -n "${EXTRA1:-}" ]; then
+    eval "$EXTRA1" > "$out/extra1.txt" 2>&1
+    echo "EXTRA1 rc=$? after $(( $(date +%s) - t0 )) s"
+  fi
   DION_BENCH=$b/dion-bench bash bench/targets.sh "$out/targets.jsonl"
   echo "targets after $(( $(date +%s) - t0 )) s"
   i=0

@@ -187,8 +187,12 @@ void local_select(Optimizer& opt, const dion_group_options_t& o, const Batch& bt
 // NorDion2 on the local path: the selected rows' variances travel with them
 // (compact) to the owners of the slices Sw, which normalize them, and are
 // written back in place: V[I] = 0, then V[I] += the new values (exact).
+// With Sb (Sw's bf16 orthogonalization, read where it lies; no meshes)
+// only the statistics are taken (neuron_scales: no pass writes the
+// normalised slices), their scales into `scales` for the update.
 void normalize_selected(Optimizer& opt, const dion_group_options_t& o, const Batch& bt, const Dion2Plan& p,
-                        const Sel& s, const int32_t* idx, MatBatch Sw) {
+                        const Sel& s, const int32_t* idx, MatBatch Sw, const void* Sb = nullptr,
+                        double* scales = nullptr) {
   Backend& be = *opt.backend;
   const Tensor& t = bt.t;
   const int64_t B = t.geom.batch * bt.count;
@@ -198,7 +202,11 @@ void normalize_selected(Optimizer& opt, const dion_group_options_t& o, const Bat
   if (B > 0 && s.k > 0) be.gather_slices(Vm, kRows, idx, s.k, Vsel);
   Unshard uv(opt, p.mb, selected_neuron_piece(p, t, s), B);
   float* Vo = uv.forward(Vsel.p);
-  be.neuron_normalize(Sw, s.axis, Vo, uv.whole().dims[0], static_cast<float>(o.muon_beta2), nullptr);
+  if (Sb)
+    be.neuron_scales(Sw.batch, Sw.rows, Sw.cols, s.axis, Sb, Vo, uv.whole().dims[0], static_cast<float>(o.muon_beta2),
+                     scales);
+  else
+    be.neuron_normalize(Sw, s.axis, Vo, uv.whole().dims[0], static_cast<float>(o.muon_beta2), nullptr);
   uv.backward(Vsel.p);
   if (B > 0 && s.k > 0) {
     be.scale_slices(Vm, kRows, idx, s.k, 0.0f);
@@ -208,14 +216,15 @@ void normalize_selected(Optimizer& opt, const dion_group_options_t& o, const Bat
 }
 
 // The local path's update: X = (1 - lr wd) X; X[I] -= lr lr_mult S on the
-// typed params, in one pass (S of dtype dt: fp32, or the iteration's bf16).
+// typed params, in one pass (S of dtype dt: fp32, or the iteration's bf16;
+// scales: NorDion2's normalisation of S, from normalize_selected).
 void update_selected(Optimizer& opt, const Group& g, const Batch& bt, const Sel& s, const int32_t* idx,
-                     ConstMatBatch S, dion_dtype_t dt) {
+                     ConstMatBatch S, dion_dtype_t dt, const double* scales = nullptr) {
   const Tensor& t = bt.t;
   const int64_t B = t.geom.batch * bt.count;
   const double lr_mult = adjusted_lr(g.opt, 1.0, t.geom.m, t.geom.n);  // from the FULL matrix shape
   opt.backend->decay_add_slices_multi(bt.list, bt.count, t.geom.batch, t.geom.srows, t.geom.scols, s.axis, idx,
-                                      B > 0 ? s.k : 0, S, dt, g.scalars, static_cast<float>(-lr_mult),
+                                      B > 0 ? s.k : 0, S, dt, scales, g.scalars, static_cast<float>(-lr_mult),
                                       opt.skip_flag());
 }
 
@@ -247,8 +256,9 @@ size_t dion2_family_workspace(const Group& g, const Tensor& t, int64_t count) {
   size_t w = ws_floats(B * s.N) + ws_floats(B * s.k) + ws_floats(B * s.k * s.len) + u.ws_floats;
   if (p.mb.levels == 0) w += ws_floats(2 * B * Backend::select_parts_max(mp.rows(), mp.cols()));  // S's sums
   w += orthogonalize_ws_floats(u.whole.rows(), u.whole.cols(), u.owned);
-  if (nor)
-    w += ws_floats(B * rows) + ws_floats(B * s.k) + megabatch_sizes(p.mb, selected_neuron_piece(p, t, s), B).ws_floats;
+  if (nor)  // V, its selected rows and their exchange; the scales (doubles) for a bf16 result
+    w += ws_floats(B * rows) + ws_floats(B * s.k) + megabatch_sizes(p.mb, selected_neuron_piece(p, t, s), B).ws_floats +
+         ws_floats(2 * (B * s.k + B));
   return w;
 }
 
@@ -322,30 +332,41 @@ void dion2_family_step(Optimizer& opt, Group& g, const Batch& bt, bool nor) {
     if (sums.nparts > Backend::select_parts_max(srows, scols)) sums.nparts = 0;
     if (sums.nparts > 0) sums.parts = reinterpret_cast<const double*>(opt.ws.take(2 * B * sums.nparts));
   }
-  // Dion2 without meshes, bf16 iteration: S is selected straight into bf16
-  // (half the bytes) and the iteration starts from it unnormalised (its
-  // first step scales the small Gram matrices by the selection's sums), so
-  // no pass reads S to normalise and round it. DION_DION2_BF16_SLICES=0
-  // keeps S in fp32 (read at each step).
-  const bool bf16_slices = !nor && sums.nparts > 0 && o.matmul_precision == DION_MATMUL_BF16 &&
+  // NorDion2 reads the bf16 result where it lies (below) unless
+  // DION_NORDION2_SCALES is 0 (read at each step): then, as before, the
+  // result is widened into S and normalised there.
+  const bool bf16_result = !nor || env_on("DION_NORDION2_SCALES");
+  // Dion2 and NorDion2 without meshes, bf16 iteration: S is selected
+  // straight into bf16 (half the bytes) and the iteration starts from it
+  // unnormalised (its first step scales the small Gram matrices by the
+  // selection's sums), so no pass reads S to normalise and round it.
+  // DION_DION2_BF16_SLICES=0 keeps S in fp32 (read at each step).
+  const bool bf16_slices = bf16_result && sums.nparts > 0 && o.matmul_precision == DION_MATMUL_BF16 &&
                            !be.host_memory() && env_on("DION_DION2_BF16_SLICES");
   local_select(opt, o, bt, s, ls, bf16_slices ? DION_DTYPE_BF16 : DION_DTYPE_FP32, const_cast<double*>(sums.parts));
   Unshard us(opt, p.mb, selected_piece(p, t, flatten, s), B);
   float* So = us.forward(S.p);
   MatBatch Sw = mat(So, us.whole().rows(), us.whole().cols(), us.count());
-  // Without meshes and neuron normalisation nothing else reads the result:
-  // a bf16 orthogonalization's stays bf16 and the update reads it there (no
-  // widening pass; the same values, bf16 widening is exact).
+  // Without meshes a bf16 orthogonalization's result stays bf16 and the
+  // update reads it there (no widening pass; the same values, bf16 widening
+  // is exact). NorDion2 then takes only its neuron statistics, and the
+  // update normalises the slices as it reads them (the bits of
+  // neuron_normalize on the widened result up to the order of the sums of
+  // squares; no pass writes the normalised slices).
   const void* Sb = nullptr;
   if (bf16_slices)
     orthogonalize_bf16_unnormalised(opt, o, Sw, sums, &Sb);
   else
-    orthogonalize(opt, o, Sw, !nor && p.mb.levels == 0 ? &Sb : nullptr, sums);
-  if (nor) normalize_selected(opt, o, bt, p, s, idx, Sw);
+    orthogonalize(opt, o, Sw, bf16_result && p.mb.levels == 0 ? &Sb : nullptr, sums);
+  double* scales = nullptr;
+  if (nor) {
+    if (Sb) scales = reinterpret_cast<double*>(opt.ws.take(2 * (Sw.batch * Sw.rows + Sw.batch)));
+    normalize_selected(opt, o, bt, p, s, idx, Sw, Sb, scales);
+  }
   us.backward(S.p);
   const ConstMatBatch Su = Sb ? ConstMatBatch(static_cast<const float*>(Sb), S.rows, S.cols, S.cols, S.rows * S.cols, B)
                               : ConstMatBatch(S);
-  update_selected(opt, g, bt, s, idx, Su, Sb ? DION_DTYPE_BF16 : DION_DTYPE_FP32);
+  update_selected(opt, g, bt, s, idx, Su, Sb ? DION_DTYPE_BF16 : DION_DTYPE_FP32, scales);
 }
 
 // ---- The pipelined group step (pipeline.hpp) ----

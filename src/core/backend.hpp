@@ -611,10 +611,16 @@ class Backend {
   //   k > 0: add_slices(x, axis, idx, k, u, gs, mult); store_multi(kParam, x, skip)
   // u_dtype BF16: u's elements are bf16 (ld and stride count them), widened
   // exactly: the bf16 result of an orthogonalization, read where it lies.
+  // scales (nullable; axis kRows only): u normalised as neuron_normalize
+  // would leave it, from neuron_scales' scales of u's B = count * per
+  // matrices of k neurons: u's row s of matrix b taken as
+  // float(u * scales[b k + s] * scales[B k + b]) (apply_update_neuron_multi's
+  // formula), without a pass that writes the normalised u (NorDion2).
   // The indices of a matrix must be distinct (topk's are).
   virtual void decay_add_slices_multi(const TensorEntry* list, int64_t count, int64_t per, int64_t rows, int64_t cols,
                                       Axis axis, const int32_t* idx, int64_t k, ConstMatBatch u, dion_dtype_t u_dtype,
-                                      const GroupScalars* gs, float mult, const int32_t* skip) = 0;
+                                      const double* scales, const GroupScalars* gs, float mult,
+                                      const int32_t* skip) = 0;
 };
 
 // Created by the backend implementations.

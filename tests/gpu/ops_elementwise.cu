@@ -1770,12 +1770,15 @@ TEST_F(OpsTest, DecayAddSlicesMulti) {
         for (int64_t kk : {0, 1, 4, -3})
           for (int32_t skip : {0, 1})
             for (bool ubf16 : {false, true})
-              for (bool ascending : {true, false}) {
+              for (bool ascending : {true, false})
+                for (bool scaled : {false, true}) {
                 if (!small_or_first(rows, shift, kk == -3 && !skip && ascending)) continue;
+                if (scaled && (ax != kRows || !ascending)) continue;  // NorDion2's case: rows, topk's indices
                 const int64_t n = per * rows * cols, N = ax == kRows ? rows : cols, k = kk >= 0 ? kk : N / -kk;
                 SCOPED_TRACE(::testing::Message()
                              << rows << " x " << cols << ", shift " << shift << ", axis " << ax << ", k " << k
-                             << ", skip " << skip << ", u bf16 " << ubf16 << ", ascending " << ascending);
+                             << ", skip " << skip << ", u bf16 " << ubf16 << ", ascending " << ascending
+                             << ", scaled " << scaled);
                 TensorPair tp(rng, dtypes, n, shift);
                 Dev<int32_t> dskip(std::vector<int32_t>{skip});
                 const std::vector<int32_t> idx = pick_slices(rng, B, N, k, ascending);
@@ -1795,19 +1798,36 @@ TEST_F(OpsTest, DecayAddSlicesMulti) {
                 const ConstMatBatch uh =
                     ubf16 ? ConstMatBatch(reinterpret_cast<const float*>(sb.data()), S.rows, S.cols, S.ld, S.stride, B)
                           : ConstMatBatch(S.H());
+                // scaled: neuron scales (k per matrix, then B rescales, as
+                // neuron_scales lays them out); the reference sequence adds
+                // the rows normalised as apply_update_neuron_multi writes
+                // them, float(u * scale * rescale).
+                std::vector<double> sc(static_cast<size_t>(B * k + B));
+                for (auto& v : sc) v = std::uniform_real_distribution<double>(0.25, 4.0)(rng);
+                Dev<double> dsc(sc);
+                Mat R(S.rows, S.cols, S.ld, S.stride, B);
+                R.h = S.h;
+                R.sync();
+                if (scaled) {
+                  for (int64_t b = 0; b < B; ++b)
+                    for (int64_t s = 0; s < k; ++s)
+                      for (int64_t j = 0; j < cols; ++j)
+                        R.at(b, s, j) = static_cast<float>(R.at(b, s, j) * sc[b * k + s] * sc[B * k + b]);
+                  R.sync();
+                }
                 Dev<float> X(B * rows * cols);
                 cuda->load_multi(X.p(), tp.a.dev_table.p(), T, kParam, n);
                 cuda->decay(X.p(), B * rows * cols, dgs.p());
                 if (k > 0)
-                  cuda->add_slices(MatBatch{X.p(), rows, cols, cols, rows * cols, B}, ax, didx.p(), k, S.D(), dgs.p(),
+                  cuda->add_slices(MatBatch{X.p(), rows, cols, cols, rows * cols, B}, ax, didx.p(), k, R.D(), dgs.p(),
                                    -1.3f);
                 cuda->store_multi(tp.a.dev_table.p(), T, kParam, X.p(), n, dskip.p());
-                cuda->decay_add_slices_multi(tp.b.dev_table.p(), T, per, rows, cols, ax, didx.p(), k, ud, udt, dgs.p(),
-                                             -1.3f, dskip.p());
+                cuda->decay_add_slices_multi(tp.b.dev_table.p(), T, per, rows, cols, ax, didx.p(), k, ud, udt,
+                                             scaled ? dsc.p() : nullptr, dgs.p(), -1.3f, dskip.p());
                 EXPECT_TRUE(tp.same_field(kParam));
                 if (skip) EXPECT_TRUE(tp.unchanged(kParam));
-                host->decay_add_slices_multi(tp.b.host_list.data(), T, per, rows, cols, ax, idx.data(), k, uh, udt, &gs,
-                                             -1.3f, &skip);
+                host->decay_add_slices_multi(tp.b.host_list.data(), T, per, rows, cols, ax, idx.data(), k, uh, udt,
+                                             scaled ? sc.data() : nullptr, &gs, -1.3f, &skip);
                 compare_tensors(tp.b, 1);
               }
 }

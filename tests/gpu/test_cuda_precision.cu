@@ -205,6 +205,16 @@ TEST(Bf16Start, Dion2SlicesMatchFp32SlicesWithinBf16Rounding) {
   bf16_start_matches_the_normalised_start(DION_ALGO_DION2, "DION_DION2_BF16_SLICES");
 }
 
+// NorDion2 reads its bf16 result where it lies: neuron_scales takes the
+// selected rows' statistics from it and the update normalises the rows as
+// it reads them (decay_add_slices_multi's scales), with its slices selected
+// straight into bf16 as Dion2's; DION_NORDION2_SCALES=0 keeps the widened
+// fp32 result, normalised in a pass of its own, and the fp32 slices.
+TEST(Bf16Start, NorDion2ScalesMatchTheWidenedResultWithinBf16Rounding) {
+  DION_REQUIRE_GPU();
+  bf16_start_matches_the_normalised_start(DION_ALGO_NORDION2, "DION_NORDION2_SCALES");
+}
+
 TEST(Bf16Start, MuonMatchesFp32StartWithinBf16Rounding) {
   DION_REQUIRE_GPU();
   bf16_start_matches_the_normalised_start(DION_ALGO_MUON, "DION_MUON_BF16_START");

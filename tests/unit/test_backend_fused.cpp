@@ -318,9 +318,11 @@ TEST_F(HostFused, DecayAddSlicesMultiEqualsLoadDecayAddStore) {
     for (Axis axis : {kRows, kCols})
       for (int64_t k : {0, 1, 3})
         for (int32_t skip : {0, 1})
-          for (dion_dtype_t ud : {DION_DTYPE_FP32, DION_DTYPE_BF16}) {
+          for (dion_dtype_t ud : {DION_DTYPE_FP32, DION_DTYPE_BF16})
+            for (bool scaled : {false, true}) {
+            if (scaled && axis != kRows) continue;
             SCOPED_TRACE(::testing::Message() << dtype_name(dx) << " axis " << axis << " k " << k << " skip " << skip
-                                              << " u " << dtype_name(ud));
+                                              << " u " << dtype_name(ud) << " scaled " << scaled);
             Twin tw(rng, count, n, {dx, DION_DTYPE_FP32, DION_DTYPE_FP32, DION_DTYPE_FP32});
             const std::vector<std::vector<uint8_t>> before = tw.b[kParam];
             const int64_t N = axis == kRows ? rows : cols;
@@ -334,9 +336,24 @@ TEST_F(HostFused, DecayAddSlicesMultiEqualsLoadDecayAddStore) {
             for (auto& v : S) v = ud == DION_DTYPE_BF16 ? bf16_to_float(float_to_bf16(g(rng))) : g(rng);
             std::vector<uint16_t> Sb(S.size());
             for (size_t i = 0; i < S.size(); ++i) Sb[i] = float_to_bf16(S[i]);
-            ConstMatBatch Sm(S.data(), srows, scols, ld, srows * ld, B);
             const float* sbp = reinterpret_cast<const float*>(Sb.data());
-            ConstMatBatch Su = ud == DION_DTYPE_BF16 ? ConstMatBatch(sbp, srows, scols, ld, srows * ld, B) : Sm;
+            ConstMatBatch Su = ud == DION_DTYPE_BF16 ? ConstMatBatch(sbp, srows, scols, ld, srows * ld, B)
+                                                     : ConstMatBatch(S.data(), srows, scols, ld, srows * ld, B);
+            // scaled: neuron scales (k per matrix, then B rescales); the
+            // reference adds the rows normalised as apply_update_neuron_multi
+            // writes them, float(u * scale * rescale).
+            std::vector<double> sc(static_cast<size_t>(B * k + B));
+            std::uniform_real_distribution<double> ur(0.25, 4.0);
+            for (auto& v : sc) v = ur(rng);
+            std::vector<float> R = S;
+            if (scaled)
+              for (int64_t b = 0; b < B; ++b)
+                for (int64_t s = 0; s < k; ++s)
+                  for (int64_t j = 0; j < cols; ++j) {
+                    float& e = R[static_cast<size_t>(b * srows * ld + s * ld + j)];
+                    e = static_cast<float>(e * sc[b * k + s] * sc[B * k + b]);
+                  }
+            ConstMatBatch Sm(R.data(), srows, scols, ld, srows * ld, B);
             std::vector<float> X(B * rows * cols);
             be->load_multi(X.data(), tw.la.data(), count, kParam, n);
             be->decay(X.data(), B * rows * cols, &gs);
@@ -344,10 +361,10 @@ TEST_F(HostFused, DecayAddSlicesMultiEqualsLoadDecayAddStore) {
               be->add_slices(MatBatch{X.data(), rows, cols, cols, rows * cols, B}, axis, idx.data(), k, Sm, &gs, -0.8f);
             be->store_multi(tw.la.data(), count, kParam, X.data(), n, &skip);
             be->decay_add_slices_multi(tw.lb.data(), count, per, rows, cols, axis, k ? idx.data() : nullptr, k, Su, ud,
-                                       &gs, -0.8f, &skip);
+                                       scaled ? sc.data() : nullptr, &gs, -0.8f, &skip);
             EXPECT_TRUE(tw.same(kParam));
             if (skip) EXPECT_TRUE(tw.b[kParam] == before);
-            }
+          }
 }
 
 // Dion with the momentum state as its products' input: momentum_multi with

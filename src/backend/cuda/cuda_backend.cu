@@ -1447,15 +1447,18 @@ class CudaBackend final : public Backend {
   }
   void decay_add_slices_multi(const TensorEntry* list, int64_t count, int64_t per, int64_t rows, int64_t cols,
                               Axis axis, const int32_t* idx, int64_t k, ConstMatBatch u, dion_dtype_t u_dtype,
-                              const GroupScalars* gs, float mult, const int32_t* skip) override {
+                              const double* scales, const GroupScalars* gs, float mult,
+                              const int32_t* skip) override {
     DION_REQUIRE(u_dtype == DION_DTYPE_FP32 || u_dtype == DION_DTYPE_BF16, DION_ERROR_INTERNAL,
                  "cuda decay_add_slices_multi: u must be fp32 or bf16");
+    DION_REQUIRE(!scales || axis == kRows, DION_ERROR_INTERNAL,
+                 "cuda decay_add_slices_multi: neuron scales need selected rows");
     DeviceScope ds(device_);
     ProfScope ps(prof_, "decay_add_slices_multi", stream_);
     const size_t bytes = kernels::decay_add_slices_multi_scratch(count, per, rows, cols, axis, k);
     void* s = bytes ? scratch(kPos, bytes) : nullptr;
     kernels::decay_add_slices_multi(ctx(), list, count, per, rows, cols, axis, idx, k, u, u_dtype == DION_DTYPE_BF16,
-                                    gs, mult, skip, s);
+                                    scales, gs, mult, skip, s);
   }
 
  private:

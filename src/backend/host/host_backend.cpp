@@ -920,11 +920,24 @@ class HostBackend final : public Backend {
   }
   void decay_add_slices_multi(const TensorEntry* list, int64_t count, int64_t per, int64_t rows, int64_t cols,
                               Axis axis, const int32_t* idx, int64_t k, ConstMatBatch u, dion_dtype_t u_dtype,
-                              const GroupScalars* gs, float mult, const int32_t* skip) override {
+                              const double* scales, const GroupScalars* gs, float mult,
+                              const int32_t* skip) override {
     if (skip && *skip) return;
     DION_REQUIRE(u_dtype == DION_DTYPE_FP32 || u_dtype == DION_DTYPE_BF16, DION_ERROR_INTERNAL,
                  "host decay_add_slices_multi: u must be fp32 or bf16");
+    DION_REQUIRE(!scales || axis == kRows, DION_ERROR_INTERNAL,
+                 "host decay_add_slices_multi: neuron scales need selected rows");
     if (u_dtype == DION_DTYPE_BF16 && k > 0) u = widen_bf16(u, bf16_wide_);
+    if (scales && k > 0) {  // u's rows normalised (apply_update_neuron_multi's formula), dense k x cols
+      const int64_t B = count * per;
+      float* us = grow(g_scratch.neuron, static_cast<size_t>(B * k * cols));
+      for (int64_t b = 0; b < B; ++b)
+        for (int64_t s = 0; s < k; ++s)
+          for (int64_t j = 0; j < cols; ++j)
+            us[(b * k + s) * cols + j] =
+                static_cast<float>(at(u, b)[s * u.ld + j] * scales[b * k + s] * scales[B * k + b]);
+      u = ConstMatBatch(us, k, cols, cols, k * cols, B);
+    }
     const int64_t msize = rows * cols;
     float* x = grow(g_scratch.a, static_cast<size_t>(msize));
     for (int64_t t = 0; t < count; ++t) {
