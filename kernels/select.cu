@@ -303,10 +303,15 @@ struct DecayAdd {
   }
 };
 
+// Bounded to 5 resident blocks per SM (at most 48 registers, 52 and 56
+// unbounded, 4 blocks), and the selection pass below to 6 (40, was 48 for
+// a bf16 S): neither spills, and on an H200 gpt-1.3b Dion2 bf16 ran 9.70 ->
+// 9.52 ms per step and NorDion2 19.44 -> 19.16 (docs/benchmarks.md, tenth
+// session). These passes wait on memory: more warps keep more bytes in flight.
 template <bool Scaled>
-__global__ void decay_add_slices_multi_kernel(const TensorEntry* list, int64_t count, int64_t rows, int64_t cols,
-                                              DecayAdd<Scaled> op, const GroupScalars* gs, float mult,
-                                              const int32_t* skip) {
+__global__ void __launch_bounds__(kThreads, 5)
+    decay_add_slices_multi_kernel(const TensorEntry* list, int64_t count, int64_t rows, int64_t cols,
+                                  DecayAdd<Scaled> op, const GroupScalars* gs, float mult, const int32_t* skip) {
   if (skip && *skip) return;
   // From the device-side lr and wd, so a captured graph follows their changes.
   op.d = static_cast<float>(1.0 - gs->lr * gs->weight_decay);
@@ -431,8 +436,9 @@ struct SelectMomentum {
 // thread's in its chunk order, then block_sum's fixed tree, so the partial
 // sums (and frob_normalize_bf16_parts' norm) are the same on every run.
 template <bool OB16>
-__global__ void select_momentum_multi_kernel(const TensorEntry* list, int64_t count, int64_t rows, int64_t cols,
-                                             SelectMomentum<OB16> op, const int32_t* skip, double* sumsq) {
+__global__ void __launch_bounds__(kThreads, 6)
+    select_momentum_multi_kernel(const TensorEntry* list, int64_t count, int64_t rows, int64_t cols,
+                                 SelectMomentum<OB16> op, const int32_t* skip, double* sumsq) {
   __shared__ double sh[33];
   const bool write = !(skip && *skip);  // uniform over the grid
   const int64_t n = op.per * rows * cols;
