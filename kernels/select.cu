@@ -528,7 +528,6 @@ void decay_add_slices_multi(const Ctx& c, const TensorEntry* list, int64_t count
   const int64_t n = per * rows * cols;
   if (count <= 0 || n <= 0) return;
   const bool by_rows = axis == kRows;
-  DION_REQUIRE(!scales || by_rows, DION_ERROR_INTERNAL, "decay_add_slices_multi: neuron scales need selected rows");
   const int64_t N = by_rows ? rows : cols;
   const int32_t* pos = k > 0 ? fill_positions(c, count * per, N, idx, k, scratch, "decay_add_slices_multi positions")
                             : nullptr;

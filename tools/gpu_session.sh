@@ -66,13 +66,15 @@ wait $p0; wait $p1
 cat "$out/lane0.txt" "$out/lane1.txt"
 grep -q "gpu suites rc=0" "$out/lane0.txt" || rc=1
 grep -q "python suite rc=0" "$out/lane1.txt" || rc=1
+# The 2-rank suites here unless lane 2 ran them; the 4-rank ones with NP4=1
+# (lane 2 exists exactly when 4 GPUs are visible).
 sel='_np2$'
 if [ -n "$p2" ]; then
   cat "$out/lane2.txt"
   grep -q "rc=0" "$out/lane2.txt" || rc=1
   sel=
+  [ "${NP4:-0}" = 1 ] && sel='_np4$'
 fi
-[ "${NP4:-0}" = 1 ] && [ "$gpus" -ge 4 ] && sel="${sel:+_np[24]\$}${sel:-_np4\$}"
 if [ -n "$sel" ]; then
   t0=$(date +%s)
   ctest --test-dir $b -L nccl -R "$sel" --output-on-failure --timeout 300 > "$out/ctest-nccl.log" 2>&1 || rc=1

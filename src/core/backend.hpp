@@ -468,6 +468,8 @@ class Backend {
   // NorMuon's update then applies them (apply_update_neuron_multi).
   virtual void neuron_scales(int64_t batch, int64_t rows, int64_t cols, Axis neuron_axis, const void* in_bf16,
                              float* v, int64_t v_per_matrix, float beta2, double* scales) = 0;
+  // The doubles neuron_scales writes for `batch` matrices of n neurons.
+  static int64_t neuron_scales_count(int64_t batch, int64_t n) { return batch * n + batch; }
 
   // ---- slice selection (Dion2) ----
   // Indices of the k largest scores of each of `batch` score vectors of
