@@ -934,11 +934,13 @@ struct PhasedRun {
   // Pall: the whole batch's P (sp.slots); P: this rank's slots of it; P1
   // their preconditioned copy (RCQR); Y the orthonormal result
   MatBatch Qm{}, Pall{}, P{}, P1{}, Y{};
-  // bf16 communication of P (bf16_comm): the batch's P in bf16 (sp.slots),
-  // the reduce-scatter's bf16 slots, this rank's reduced slots in bf16
-  // (widened into P unless solve16), and Pb: the bf16 P gathered
-  bool comm16 = false;
-  // comm16 with RCQR and no inner mesh (solve16_on): this rank's slots stay
+  // P in bf16 (p16): over a mesh (bf16_comm) the batch's P in bf16
+  // (sp.slots), the reduce-scatter's bf16 slots, this rank's reduced slots
+  // in bf16 (widened into P unless solve16), and Pb: the bf16 P gathered;
+  // on one rank (p16_local) the batch's P in bf16, which is also this
+  // rank's slots, and Pb the orthonormal P's bf16 copy its owner finished
+  bool p16 = false;
+  // p16 with RCQR and no inner mesh (solve16_on): this rank's slots stay
   // in bf16 (mineb), where the first solve and the fallback read them, and
   // are not widened into P
   bool solve16 = false;
@@ -950,6 +952,26 @@ struct PhasedRun {
 
 bool phased_enabled() { return env_on("DION_PHASED"); }
 
+// Whether a bucket that no mesh reduces, splits or shares (one rank
+// orthogonalizes its whole batch; spec §2.6 does not apply) takes P in
+// bf16 all the same, as bf16_comm's buckets do: on the lowp path P = B Q is
+// written straight into bf16 (the reference's P = M Q in the bf16
+// parameters' dtype), the sketch and RCQR's first solve read it there
+// (solve16_on), the owner finishes the orthonormal P into its bf16 copy Pb
+// (finish_own_bf16, nan_to_num and the zero fix-up included), and R = B^T P,
+// the error feedback and the update read that copy. Against P in fp32: no
+// fp32 P written, no pass rounding it for the sketch, a bf16 first solve
+// instead of a TF32 one, and no second rounding pass for R = B^T P; the
+// orthogonalization starts from bf16(P) instead of P (a relative change of
+// 2^-9 per element, the one bf16_comm makes; tests/gpu/test_cuda_precision.cu
+// bounds the step against the fp32 host with and without it).
+// DION_P_BF16_LOCAL=0 keeps P in fp32 there (read at each step; the
+// workspace is planned for either).
+bool p16_local(bool lowp, const Split& sp, const Dist& d) { return lowp && !sp.mesh && !d.any(); }
+bool p16_local_on(bool lowp, const Split& sp, const Dist& d) {
+  return p16_local(lowp, sp, d) && env_on("DION_P_BF16_LOCAL");
+}
+
 // Where P's slots arrive in bf16 (bf16_comm), RCQR's first solve P R1^-1
 // multiplies them as they are by R1^-1 rounded to bf16 (bf16 tensor cores,
 // fp32 accumulation), instead of widening them into fp32 for a TF32 product
@@ -960,7 +982,7 @@ bool phased_enabled() { return env_on("DION_PHASED"); }
 // the widening (read once).
 bool solve16_on(const PhasedRun& u, int method, dion_matmul_precision_t prec) {
   static const bool enabled = env_on("DION_P_BF16_SOLVE");
-  return enabled && u.comm16 && method == DION_QR_RCQR && !u.d.inner && prec == DION_MATMUL_BF16;
+  return enabled && u.p16 && method == DION_QR_RCQR && !u.d.inner && prec == DION_MATMUL_BF16;
 }
 
 // A bucket's split in the phased step: split_of's, except that a path-3
@@ -1020,6 +1042,8 @@ size_t phased_floats(const Optimizer& opt, const Group& g, const std::vector<Bat
            ws_floats(sp.scatter ? sp.block * ar : 0) + 2 * ws_floats(c * ar);
     if (bf16_comm(lowp, sp, s))  // P, the scatter's slots and the gathered P in bf16
       sum += half(sp.slots * ar) + (sp.scatter ? half(sp.block * ar) : 0) + half(T * ar);
+    else if (p16_local(lowp, sp, d))  // P and its finished copy in bf16 (whether or not p16_local_on)
+      sum += half(T * ar) + half(T * ar);
     // A: the sketch (one at a time); E: R, bf16 P and R, column sums
     // (double), one bucket at a time
     shared = std::max({shared, sketch_floats(c, s),
@@ -1084,10 +1108,10 @@ bool step_group(Optimizer& opt, Group& g) {
   // A: M + G, P = B Q, reduced to this rank's slots (deferred: bucket i's
   // reduction overlaps bucket i + 1's momentum pass and product), their sketch.
   auto sketch = [&](PhasedRun& u) {  // once this bucket's reduction is done
-    if (u.comm16 && !u.solve16 && u.P.batch > 0) be.load(u.P.p, u.mineb, DION_DTYPE_BF16, u.P.batch * u.s.a * u.s.r);
+    if (u.p16 && !u.solve16 && u.P.batch > 0) be.load(u.P.p, u.mineb, DION_DTYPE_BF16, u.P.batch * u.s.a * u.s.r);
     if (method != DION_QR_RCQR || u.P.batch == 0) return;
     const size_t m = opt.ws.mark();
-    sketch_product(opt, g, u.s, 0, u.P, slice(SP, u.first, u.P.batch), prec, u.comm16 ? u.mineb : nullptr);
+    sketch_product(opt, g, u.s, 0, u.P, slice(SP, u.first, u.P.batch), prec, u.p16 ? u.mineb : nullptr);
     opt.ws.rewind(m);
   };
   for (int64_t i = 0; i < nb; ++i) {
@@ -1109,9 +1133,9 @@ bool step_group(Optimizer& opt, Group& g) {
     float* own = u.sp.scatter ? opt.ws.take(u.sp.block * ar) : nullptr;
     u.P1 = MatBatch{opt.ws.take(c * ar), u.s.a, u.s.r, u.s.r, ar, c};
     u.Y = MatBatch{opt.ws.take(c * ar), u.s.a, u.s.r, u.s.r, ar, c};
-    u.comm16 = bf16_comm(u.lowp, u.sp, u.s);
+    u.p16 = bf16_comm(u.lowp, u.sp, u.s) || p16_local_on(u.lowp, u.sp, u.d);
     u.solve16 = solve16_on(u, method, prec);
-    if (u.comm16) {
+    if (u.p16) {
       u.Pallb = half(u.sp.slots * ar);
       u.ownb = u.sp.scatter ? half(u.sp.block * ar) : nullptr;
       u.Pb = half(T * ar);
@@ -1120,7 +1144,7 @@ bool step_group(Optimizer& opt, Group& g) {
     // As step() and orth_split(): P is a partial sum over outer, and each
     // replica's own under compressed sync.
     float* mine = u.Pall.p;
-    if (u.comm16) {
+    if (u.p16) {
       // P straight into bf16; this rank's slots land in `own` (fp32) after
       // the widening, as reduce_slots would put them
       m_product_bf16(be, bt, u.in_state, u.s.bT, Mm, u.Qtb,
@@ -1133,7 +1157,9 @@ bool step_group(Optimizer& opt, Group& g) {
     }
     side.deferred(static_cast<int>(i % 2), [&] {
       reduce_nz(u.d, u.nz, T);  // finish's, early: not between the next gather and this bucket's products
-      if (u.comm16) {
+      if (u.p16 && !u.sp.mesh) {
+        u.mineb = u.Pallb;  // p16_local: the whole batch is this rank's
+      } else if (u.p16) {
         u.mineb = reduce_slots_bf16(u.sp, u.d, static_cast<uint16_t*>(u.Pallb), static_cast<uint16_t*>(u.ownb), T, ar);
       } else if (!u.sp.mesh) {
         if (u.d.outer) u.d.outer->all_reduce(mine, T * ar, ReduceOp::kSum);
@@ -1186,23 +1212,23 @@ bool step_group(Optimizer& opt, Group& g) {
     const int64_t T = bt.count, n_el = t.numel_local, ar = u.s.a * u.s.r, br = u.s.b * u.s.r;
     const size_t m = opt.ws.mark();
     MatBatch R{opt.ws.take(T * br), u.s.b, u.s.r, u.s.r, br, T};
-    MatBatch Pb{u.comm16 ? static_cast<float*>(u.Pb) : u.lowp ? half(T * ar) : nullptr, u.s.a, u.s.r, u.s.r, ar, T};
+    MatBatch Pb{u.p16 ? static_cast<float*>(u.Pb) : u.lowp ? half(T * ar) : nullptr, u.s.a, u.s.r, u.s.r, ar, T};
     MatBatch Rb{u.lowp ? half(T * br) : nullptr, u.s.b, u.s.r, u.s.r, br, T};
     const MatBatch P = u.sp.mesh ? u.Pall : u.Y;  // the batch's orthonormal P (not read with comm16)
     const MatBatch Mm{u.M, t.geom.srows, t.geom.scols, t.geom.scols, n_el, T};
-    if (u.comm16)
+    if (u.p16)
       m_product(be, bt, u.in_state, true, !u.s.bT, Mm, ConstMatBatch(Pb), R, prec);  // Pb gathered, final
     else
       r_product(be, bt, u.in_state, u.lowp, u.s.bT, Mm, P, Pb, R, prec);
     if (u.d.inner) u.d.inner->all_reduce(R.p, T * br, ReduceOp::kSum);  // path 3: a partial sum
     if (u.d.rep) u.d.rep->all_reduce(R.p, T * br, ReduceOp::kAvg);
-    finish(opt, g, bt, u.s, u.d, u.lowp, u.M, u.nz, u.Qm, P, R, Pb, Rb, u.comm16);
+    finish(opt, g, bt, u.s, u.d, u.lowp, u.M, u.nz, u.Qm, P, R, Pb, Rb, u.p16);
     opt.ws.rewind(m);
   };
   for (int64_t i = 0; i < nb; ++i) {
     PhasedRun& u = runs[static_cast<size_t>(i)];
     const int64_t T = u.bt->count, c = u.P.batch, ar = u.s.a * u.s.r;
-    uint16_t* own16 = u.comm16 ? static_cast<uint16_t*>(u.Pb) + u.first_slot() * ar : nullptr;
+    uint16_t* own16 = u.p16 ? static_cast<uint16_t*>(u.Pb) + u.first_slot() * ar : nullptr;
     if (c > 0) {
       if (u.d.inner) {  // path 3: whole matrices gathered for it
         const size_t m = opt.ws.mark();
@@ -1213,9 +1239,9 @@ bool step_group(Optimizer& opt, Group& g) {
       } else {
         be.orth_fallback(u.Y, u.P, info + u.first);
       }
-      if (u.comm16) finish_own_bf16(be, u.Y, u.nz + u.first_slot(), own16);  // the flags are reduced
+      if (u.p16) finish_own_bf16(be, u.Y, u.nz + u.first_slot(), own16);  // the flags are reduced
     }
-    if (u.comm16)  // pairs of bf16 as floats (bf16_comm: a r even)
+    if (u.p16 && u.sp.mesh)  // pairs of bf16 as floats (bf16_comm: a r even)
       side.deferred(static_cast<int>(i % 2), [&] {
         gather_slots(opt, u.sp, T, ar / 2, reinterpret_cast<const float*>(own16), static_cast<float*>(u.Pb));
       });

@@ -298,13 +298,16 @@ TEST(NsGram, MuonFamilyMatchesTheClassicFormWithinBf16Rounding) {
 std::vector<std::vector<float>> run_group(dion_backend_t backend, dion_algorithm_t algo, dion_matmul_precision_t prec,
                                           const std::vector<std::pair<int64_t, int64_t>>& shapes,
                                           const std::vector<std::vector<float>>& x0,
-                                          const std::vector<std::vector<float>>& g, uint64_t* ws_bytes) {
+                                          const std::vector<std::vector<float>>& g, uint64_t* ws_bytes,
+                                          dion_dtype_t momentum = DION_DTYPE_UNSET) {
   Optimizer opt;
   if (opt.create(options(backend, 7)) != DION_SUCCESS) return {};
   dion_group_options_t go = group_options(algo);
   go.lr = 0.01;
   go.weight_decay = 0.0;
   go.matmul_precision = prec;
+  go.momentum_dtype = momentum;
+  if (algo == DION_ALGO_DION) go.rank_fraction = 0.25;
   std::vector<std::vector<float>> x = x0;
   std::vector<DeviceBuffer> dx(x.size()), dg(x.size());
   std::vector<dion_tensor_t> ts;
@@ -339,13 +342,9 @@ std::vector<std::vector<float>> run_group(dion_backend_t backend, dion_algorithm
   return x;
 }
 
-TEST(NsLockstep, MuonFamilyGroupMatchesBucketByBucketWithinBf16Rounding) {
-  DION_REQUIRE_GPU();
-  std::vector<std::pair<int64_t, int64_t>> shapes;
-  for (const auto& sh : std::initializer_list<std::pair<int64_t, int64_t>>{
-           {768, 256}, {256, 1024}, {512, 256}, {256, 256}, {128, 512}})
-    for (int k = 0; k < 2; ++k) shapes.push_back(sh);
-  std::vector<std::vector<float>> x0, g;
+// x0 and g of a group's tensors (hash_uniform, seeds 20 + i and 40 + i).
+void group_inputs(const std::vector<std::pair<int64_t, int64_t>>& shapes, std::vector<std::vector<float>>& x0,
+                  std::vector<std::vector<float>>& g) {
   for (size_t i = 0; i < shapes.size(); ++i) {
     const size_t e = static_cast<size_t>(shapes[i].first * shapes[i].second);
     x0.emplace_back(e);
@@ -355,6 +354,16 @@ TEST(NsLockstep, MuonFamilyGroupMatchesBucketByBucketWithinBf16Rounding) {
       g[i][j] = hash_uniform(40 + i, j);
     }
   }
+}
+
+TEST(NsLockstep, MuonFamilyGroupMatchesBucketByBucketWithinBf16Rounding) {
+  DION_REQUIRE_GPU();
+  std::vector<std::pair<int64_t, int64_t>> shapes;
+  for (const auto& sh : std::initializer_list<std::pair<int64_t, int64_t>>{
+           {768, 256}, {256, 1024}, {512, 256}, {256, 256}, {128, 512}})
+    for (int k = 0; k < 2; ++k) shapes.push_back(sh);
+  std::vector<std::vector<float>> x0, g;
+  group_inputs(shapes, x0, g);
   for (dion_algorithm_t algo : {DION_ALGO_MUON, DION_ALGO_NORMUON}) {
     SCOPED_TRACE(algo_name(algo));
     uint64_t ws_host = 0, ws_on = 0, ws_off = 0;
@@ -383,6 +392,51 @@ TEST(NsLockstep, MuonFamilyGroupMatchesBucketByBucketWithinBf16Rounding) {
                 "%.1f MiB\n",
                 algo_name(algo), worst_on, worst_off, worst_between, ws_on / 1048576.0, ws_off / 1048576.0);
   }
+}
+
+// Dion's phased step on one GPU with P in bf16 (src/algo/dion.cpp,
+// p16_local: P = B Q written in bf16, the sketch and RCQR's first solve read
+// it there, the orthonormal P finished into its bf16 copy once;
+// DION_P_BF16_LOCAL=0 keeps P in fp32). A group of three shapes with one
+// short side (so one rank r and one sketch size k: its buckets are phased),
+// two tensors each, tall and wide, bf16 momentum, BF16 matmuls, three steps
+// (the error feedback reaches the update). With and without, each within the
+// BF16 bound of the fp32 host (bf16 momentum too), tensor by tensor, and of
+// each other; not the same bits (the switch changed the path); and at most
+// 2 x the fp32 P's distance to the host, the rule for a half-precision path
+// against the one it replaces.
+TEST(DionP16, PhasedGroupMatchesFp32PWithinBf16Rounding) {
+  DION_REQUIRE_GPU();
+  std::vector<std::pair<int64_t, int64_t>> shapes;
+  for (const auto& sh : std::initializer_list<std::pair<int64_t, int64_t>>{{1024, 256}, {256, 768}, {512, 256}})
+    for (int k = 0; k < 2; ++k) shapes.push_back(sh);
+  std::vector<std::vector<float>> x0, g;
+  group_inputs(shapes, x0, g);
+  uint64_t ws_host = 0, ws_on = 0, ws_off = 0;
+  const auto xh = run_group(DION_BACKEND_HOST, DION_ALGO_DION, DION_MATMUL_FP32, shapes, x0, g, &ws_host, DION_DTYPE_BF16);
+  const auto xon = run_group(DION_BACKEND_CUDA, DION_ALGO_DION, DION_MATMUL_BF16, shapes, x0, g, &ws_on, DION_DTYPE_BF16);
+  EXPECT_EQ(setenv("DION_P_BF16_LOCAL", "0", 1), 0);
+  const auto xoff = run_group(DION_BACKEND_CUDA, DION_ALGO_DION, DION_MATMUL_BF16, shapes, x0, g, &ws_off, DION_DTYPE_BF16);
+  EXPECT_EQ(unsetenv("DION_P_BF16_LOCAL"), 0);
+  ASSERT_EQ(xh.size(), shapes.size());
+  ASSERT_EQ(xon.size(), shapes.size());
+  ASSERT_EQ(xoff.size(), shapes.size());
+  double worst_on = 0, worst_off = 0, worst_between = 0;
+  for (size_t i = 0; i < shapes.size(); ++i) {
+    SCOPED_TRACE(::testing::Message() << "tensor " << i << ", " << shapes[i].first << " x " << shapes[i].second);
+    const double on = rel_update_diff(xh[i], xon[i], x0[i]), off = rel_update_diff(xh[i], xoff[i], x0[i]);
+    const double between = rel_update_diff(xoff[i], xon[i], x0[i]);
+    EXPECT_LT(on, kBf16Bound);
+    EXPECT_LT(off, kBf16Bound);
+    EXPECT_LT(between, kBf16Bound);
+    EXPECT_LE(on, 2 * off) << "bf16 P more than 2 x the fp32 P's distance to the fp32 host";
+    worst_on = std::max(worst_on, on);
+    worst_off = std::max(worst_off, off);
+    worst_between = std::max(worst_between, between);
+  }
+  EXPECT_GT(worst_between, 0.0) << "DION_P_BF16_LOCAL=0 changed nothing: was P in bf16?";
+  std::printf("  dion: vs fp32 host at most %.3g (bf16 P), %.3g (fp32 P); between %.3g\n", worst_on, worst_off,
+              worst_between);
 }
 
 }  // namespace
