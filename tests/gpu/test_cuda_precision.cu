@@ -356,41 +356,57 @@ void group_inputs(const std::vector<std::pair<int64_t, int64_t>>& shapes, std::v
   }
 }
 
+// One A/B of a switch over a group (run_group, three steps): the fp32 host
+// and the CUDA backend at BF16 matmuls with `env` unset (on) and set to "0"
+// (off), each tensor's relative update distances within the BF16 bound
+// (and, with at_most_twice, on at most 2 x off, the rule for a half-precision
+// path against the one it replaces); out: the largest over the tensors and
+// the two runs' workspaces.
+struct GroupAb {
+  double on = 0, off = 0, between = 0;
+  uint64_t ws_on = 0, ws_off = 0;
+};
+void group_switch_ab(dion_algorithm_t algo, const char* env, const std::vector<std::pair<int64_t, int64_t>>& shapes,
+                     dion_dtype_t momentum, bool at_most_twice, GroupAb* out) {
+  std::vector<std::vector<float>> x0, g;
+  group_inputs(shapes, x0, g);
+  uint64_t ws_host = 0;
+  const auto xh = run_group(DION_BACKEND_HOST, algo, DION_MATMUL_FP32, shapes, x0, g, &ws_host, momentum);
+  const auto xon = run_group(DION_BACKEND_CUDA, algo, DION_MATMUL_BF16, shapes, x0, g, &out->ws_on, momentum);
+  EXPECT_EQ(setenv(env, "0", 1), 0);
+  const auto xoff = run_group(DION_BACKEND_CUDA, algo, DION_MATMUL_BF16, shapes, x0, g, &out->ws_off, momentum);
+  EXPECT_EQ(unsetenv(env), 0);
+  ASSERT_EQ(xh.size(), shapes.size());
+  ASSERT_EQ(xon.size(), shapes.size());
+  ASSERT_EQ(xoff.size(), shapes.size());
+  for (size_t i = 0; i < shapes.size(); ++i) {
+    SCOPED_TRACE(::testing::Message() << "tensor " << i << ", " << shapes[i].first << " x " << shapes[i].second);
+    const double on = rel_update_diff(xh[i], xon[i], x0[i]), off = rel_update_diff(xh[i], xoff[i], x0[i]);
+    const double between = rel_update_diff(xoff[i], xon[i], x0[i]);
+    EXPECT_LT(on, kBf16Bound);
+    EXPECT_LT(off, kBf16Bound);
+    EXPECT_LT(between, kBf16Bound);
+    if (at_most_twice) EXPECT_LE(on, 2 * off) << env << " on: more than 2 x the distance to the fp32 host of off";
+    out->on = std::max(out->on, on);
+    out->off = std::max(out->off, off);
+    out->between = std::max(out->between, between);
+  }
+}
+
 TEST(NsLockstep, MuonFamilyGroupMatchesBucketByBucketWithinBf16Rounding) {
   DION_REQUIRE_GPU();
   std::vector<std::pair<int64_t, int64_t>> shapes;
   for (const auto& sh : std::initializer_list<std::pair<int64_t, int64_t>>{
            {768, 256}, {256, 1024}, {512, 256}, {256, 256}, {128, 512}})
     for (int k = 0; k < 2; ++k) shapes.push_back(sh);
-  std::vector<std::vector<float>> x0, g;
-  group_inputs(shapes, x0, g);
   for (dion_algorithm_t algo : {DION_ALGO_MUON, DION_ALGO_NORMUON}) {
     SCOPED_TRACE(algo_name(algo));
-    uint64_t ws_host = 0, ws_on = 0, ws_off = 0;
-    const auto xh = run_group(DION_BACKEND_HOST, algo, DION_MATMUL_FP32, shapes, x0, g, &ws_host);
-    const auto xon = run_group(DION_BACKEND_CUDA, algo, DION_MATMUL_BF16, shapes, x0, g, &ws_on);
-    EXPECT_EQ(setenv("DION_NS_LOCKSTEP", "0", 1), 0);
-    const auto xoff = run_group(DION_BACKEND_CUDA, algo, DION_MATMUL_BF16, shapes, x0, g, &ws_off);
-    EXPECT_EQ(unsetenv("DION_NS_LOCKSTEP"), 0);
-    ASSERT_EQ(xh.size(), shapes.size());
-    ASSERT_EQ(xon.size(), shapes.size());
-    ASSERT_EQ(xoff.size(), shapes.size());
-    EXPECT_GT(ws_on, ws_off) << "the lockstep's workspace was not reserved: was it planned?";
-    double worst_on = 0, worst_off = 0, worst_between = 0;
-    for (size_t i = 0; i < shapes.size(); ++i) {
-      SCOPED_TRACE(::testing::Message() << "tensor " << i << ", " << shapes[i].first << " x " << shapes[i].second);
-      const double on = rel_update_diff(xh[i], xon[i], x0[i]), off = rel_update_diff(xh[i], xoff[i], x0[i]);
-      const double between = rel_update_diff(xoff[i], xon[i], x0[i]);
-      EXPECT_LT(on, kBf16Bound);
-      EXPECT_LT(off, kBf16Bound);
-      EXPECT_LT(between, kBf16Bound);
-      worst_on = std::max(worst_on, on);
-      worst_off = std::max(worst_off, off);
-      worst_between = std::max(worst_between, between);
-    }
+    GroupAb d;
+    group_switch_ab(algo, "DION_NS_LOCKSTEP", shapes, DION_DTYPE_UNSET, false, &d);
+    EXPECT_GT(d.ws_on, d.ws_off) << "the lockstep's workspace was not reserved: was it planned?";
     std::printf("  %s: vs fp32 host at most %.3g (lockstep), %.3g (bucket by bucket); between %.3g; workspace %.1f / "
                 "%.1f MiB\n",
-                algo_name(algo), worst_on, worst_off, worst_between, ws_on / 1048576.0, ws_off / 1048576.0);
+                algo_name(algo), d.on, d.off, d.between, d.ws_on / 1048576.0, d.ws_off / 1048576.0);
   }
 }
 
@@ -403,40 +419,16 @@ TEST(NsLockstep, MuonFamilyGroupMatchesBucketByBucketWithinBf16Rounding) {
 // (the error feedback reaches the update). With and without, each within the
 // BF16 bound of the fp32 host (bf16 momentum too), tensor by tensor, and of
 // each other; not the same bits (the switch changed the path); and at most
-// 2 x the fp32 P's distance to the host, the rule for a half-precision path
-// against the one it replaces.
+// 2 x the fp32 P's distance to the host.
 TEST(DionP16, PhasedGroupMatchesFp32PWithinBf16Rounding) {
   DION_REQUIRE_GPU();
   std::vector<std::pair<int64_t, int64_t>> shapes;
   for (const auto& sh : std::initializer_list<std::pair<int64_t, int64_t>>{{1024, 256}, {256, 768}, {512, 256}})
     for (int k = 0; k < 2; ++k) shapes.push_back(sh);
-  std::vector<std::vector<float>> x0, g;
-  group_inputs(shapes, x0, g);
-  uint64_t ws_host = 0, ws_on = 0, ws_off = 0;
-  const auto xh = run_group(DION_BACKEND_HOST, DION_ALGO_DION, DION_MATMUL_FP32, shapes, x0, g, &ws_host, DION_DTYPE_BF16);
-  const auto xon = run_group(DION_BACKEND_CUDA, DION_ALGO_DION, DION_MATMUL_BF16, shapes, x0, g, &ws_on, DION_DTYPE_BF16);
-  EXPECT_EQ(setenv("DION_P_BF16_LOCAL", "0", 1), 0);
-  const auto xoff = run_group(DION_BACKEND_CUDA, DION_ALGO_DION, DION_MATMUL_BF16, shapes, x0, g, &ws_off, DION_DTYPE_BF16);
-  EXPECT_EQ(unsetenv("DION_P_BF16_LOCAL"), 0);
-  ASSERT_EQ(xh.size(), shapes.size());
-  ASSERT_EQ(xon.size(), shapes.size());
-  ASSERT_EQ(xoff.size(), shapes.size());
-  double worst_on = 0, worst_off = 0, worst_between = 0;
-  for (size_t i = 0; i < shapes.size(); ++i) {
-    SCOPED_TRACE(::testing::Message() << "tensor " << i << ", " << shapes[i].first << " x " << shapes[i].second);
-    const double on = rel_update_diff(xh[i], xon[i], x0[i]), off = rel_update_diff(xh[i], xoff[i], x0[i]);
-    const double between = rel_update_diff(xoff[i], xon[i], x0[i]);
-    EXPECT_LT(on, kBf16Bound);
-    EXPECT_LT(off, kBf16Bound);
-    EXPECT_LT(between, kBf16Bound);
-    EXPECT_LE(on, 2 * off) << "bf16 P more than 2 x the fp32 P's distance to the fp32 host";
-    worst_on = std::max(worst_on, on);
-    worst_off = std::max(worst_off, off);
-    worst_between = std::max(worst_between, between);
-  }
-  EXPECT_GT(worst_between, 0.0) << "DION_P_BF16_LOCAL=0 changed nothing: was P in bf16?";
-  std::printf("  dion: vs fp32 host at most %.3g (bf16 P), %.3g (fp32 P); between %.3g\n", worst_on, worst_off,
-              worst_between);
+  GroupAb d;
+  group_switch_ab(DION_ALGO_DION, "DION_P_BF16_LOCAL", shapes, DION_DTYPE_BF16, true, &d);
+  EXPECT_GT(d.between, 0.0) << "DION_P_BF16_LOCAL=0 changed nothing: was P in bf16?";
+  std::printf("  dion: vs fp32 host at most %.3g (bf16 P), %.3g (fp32 P); between %.3g\n", d.on, d.off, d.between);
 }
 
 }  // namespace
