@@ -1214,7 +1214,7 @@ bool step_group(Optimizer& opt, Group& g) {
     MatBatch R{opt.ws.take(T * br), u.s.b, u.s.r, u.s.r, br, T};
     MatBatch Pb{u.p16 ? static_cast<float*>(u.Pb) : u.lowp ? half(T * ar) : nullptr, u.s.a, u.s.r, u.s.r, ar, T};
     MatBatch Rb{u.lowp ? half(T * br) : nullptr, u.s.b, u.s.r, u.s.r, br, T};
-    const MatBatch P = u.sp.mesh ? u.Pall : u.Y;  // the batch's orthonormal P (not read with comm16)
+    const MatBatch P = u.sp.mesh ? u.Pall : u.Y;  // the batch's orthonormal P (not read with p16)
     const MatBatch Mm{u.M, t.geom.srows, t.geom.scols, t.geom.scols, n_el, T};
     if (u.p16)
       m_product(be, bt, u.in_state, true, !u.s.bT, Mm, ConstMatBatch(Pb), R, prec);  // Pb gathered, final
