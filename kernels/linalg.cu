@@ -66,32 +66,29 @@ struct Identity {
 };
 
 // c[b](i, j) = sum over q < S of parts[b S + q](i, j), in order q = 0, 1, ...
-// (parts dense: rows x cols per matrix).
+// (parts dense: rows x cols per matrix, every element formed).
 struct SumParts {
   const float* parts;
-  int64_t S, bs;
+  int64_t S;
   MatBatch c;
   __device__ void operator()(int64_t b, int64_t i, int64_t j) const {
     const int64_t per = c.rows * c.cols;
-    // bs > 0: only the blocks on and below the block diagonal were formed;
-    // an element above it is its transposed place's sum.
-    const bool above = bs > 0 && i / bs < j / bs;
-    const float* x = parts + b * S * per + (above ? j * c.cols + i : i * c.cols + j);
+    const float* x = parts + b * S * per + i * c.cols + j;
     float s = 0.0f;
     for (int64_t q = 0; q < S; ++q) s += x[q * per];
     mat_at(c, b)[i * c.ld + j] = s;
   }
 };
 
-// SumParts with bs > 0 by 32 x 32 tiles, the same values: an element on or
-// below the block diagonal is the sum of its parts, read where it lies (a
-// warp reads a row of the tile: coalesced), and one strictly below it is
-// also written, through shared memory, at its transposed place: the element
-// above, which SumParts formed by reading the parts column-wise there (32
-// scattered reads per warp and part: its four calls of a gpt-1.3b step took
-// 0.25 ms on an H200, about twice their bytes at the copy bandwidth). Every
-// element is written once: a tile wholly above the block diagonal only by its
-// mirror tile's transposed pass.
+// The sum of parts where only the blocks (bs x bs) on and below the block
+// diagonal were formed (bs > 0), by 32 x 32 tiles: an element on or below
+// the block diagonal is the sum of its parts, read where it lies (a warp
+// reads a row of the tile: coalesced), and one strictly below it is also
+// written, through shared memory, at its transposed place (reading the parts
+// column-wise there instead, 32 scattered reads per warp and part, took
+// about twice the bytes' time at the copy bandwidth). Every element is
+// written once: a tile wholly above the block diagonal only by its mirror
+// tile's transposed pass.
 constexpr int kSymTile = 32;
 __global__ void sum_parts_sym_kernel(const float* parts, int64_t S, int64_t bs64, MatBatch c) {
   __shared__ float tile[kSymTile][kSymTile + 1];
@@ -304,7 +301,7 @@ void transpose(const Ctx& c, const float* in, int64_t rows, int64_t cols, int64_
 void sum_parts(const Ctx& c, const float* parts, int64_t S, MatBatch out, int64_t bs) {
   if (out.batch <= 0 || out.rows <= 0 || out.cols <= 0) return;
   if (bs <= 0) {
-    for_each_2d(c, out.batch, out.rows, out.cols, SumParts{parts, S, bs, out}, "sum_parts kernel");
+    for_each_2d(c, out.batch, out.rows, out.cols, SumParts{parts, S, out}, "sum_parts kernel");
     return;
   }
   const dim3 grid(static_cast<unsigned>(std::min<int64_t>(ceil_div(out.cols, kSymTile), 65535)),

@@ -677,14 +677,14 @@ __global__ void finish_p_kernel(float* p, int64_t batch, int64_t per, const int3
         for (int64_t j = global_thread(); j < n4; j += grid_threads()) {
           const float4 v = reinterpret_cast<const float4*>(x)[j];
           const float v0[4] = {v.x, v.y, v.z, v.w};
-          uint32_t h[4];
+          float w[4];
 #pragma unroll
           for (int k = 0; k < 4; ++k) {
-            const float w = keep ? finite_or_clamped(v0[k]) : 0.0f;
-            put_if_changed(x + 4 * j + k, v0[k], w);
-            h[k] = float_to_bf16(w);
+            w[k] = keep ? finite_or_clamped(v0[k]) : 0.0f;
+            put_if_changed(x + 4 * j + k, v0[k], w[k]);
           }
-          reinterpret_cast<uint2*>(o)[j] = make_uint2(h[0] | (h[1] << 16), h[2] | (h[3] << 16));
+          reinterpret_cast<uint2*>(o)[j] =
+              make_uint2(half2_bits(w[0], w[1], DION_DTYPE_BF16), half2_bits(w[2], w[3], DION_DTYPE_BF16));
         }
         i0 = 4 * n4;
         for (int64_t i = i0 + global_thread(); i < per; i += grid_threads()) finish_p_at(x, o, i, x[i], keep, all);

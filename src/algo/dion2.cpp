@@ -258,7 +258,7 @@ size_t dion2_family_workspace(const Group& g, const Tensor& t, int64_t count) {
   w += orthogonalize_ws_floats(u.whole.rows(), u.whole.cols(), u.owned);
   if (nor)  // V, its selected rows and their exchange; the scales (doubles) for a bf16 result
     w += ws_floats(B * rows) + ws_floats(B * s.k) + megabatch_sizes(p.mb, selected_neuron_piece(p, t, s), B).ws_floats +
-         ws_floats(2 * Backend::neuron_scales_count(B, s.k));
+         ws_floats(Backend::neuron_scales_floats(B, s.k));
   return w;
 }
 
@@ -360,7 +360,7 @@ void dion2_family_step(Optimizer& opt, Group& g, const Batch& bt, bool nor) {
     orthogonalize(opt, o, Sw, bf16_result && p.mb.levels == 0 ? &Sb : nullptr, sums);
   double* scales = nullptr;
   if (nor) {
-    if (Sb) scales = reinterpret_cast<double*>(opt.ws.take(2 * Backend::neuron_scales_count(Sw.batch, Sw.rows)));
+    if (Sb) scales = reinterpret_cast<double*>(opt.ws.take(Backend::neuron_scales_floats(Sw.batch, Sw.rows)));
     normalize_selected(opt, o, bt, p, s, idx, Sw, Sb, scales);
   }
   us.backward(S.p);

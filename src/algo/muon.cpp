@@ -23,7 +23,7 @@ size_t variance_floats(const Tensor& t, int64_t B, bool flatten) {
 // The neurons' scales and the matrices' rescales of B matrices (doubles;
 // neuron_scales, finish_bf16), at most.
 size_t neuron_scale_floats(const Tensor& t, int64_t B) {
-  return ws_floats(2 * Backend::neuron_scales_count(B, t.geom.m + t.geom.n));
+  return ws_floats(Backend::neuron_scales_floats(B, t.geom.m + t.geom.n));
 }
 
 }  // namespace
@@ -107,7 +107,7 @@ void finish_bf16(Optimizer& opt, const Group& g, const Batch& bt, const MbPlan& 
   const Tensor& t = bt.t;
   const Axis axis = logical_rows_axis(t);
   const int64_t nn = axis == kRows ? Um.rows : Um.cols;
-  double* sc = reinterpret_cast<double*>(opt.ws.take(2 * Backend::neuron_scales_count(Um.batch, nn)));
+  double* sc = reinterpret_cast<double*>(opt.ws.take(Backend::neuron_scales_floats(Um.batch, nn)));
   with_owned_variances(opt, o, bt, plan, [&](float* Vo) {
     be.neuron_scales(Um.batch, Um.rows, Um.cols, axis, Ob, Vo, t.geom.m, static_cast<float>(o.muon_beta2), sc);
   });

@@ -470,6 +470,8 @@ class Backend {
                              float* v, int64_t v_per_matrix, float beta2, double* scales) = 0;
   // The doubles neuron_scales writes for `batch` matrices of n neurons.
   static int64_t neuron_scales_count(int64_t batch, int64_t n) { return batch * n + batch; }
+  // The same in workspace floats (two per double).
+  static int64_t neuron_scales_floats(int64_t batch, int64_t n) { return 2 * neuron_scales_count(batch, n); }
 
   // ---- slice selection (Dion2) ----
   // Indices of the k largest scores of each of `batch` score vectors of
