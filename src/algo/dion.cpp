@@ -932,7 +932,9 @@ struct PhasedRun {
   float* M = nullptr;
   int32_t* nz = nullptr;
   // Pall: the whole batch's P (sp.slots); P: this rank's slots of it; P1
-  // their preconditioned copy (RCQR); Y the orthonormal result
+  // their preconditioned copy (RCQR); Y the orthonormal result. Where
+  // solve16, Pall and P have no storage (fp32_p_planned): P only gives the
+  // slots' count and shape
   MatBatch Qm{}, Pall{}, P{}, P1{}, Y{};
   // P in bf16 (p16): over a mesh (bf16_comm) the batch's P in bf16
   // (sp.slots), the reduce-scatter's bf16 slots, this rank's reduced slots
@@ -980,9 +982,22 @@ bool p16_local_on(bool lowp, const Split& sp, const Dist& d) {
 // inverse's rounding (2^-9 against TF32's 2^-12) as it does the TF32
 // product's; the fallback reads the bf16 slots too. DION_P_BF16_SOLVE=0 keeps
 // the widening (read once).
-bool solve16_on(const PhasedRun& u, int method, dion_matmul_precision_t prec) {
+bool solve16_on(bool p16, bool inner, int method, dion_matmul_precision_t prec) {
   static const bool enabled = env_on("DION_P_BF16_SOLVE");
-  return enabled && u.p16 && method == DION_QR_RCQR && !u.d.inner && prec == DION_MATMUL_BF16;
+  return enabled && p16 && method == DION_QR_RCQR && !inner && prec == DION_MATMUL_BF16;
+}
+
+// A bucket whose P is in bf16 and whose first solve reads it there (p16 and
+// solve16) has no fp32 P: the batch's P (Pall) and the reduce-scatter's
+// fp32 slots are neither written nor read, and are not taken. Planned
+// (phased_floats) where every step would be so: RCQR at every step (not
+// CQR, which factors P itself after its warm-up) and DION_P_BF16_LOCAL on
+// when the workspace is sized; switched off afterwards, the bucket needs the
+// fp32 P again, the group step no longer fits and the buckets are stepped
+// one by one.
+bool fp32_p_planned(const dion_group_options_t& o, bool lowp, const Split& sp, const Shape& s, const Dist& d) {
+  const bool p16 = bf16_comm(lowp, sp, s) || p16_local_on(lowp, sp, d);
+  return !solve16_on(p16, d.inner != nullptr, o.qr_method, o.matmul_precision);
 }
 
 // A bucket's split in the phased step: split_of's, except that a path-3
@@ -1034,12 +1049,14 @@ size_t phased_floats(const Optimizer& opt, const Group& g, const std::vector<Bat
     const bool lowp = !opt.backend->host_memory() && bf16_products(o, mdt);
     const auto half = [](int64_t n) { return ws_floats((n + 1) / 2); };
     // A..E: M (unless the state holds it), nz, Q, Q~ in bf16, P (the
-    // batch's slots), the reduce-scatter's slots, P1 and Y (this rank's)
+    // batch's slots) and the reduce-scatter's slots (unless P is in bf16
+    // only), P1 and Y (this rank's)
     const size_t m_copy = m_in_state(*opt.backend, bt, lowp, mdt, t.param_dtype) ? 0
                           : lowp                                              ? half(T * mn)
                                                                               : ws_floats(T * mn);
-    sum += m_copy + ws_floats(T) + ws_floats(T * br) + half(T * br) + ws_floats(sp.slots * ar) +
-           ws_floats(sp.scatter ? sp.block * ar : 0) + 2 * ws_floats(c * ar);
+    const bool p32 = fp32_p_planned(o, lowp, sp, s, d);
+    sum += m_copy + ws_floats(T) + ws_floats(T * br) + half(T * br) + (p32 ? ws_floats(sp.slots * ar) : 0) +
+           ws_floats(p32 && sp.scatter ? sp.block * ar : 0) + 2 * ws_floats(c * ar);
     if (bf16_comm(lowp, sp, s))  // P, the scatter's slots and the gathered P in bf16
       sum += half(sp.slots * ar) + (sp.scatter ? half(sp.block * ar) : 0) + half(T * ar);
     else if (p16_local(lowp, sp, d))  // P and its finished copy in bf16 (whether or not p16_local_on)
@@ -1129,12 +1146,13 @@ bool step_group(Optimizer& opt, Group& g) {
     const QLoad q = load_q(opt, bt, u.s, u.lowp);
     u.Qm = q.Qm;
     u.Qtb = q.Qtb;
-    u.Pall = MatBatch{opt.ws.take(u.sp.slots * ar), u.s.a, u.s.r, u.s.r, ar, T};
-    float* own = u.sp.scatter ? opt.ws.take(u.sp.block * ar) : nullptr;
+    u.p16 = bf16_comm(u.lowp, u.sp, u.s) || p16_local_on(u.lowp, u.sp, u.d);
+    u.solve16 = solve16_on(u.p16, u.d.inner != nullptr, method, prec);
+    const bool p32 = !u.solve16;  // fp32_p_planned: no fp32 P where solve16
+    u.Pall = MatBatch{p32 ? opt.ws.take(u.sp.slots * ar) : nullptr, u.s.a, u.s.r, u.s.r, ar, T};
+    float* own = p32 && u.sp.scatter ? opt.ws.take(u.sp.block * ar) : nullptr;
     u.P1 = MatBatch{opt.ws.take(c * ar), u.s.a, u.s.r, u.s.r, ar, c};
     u.Y = MatBatch{opt.ws.take(c * ar), u.s.a, u.s.r, u.s.r, ar, c};
-    u.p16 = bf16_comm(u.lowp, u.sp, u.s) || p16_local_on(u.lowp, u.sp, u.d);
-    u.solve16 = solve16_on(u, method, prec);
     if (u.p16) {
       u.Pallb = half(u.sp.slots * ar);
       u.ownb = u.sp.scatter ? half(u.sp.block * ar) : nullptr;
@@ -1149,7 +1167,7 @@ bool step_group(Optimizer& opt, Group& g) {
       // the widening, as reduce_slots would put them
       m_product_bf16(be, bt, u.in_state, u.s.bT, Mm, u.Qtb,
                      MatBatch{static_cast<float*>(u.Pallb), u.s.a, u.s.r, u.s.r, ar, T}, prec);
-      mine = u.sp.scatter ? own : u.Pall.p + u.sp.first * ar;
+      mine = !p32 ? nullptr : u.sp.scatter ? own : u.Pall.p + u.sp.first * ar;  // not read where solve16
       zero_padding(be, u.sp, u.Pallb, T, ar, sizeof(uint16_t));
     } else {
       m_product(be, bt, u.in_state, u.lowp, u.s.bT, Mm, u.lowp ? u.Qtb : ConstMatBatch(u.Qm), u.Pall, prec);

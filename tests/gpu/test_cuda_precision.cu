@@ -299,7 +299,8 @@ std::vector<std::vector<float>> run_group(dion_backend_t backend, dion_algorithm
                                           const std::vector<std::pair<int64_t, int64_t>>& shapes,
                                           const std::vector<std::vector<float>>& x0,
                                           const std::vector<std::vector<float>>& g, uint64_t* ws_bytes,
-                                          dion_dtype_t momentum = DION_DTYPE_UNSET) {
+                                          dion_dtype_t momentum = DION_DTYPE_UNSET, int steps = 3,
+                                          uint64_t* ws_planned = nullptr) {
   Optimizer opt;
   if (opt.create(options(backend, 7)) != DION_SUCCESS) return {};
   dion_group_options_t go = group_options(algo);
@@ -330,8 +331,9 @@ std::vector<std::vector<float>> run_group(dion_backend_t backend, dion_algorithm
   }
   EXPECT_EQ(dion_add_group(opt, &go, ts.data(), static_cast<int32_t>(ts.size()), nullptr), DION_SUCCESS)
       << dion_last_error(opt);
-  for (int k = 0; k < 3; ++k) EXPECT_EQ(dion_step(opt, nullptr), DION_SUCCESS) << dion_last_error(opt);
   uint64_t state = 0;
+  if (ws_planned) EXPECT_EQ(dion_get_memory_usage(opt, &state, ws_planned), DION_SUCCESS);  // before any step
+  for (int k = 0; k < steps; ++k) EXPECT_EQ(dion_step(opt, nullptr), DION_SUCCESS) << dion_last_error(opt);
   *ws_bytes = 0;
   EXPECT_EQ(dion_get_memory_usage(opt, &state, ws_bytes), DION_SUCCESS);
   if (backend == DION_BACKEND_CUDA) {
@@ -428,7 +430,41 @@ TEST(DionP16, PhasedGroupMatchesFp32PWithinBf16Rounding) {
   GroupAb d;
   group_switch_ab(DION_ALGO_DION, "DION_P_BF16_LOCAL", shapes, DION_DTYPE_BF16, true, &d);
   EXPECT_GT(d.between, 0.0) << "DION_P_BF16_LOCAL=0 changed nothing: was P in bf16?";
-  std::printf("  dion: vs fp32 host at most %.3g (bf16 P), %.3g (fp32 P); between %.3g\n", d.on, d.off, d.between);
+  std::printf("  dion: vs fp32 host at most %.3g (bf16 P), %.3g (fp32 P); between %.3g; workspace %.2f / %.2f MiB\n",
+              d.on, d.off, d.between, d.ws_on / 1048576.0, d.ws_off / 1048576.0);
+}
+
+// With P in bf16 on one GPU the phased step has no fp32 P (src/algo/dion.cpp,
+// fp32_p_planned): the workspace planned at dion_add_group lacks exactly
+// one fp32 a x r P per bucket against DION_P_BF16_LOCAL=0, where a, B's row
+// count, is one of the matrix's sides (the orientation is Dion's choice):
+// between sum min(m, n) r and sum max(m, n) r floats. Eight single-tensor
+// buckets of one short side (256: r = 64, tall and wide), so the phased
+// step's sum over buckets, not one bucket's own step, sizes the workspace;
+// one step each way runs (the bf16 path within the smaller workspace).
+TEST(DionP16, PhasedWorkspaceHasNoFp32P) {
+  DION_REQUIRE_GPU();
+  std::vector<std::pair<int64_t, int64_t>> shapes;
+  for (int64_t l = 512; l <= 2304; l += 256) shapes.push_back(l % 512 ? std::make_pair(int64_t(256), l)
+                                                                       : std::make_pair(l, int64_t(256)));
+  std::vector<std::vector<float>> x0, g;
+  group_inputs(shapes, x0, g);
+  uint64_t on = 0, off = 0, after = 0;
+  run_group(DION_BACKEND_CUDA, DION_ALGO_DION, DION_MATMUL_BF16, shapes, x0, g, &after, DION_DTYPE_BF16, 1, &on);
+  ASSERT_EQ(setenv("DION_P_BF16_LOCAL", "0", 1), 0);
+  run_group(DION_BACKEND_CUDA, DION_ALGO_DION, DION_MATMUL_BF16, shapes, x0, g, &after, DION_DTYPE_BF16, 1, &off);
+  ASSERT_EQ(unsetenv("DION_P_BF16_LOCAL"), 0);
+  uint64_t lo = 0, hi = 0;
+  for (const auto& [m, n] : shapes) {
+    const int64_t r = 64;  // rank_fraction 0.25 of 256
+    lo += sizeof(float) * static_cast<uint64_t>(std::min(m, n) * r);
+    hi += sizeof(float) * static_cast<uint64_t>(std::max(m, n) * r + 15);  // ws_floats' rounding
+  }
+  ASSERT_GT(off, on) << "the fp32 P was planned with P in bf16";
+  EXPECT_GE(off - on, lo);
+  EXPECT_LE(off - on, hi);
+  std::printf("  dion: workspace planned %.2f MiB with P in bf16, %.2f without (one fp32 P per bucket: %.2f to %.2f)\n",
+              on / 1048576.0, off / 1048576.0, lo / 1048576.0, hi / 1048576.0);
 }
 
 }  // namespace
