@@ -170,9 +170,12 @@ void sum_parts(const Ctx& c, const float* parts, int64_t S, MatBatch out, int64_
 // and below the diagonal of every matrix, cnt = batch nb (nb + 1) / 2 each,
 // in the column-major call's operand order: out[e] = op(B)'s columns of
 // block column j, out[cnt + e] = op(A)'s rows of block row i, out[2 cnt + e]
-// = C's block (i, j).
+// = C's block (i, j). upper: the blocks on and above the diagonal instead,
+// (j, i) for each (i, j) (a symmetric product's lower triangle read
+// column-major). es: the elements' size in bytes (ld and strides count
+// elements).
 void sym_block_pointers(const Ctx& c, ConstMatBatch a, bool ta, ConstMatBatch b, bool tb, MatBatch m, int64_t nb,
-                        int64_t bs, int64_t es, const void** out);
+                        int64_t bs, int64_t es, const void** out, bool upper = false);
 // Backend::mirror_bf16 (copy.p null: no copy; power 0: no scale, else
 // frob_scale_bf16's scale from parts); bs a multiple of 32 dividing n.
 void mirror_bf16(const Ctx& c, MatBatch m, int64_t bs, float diag, MatBatch copy, const double* parts, int64_t nparts,

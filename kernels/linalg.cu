@@ -329,13 +329,20 @@ __global__ void add_diag_bf16_kernel(MatBatch m, int64_t n, float v) {
 namespace {
 // gemm_bf16_lower's blocks: e = t * nblk + q, q walking the blocks (i, j), j <= i
 // < nb, column j by column j (j = 0: i = 0 .. nb - 1, then j = 1: i = 1 .. ).
+// upper: the blocks (j, i) instead, on and above the block diagonal.
 __global__ void sym_block_pointers_kernel(ConstMatBatch a, bool ta, ConstMatBatch b, bool tb, MatBatch c, int64_t nb,
-                                          int64_t bs, int64_t nblk, int64_t cnt, int64_t es, const void** out) {
+                                          int64_t bs, int64_t nblk, int64_t cnt, int64_t es, bool upper,
+                                          const void** out) {
   for (int64_t e = global_thread(); e < cnt; e += grid_threads()) {
     const int64_t t = e / nblk;
     int64_t q = e % nblk, j = 0;
     while (q >= nb - j) q -= nb - j++;
-    const int64_t i = j + q;
+    int64_t i = j + q;
+    if (upper) {
+      const int64_t k = i;
+      i = j;
+      j = k;
+    }
     // elements of es bytes: ld and stride count elements
     const char* pa = reinterpret_cast<const char*>(a.p) + es * (t * a.stride + (ta ? i * bs : i * bs * a.ld));
     const char* pb = reinterpret_cast<const char*>(b.p) + es * (t * b.stride + (tb ? j * bs * b.ld : j * bs));
@@ -570,10 +577,11 @@ void ns_shift_bf16(const Ctx& c, MatBatch a, MatBatch b, float coef, float diag,
 }
 
 void sym_block_pointers(const Ctx& c, ConstMatBatch a, bool ta, ConstMatBatch b, bool tb, MatBatch m, int64_t nb,
-                        int64_t bs, int64_t es, const void** out) {
+                        int64_t bs, int64_t es, const void** out, bool upper) {
   const int64_t nblk = nb * (nb + 1) / 2, cnt = m.batch * nblk;
   if (cnt <= 0) return;
-  sym_block_pointers_kernel<<<blocks_1d(c, cnt), kThreads, 0, c.stream>>>(a, ta, b, tb, m, nb, bs, nblk, cnt, es, out);
+  sym_block_pointers_kernel<<<blocks_1d(c, cnt), kThreads, 0, c.stream>>>(a, ta, b, tb, m, nb, bs, nblk, cnt, es,
+                                                                          upper, out);
   cuda::check_launch("symmetric block pointer kernel");
 }
 

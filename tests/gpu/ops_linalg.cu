@@ -514,7 +514,10 @@ TEST_F(OpsTest, QrQAndR) {
   with_each_cholesky(cuda, [&] {
     struct Shape {
       int64_t p, r, B;
-    } shapes[] = {{60, 20, 3}, {16, 16, 2}, {300, 40, 1}, {700, 200, 3}, {1500, 600, 1}};
+      // {640, 512, 2}: RCQR's sketch at r = 512, whose fp64 Gram matrix
+      // qr_r forms by 4 x 4 blocks (2 x 2, and 16 at r = 16, in
+      // ops_linalg_triangle_blocks)
+    } shapes[] = {{60, 20, 3}, {16, 16, 2}, {300, 40, 1}, {700, 200, 3}, {1500, 600, 1}, {640, 512, 2}};
     for (const Shape& s : shapes) {
       SCOPED_TRACE(testing::Message() << s.p << " x " << s.r << " batch " << s.B);
       Mat a = Mat::padded(s.p, s.r, s.B);
