@@ -1197,13 +1197,14 @@ bool step_group(Optimizer& opt, Group& g) {
   sketch(runs.back());
   // X U^-1 for every bucket's slots (in -> out) in one call, which may form
   // all the inverses at once.
-  // (first: RCQR's first solve, which takes the bf16 slots where solve16.)
+  // (first: RCQR's first solve, which takes the bf16 slots where solve16,
+  // and only preconditions: TrsmPart::precondition.)
   auto solve_all = [&](const MatBatch& U, MatBatch PhasedRun::*in, MatBatch PhasedRun::*out, bool first) {
     thread_local std::vector<Backend::TrsmPart> parts;  // capacity kept: no allocation after the first step
     parts.clear();
     for (PhasedRun& u : runs)
       if (u.P.batch > 0)
-        parts.push_back(Backend::TrsmPart{u.*in, u.*out, u.first, first && u.solve16 ? u.mineb : nullptr});
+        parts.push_back(Backend::TrsmPart{u.*in, u.*out, u.first, first && u.solve16 ? u.mineb : nullptr, first});
     be.trsm_right_upper_many(U, parts.data(), static_cast<int64_t>(parts.size()), prec);
   };
   // B, C: R1 for all, then P1 = P R1^-1 (RCQR); the Gram matrices.

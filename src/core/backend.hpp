@@ -323,11 +323,19 @@ class Backend {
   // cores, fp32 accumulation) at precision BF16 (Dion's P as its bf16
   // collectives left it, ahead of RCQR's second pass); otherwise, and in
   // this default, they are widened into out and solved in place.
+  // A part with `precondition` set only preconditions its input for a
+  // Cholesky QR pass that follows (RCQR's first solve, P R1^-1), which
+  // absorbs the solve's error: where every part is so and the precision is
+  // TF32 or BF16, the CUDA backend forms the inverses with TF32 GEMMs
+  // (their error, ~ |U| |U^-1| 2^-11, is that of the TF32 product's own
+  // rounding of the inverse, and a quarter of the bf16 rounding the bf16
+  // parts take; DION_INVERSE_TF32=0 keeps fp32 GEMMs).
   struct TrsmPart {
     ConstMatBatch in;
     MatBatch out;
     int64_t first;
     const void* in_bf16 = nullptr;
+    bool precondition = false;
   };
   virtual void trsm_right_upper_many(ConstMatBatch u, const TrsmPart* parts, int64_t count,
                                      dion_matmul_precision_t precision) {

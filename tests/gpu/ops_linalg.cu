@@ -807,8 +807,13 @@ TEST_F(OpsTest, TrsmRightUpperByInverse) {
 // explicit-inverse path (all inverses at once, then a product per part), at
 // FP32 and TF32; each part against the host's solve of its own matrices
 // within TrsmRightUpperByInverse's bounds, the inputs left as they were.
+// With every part's `precondition` set, the TF32 solve forms the inverses
+// with TF32 GEMMs (n = 96 and 256: one and two levels of them above the
+// diagonal blocks), within the same TF32 bound (cond(U) < 2 here: the
+// inverse's error is of the order of the product's own TF32 rounding of
+// it), and not the same bits as without; at FP32 the flag changes nothing.
 TEST_F(OpsTest, TrsmRightUpperManyMatchesHostPerPart) {
-  for (int64_t n : {64, 96}) {
+  for (int64_t n : {64, 96, 256}) {
     for (dion_matmul_precision_t prec : {DION_MATMUL_FP32, DION_MATMUL_TF32}) {
       SCOPED_TRACE("n " + std::to_string(n) + ", precision " + std::to_string(static_cast<int>(prec)));
       const int64_t nu = 5;
@@ -826,22 +831,33 @@ TEST_F(OpsTest, TrsmRightUpperManyMatchesHostPerPart) {
         in.back().fill([&] { return gauss(); });
         out.emplace_back(rows[p], n, n, rows[p] * n, count[p]);
       }
-      std::vector<Backend::TrsmPart> parts;
-      for (int p = 0; p < 2; ++p) parts.push_back(Backend::TrsmPart{in[p].D(), out[p].D(), first[p]});
-      cuda->trsm_right_upper_many(u.D(), parts.data(), 2, prec);
-      for (int p = 0; p < 2; ++p) {
-        EXPECT_TRUE(in[p].dev() == in[p].h) << "part " << p << ": the input was written";
-        std::vector<float> want = in[p].h;
-        host->trsm_right_upper(ConstMatBatch(u.h.data() + first[p] * n * n, n, n, n, n * n, count[p]),
-                               MatBatch{want.data(), rows[p], n, n, rows[p] * n, count[p]});
-        const std::vector<float> got = out[p].dev();
-        double num = 0, den = 0;
-        for (size_t i = 0; i < want.size(); ++i) {
-          ASSERT_TRUE(std::isfinite(got[i])) << "part " << p << " element " << i;
-          num += std::pow(static_cast<double>(got[i]) - want[i], 2);
-          den += std::pow(static_cast<double>(want[i]), 2);
+      std::vector<float> plain[2];
+      for (bool pre : {false, true}) {
+        SCOPED_TRACE(pre ? "precondition" : "plain");
+        std::vector<Backend::TrsmPart> parts;
+        for (int p = 0; p < 2; ++p) parts.push_back(Backend::TrsmPart{in[p].D(), out[p].D(), first[p], nullptr, pre});
+        cuda->trsm_right_upper_many(u.D(), parts.data(), 2, prec);
+        for (int p = 0; p < 2; ++p) {
+          EXPECT_TRUE(in[p].dev() == in[p].h) << "part " << p << ": the input was written";
+          std::vector<float> want = in[p].h;
+          host->trsm_right_upper(ConstMatBatch(u.h.data() + first[p] * n * n, n, n, n, n * n, count[p]),
+                                 MatBatch{want.data(), rows[p], n, n, rows[p] * n, count[p]});
+          const std::vector<float> got = out[p].dev();
+          double num = 0, den = 0;
+          for (size_t i = 0; i < want.size(); ++i) {
+            ASSERT_TRUE(std::isfinite(got[i])) << "part " << p << " element " << i;
+            num += std::pow(static_cast<double>(got[i]) - want[i], 2);
+            den += std::pow(static_cast<double>(want[i]), 2);
+          }
+          EXPECT_LT(std::sqrt(num / den), prec == DION_MATMUL_FP32 ? 1e-5 : 4e-3) << "part " << p;
+          if (!pre) {
+            plain[p] = got;
+          } else if (prec == DION_MATMUL_FP32 || n == 64) {  // n = 64: one diagonal block, no GEMM
+            EXPECT_TRUE(got == plain[p]) << "part " << p << ": the flag changed an inverse without TF32 GEMMs";
+          } else {
+            EXPECT_FALSE(got == plain[p]) << "part " << p << ": the TF32 inverse gave the fp32 one's bits";
+          }
         }
-        EXPECT_LT(std::sqrt(num / den), prec == DION_MATMUL_FP32 ? 1e-5 : 4e-3) << "part " << p;
       }
     }
   }

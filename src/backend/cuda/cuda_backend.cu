@@ -1032,9 +1032,10 @@ class CudaBackend final : public Backend {
   void trsm_right_upper_many(ConstMatBatch u, const TrsmPart* parts, int64_t count,
                              dion_matmul_precision_t precision) override {
     const int64_t n = u.rows;
-    bool all = u.stride != 0 && count > 0, any16 = false;
+    bool all = u.stride != 0 && count > 0, any16 = false, precondition = true;
     for (int64_t i = 0; i < count && all; ++i) {
       const TrsmPart& pt = parts[i];
+      precondition = precondition && pt.precondition;
       const int64_t rows = pt.out.rows;
       all = via_inverse(rows, n, precision) && pt.in.ld == n && pt.in.stride == rows * n && pt.out.ld == n &&
             pt.out.stride == rows * n && pt.in.p != pt.out.p && pt.first + pt.in.batch <= u.batch;
@@ -1051,8 +1052,8 @@ class CudaBackend final : public Backend {
     const int64_t nu = u.batch;
     float* inv = static_cast<float*>(scratch(kInv, sizeof(float) * static_cast<size_t>(nu * n * n)));
     float* tmp = static_cast<float*>(scratch(kTmp, sizeof(float) * static_cast<size_t>((nu * n * n + 3) / 4)));
-    tri_inverse_upper(u, MatBatch{inv, n, n, n, n * n, nu}, tmp);
     const dion_matmul_precision_t p = precision == DION_MATMUL_FP32 ? DION_MATMUL_FP32 : DION_MATMUL_TF32;
+    tri_inverse_upper(u, MatBatch{inv, n, n, n, n * n, nu}, tmp, p == DION_MATMUL_TF32 && precondition && inverse_tf32_);
     // The inverses rounded to bf16 for the parts given in bf16 (Dion's P as
     // its bf16 collectives left it: RCQR's first solve, whose error the
     // second pass absorbs as it does the TF32 product's).
@@ -1124,19 +1125,23 @@ class CudaBackend final : public Backend {
   // GEMMs, bottom up. For n = 512 that is 12 launches instead of the
   // recursion's 47 (the calls are latency-bound: 64 x 64 products of a batch
   // of 24 take about as long as 256 x 256 ones, measured on an H100).
-  void tri_inverse_upper(ConstMatBatch u, MatBatch inv, float* tmp) {
+  //
+  // tf32: the GEMMs above the diagonal blocks on TF32 tensor cores (for an
+  // inverse that only preconditions: TrsmPart::precondition).
+  void tri_inverse_upper(ConstMatBatch u, MatBatch inv, float* tmp, bool tf32 = false) {
     const int64_t n = inv.rows;
     int k = 0;
     while ((n >> k) > 64 && ((n >> k) & 1) == 0) ++k;
     if ((n >> k) <= 64 && tri_inverse_levels_) {
-      tri_inverse_levels(u, inv, tmp, k);
+      tri_inverse_levels(u, inv, tmp, k, tf32);
       return;
     }
     check(cudaMemsetAsync(inv.p, 0, sizeof(float) * static_cast<size_t>(inv.batch * inv.stride), stream_),
           "cudaMemsetAsync (inverse)");
-    tri_inverse_block(u, inv, 0, inv.rows, tmp);
+    tri_inverse_block(u, inv, 0, inv.rows, tmp, tf32 ? DION_MATMUL_TF32 : DION_MATMUL_FP32);
   }
-  void tri_inverse_block(ConstMatBatch u, MatBatch inv, int64_t off, int64_t n, float* tmp) {
+  void tri_inverse_block(ConstMatBatch u, MatBatch inv, int64_t off, int64_t n, float* tmp,
+                         dion_matmul_precision_t prec) {
     const int64_t ldu = u.ld, ldi = inv.ld;
     if (n <= 64) {
       MatBatch d{inv.p + off * ldi + off, n, n, ldi, inv.stride, inv.batch};
@@ -1145,18 +1150,19 @@ class CudaBackend final : public Backend {
       return;
     }
     const int64_t h = n / 2, c = n - h;
-    tri_inverse_block(u, inv, off, h, tmp);
-    tri_inverse_block(u, inv, off + h, c, tmp);
+    tri_inverse_block(u, inv, off, h, tmp, prec);
+    tri_inverse_block(u, inv, off + h, c, tmp, prec);
     // T = A^{-1} B (h x c), then the upper-right block = -T C^{-1}.
     MatBatch t{tmp, h, c, c, h * c, inv.batch};
     gemm(false, false, 1.0f, ConstMatBatch(inv.p + off * ldi + off, h, h, ldi, inv.stride, inv.batch),
-         ConstMatBatch(u.p + off * ldu + off + h, h, c, ldu, u.stride, u.batch), 0.0f, t, DION_MATMUL_FP32);
+         ConstMatBatch(u.p + off * ldu + off + h, h, c, ldu, u.stride, u.batch), 0.0f, t, prec);
     gemm(false, false, -1.0f, t, ConstMatBatch(inv.p + (off + h) * ldi + off + h, c, c, ldi, inv.stride, inv.batch),
-         0.0f, MatBatch{inv.p + off * ldi + off + h, h, c, ldi, inv.stride, inv.batch}, DION_MATMUL_FP32);
+         0.0f, MatBatch{inv.p + off * ldi + off + h, h, c, ldi, inv.stride, inv.batch}, prec);
   }
 
   // tri_inverse_upper for n = L 2^k, L <= 64, by levels (see there).
-  void tri_inverse_levels(ConstMatBatch u, MatBatch inv, float* tmp, int k) {
+  void tri_inverse_levels(ConstMatBatch u, MatBatch inv, float* tmp, int k, bool tf32) {
+    const cublasComputeType_t ct = tf32 ? CUBLAS_COMPUTE_32F_FAST_TF32 : CUBLAS_COMPUTE_32F;
     const int64_t n = inv.rows, L = n >> k, blocks = int64_t(1) << k, B = inv.batch;
     const int64_t ldu = u.ld, ldi = inv.ld;
     const int Ldu = to_int(ldu, "inverse ldu"), Ldi = to_int(ldi, "inverse ldi");
@@ -1188,12 +1194,11 @@ class CudaBackend final : public Backend {
       const int C = to_int(cnt, "inverse nodes");
       // Row-major X = Y Z is column-major X^T = Z^T Y^T: Z's pointers first.
       check(cublasGemmBatchedEx(blas_, CUBLAS_OP_N, CUBLAS_OP_N, H, H, H, &one, p + cnt, CUDA_R_32F, Ldu, p,
-                                CUDA_R_32F, Ldi, &zero, p + 2 * cnt, CUDA_R_32F, H, C, CUBLAS_COMPUTE_32F,
-                                CUBLAS_GEMM_DEFAULT),
+                                CUDA_R_32F, Ldi, &zero, p + 2 * cnt, CUDA_R_32F, H, C, ct, CUBLAS_GEMM_DEFAULT),
             "cublasGemmBatchedEx (inverse, A^-1 B)");
       check(cublasGemmBatchedEx(blas_, CUBLAS_OP_N, CUBLAS_OP_N, H, H, H, &minus_one, p + 3 * cnt, CUDA_R_32F, Ldi,
-                                p + 2 * cnt, CUDA_R_32F, H, &zero, p + 4 * cnt, CUDA_R_32F, Ldi, C,
-                                CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
+                                p + 2 * cnt, CUDA_R_32F, H, &zero, p + 4 * cnt, CUDA_R_32F, Ldi, C, ct,
+                                CUBLAS_GEMM_DEFAULT),
             "cublasGemmBatchedEx (inverse, -T C^-1)");
     }
   }
@@ -2002,6 +2007,7 @@ class CudaBackend final : public Backend {
   double tf32_kmajor_min_flop_ = 1e6 * static_cast<double>(env_int("DION_TF32_KMAJOR_MIN_MFLOP", 16000));
   // DION_TRSM_INVERSE=0 keeps cuBLAS's triangular solve for tall B too.
   bool trsm_via_inverse_ = env_int("DION_TRSM_INVERSE", 1) != 0;
+  bool inverse_tf32_ = env_int("DION_INVERSE_TF32", 1) != 0;  // TrsmPart::precondition's inverses with TF32 GEMMs
   int64_t tri_blocks_ = env_int("DION_TRI_BLOCKS", 0);    // tri_product's block count (0: triangle_blocks' choice)
   int64_t gram_blocks_ = env_int("DION_GRAM_BLOCKS", 0);  // gram's block count (0: triangle_blocks' choice)
   int64_t trsm_inverse_rows_ = std::max<int64_t>(1, env_int("DION_TRSM_INVERSE_ROWS", 1));
