@@ -558,7 +558,7 @@ class CudaBackend final : public Backend {
   void gram(ConstMatBatch a, MatBatch c, dion_matmul_precision_t precision) override {
     const int64_t p = a.rows, r = a.cols, T = c.batch;
     const int64_t S = gram_split_ ? gram_splits(p, r, T) : 1;
-    const int64_t nb = p > 0 ? triangle_blocks(r, gram_blocks_, 256) : 1;
+    const int64_t nb = p > 0 ? triangle_blocks(r, gram_blocks_, 128) : 1;
     if ((S <= 1 && nb <= 1) || a.ld != r || a.stride != p * r || c.rows != r || c.cols != r) {
       gemm(true, false, 1.0f, a, a, 0.0f, c, precision);
       return;
@@ -793,8 +793,9 @@ class CudaBackend final : public Backend {
       // The row-major blocks on and above the diagonal of G = x^T x (ta):
       // column-major, those on and below it.
       const ConstMatBatch xm(reinterpret_cast<const float*>(x), p, r, r, p * r, a.batch);
-      kernels::sym_block_pointers(ctx(), xm, true, xm, false, MatBatch{reinterpret_cast<float*>(g), r, r, r, r * r, a.batch},
-                                  nb, bs, sizeof(double), const_cast<const void**>(ptr), true);
+      const MatBatch gm{reinterpret_cast<float*>(g), r, r, r, r * r, a.batch};
+      kernels::sym_block_pointers(ctx(), xm, true, xm, false, gm, nb, bs, sizeof(double), const_cast<const void**>(ptr),
+                                  true);
       const auto* const* dp = reinterpret_cast<const double* const*>(ptr);
       check(cublasDgemmBatched(blas_, CUBLAS_OP_N, CUBLAS_OP_T, BS, BS, P, &one, dp, R, dp + cnt, R, &zero,
                                reinterpret_cast<double* const*>(ptr + 2 * cnt), R, C),
@@ -963,10 +964,10 @@ class CudaBackend final : public Backend {
   // blocks of 512) 313.2 -> 305.3; but TF32 products with blocks of 128 ran
   // slower than the whole one (gpt-1.3b tf32 34.0 -> 34.4, bf16 21.4 -> 21.7:
   // the solves' products 2.0 -> 2.7 ms), so tensor-core products take blocks
-  // of at least 256 (n >= 1024).
+  // of at least 256 (n >= 512: triangle_blocks).
   template <class Product>
   void tri_product(ConstMatBatch in, ConstMatBatch inv, size_t es_inv, MatBatch out, bool simt, Product product) {
-    const int64_t n = out.cols, nb = triangle_blocks(n, tri_blocks_, simt ? 256 : 1024);
+    const int64_t n = out.cols, nb = triangle_blocks(n, tri_blocks_, simt ? 128 : 256);
     if (nb <= 1) {
       product(in, inv, out);
       return;
@@ -980,14 +981,19 @@ class CudaBackend final : public Backend {
               MatBatch{out.p + j * bs, out.rows, bs, out.ld, out.stride, out.batch});
     }
   }
-  // tri_product's and gram's block count: 1 (whole products) below min_n
-  // (256: below that the saving does not pay for the extra launches; 1024
-  // for tri_product on tensor cores), else 4 where n is at least 512 (blocks
-  // of at least 128) and 2 from 256; blocks are a multiple of 8 elements
-  // (32-byte aligned offsets). forced > 0 (DION_TRI_BLOCKS,
-  // DION_GRAM_BLOCKS) sets it whatever n (1: whole products).
-  int64_t triangle_blocks(int64_t n, int64_t forced, int64_t min_n) const {
-    const int64_t nb = forced > 0 ? forced : n < min_n ? 1 : n >= 512 ? 4 : n >= 256 ? 2 : 1;
+  // tri_product's and gram's (and qr_r's) block count: 4 where that leaves
+  // blocks of at least min_block, else 2 where it does, else 1 (whole
+  // products). min_block is 128 (below that the saving does not pay for the
+  // extra launches), 256 for tri_product on tensor cores (with blocks of 128
+  // the TF32 and BF16 products ran slower than the whole one; at n = 512, 2
+  // blocks of 256 against the whole product, H200, 2026-11-28, twelfth
+  // session: gpt-1.3b Dion tf32 31.05 / 30.89 / 31.36 -> 30.85 / 30.86 /
+  // 30.96 ms, bf16 18.92 / 19.01 / 18.79 -> 18.75 / 18.55 / 18.83). Blocks
+  // are a multiple of 8 elements (32-byte aligned offsets). forced > 0
+  // (DION_TRI_BLOCKS, DION_GRAM_BLOCKS) sets it whatever n (1: whole
+  // products).
+  int64_t triangle_blocks(int64_t n, int64_t forced, int64_t min_block) const {
+    const int64_t nb = forced > 0 ? forced : n >= 4 * min_block ? 4 : n >= 2 * min_block ? 2 : 1;
     return nb > 1 && n % (8 * nb) == 0 ? nb : 1;
   }
 
@@ -1053,7 +1059,8 @@ class CudaBackend final : public Backend {
     float* inv = static_cast<float*>(scratch(kInv, sizeof(float) * static_cast<size_t>(nu * n * n)));
     float* tmp = static_cast<float*>(scratch(kTmp, sizeof(float) * static_cast<size_t>((nu * n * n + 3) / 4)));
     const dion_matmul_precision_t p = precision == DION_MATMUL_FP32 ? DION_MATMUL_FP32 : DION_MATMUL_TF32;
-    tri_inverse_upper(u, MatBatch{inv, n, n, n, n * n, nu}, tmp, p == DION_MATMUL_TF32 && precondition && inverse_tf32_);
+    tri_inverse_upper(u, MatBatch{inv, n, n, n, n * n, nu}, tmp,
+                      p == DION_MATMUL_TF32 && precondition && inverse_tf32_);
     // The inverses rounded to bf16 for the parts given in bf16 (Dion's P as
     // its bf16 collectives left it: RCQR's first solve, whose error the
     // second pass absorbs as it does the TF32 product's).
