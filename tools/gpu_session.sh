@@ -8,8 +8,9 @@
 #          default none), then the Python suite against the CUDA build
 # and after both, ctest -L nccl at 2 ranks (NP4=1: also at 4 when 4 GPUs are
 # visible). With 4 GPUs the 2-rank NCCL suites run on GPUs 2 and 3 beside the
-# two lanes instead of after them. Logs under OUTDIR; the exit status is 1 if
-# any suite failed.
+# two lanes instead of after them; NCCL=0 leaves the NCCL suites out (for a
+# second command on the same lease). Logs under OUTDIR; the exit status is 1
+# if any suite failed.
 #
 #   tools/gpu_session.sh OUTDIR
 set -uo pipefail
@@ -52,7 +53,7 @@ p0=$!
 p1=$!
 gpus=$(nvidia-smi -L | wc -l)
 p2=
-if [ "$gpus" -ge 4 ]; then
+if [ "$gpus" -ge 4 ] && [ "${NCCL:-1}" != 0 ]; then
   (
     CUDA_VISIBLE_DEVICES=2,3 ctest --test-dir $b -L nccl -R '_np2$' --output-on-failure --timeout 300 \
       > "$out/ctest-nccl2.log" 2>&1
@@ -69,6 +70,7 @@ grep -q "python suite rc=0" "$out/lane1.txt" || rc=1
 # The 2-rank suites here unless lane 2 ran them; the 4-rank ones with NP4=1
 # (lane 2 exists exactly when 4 GPUs are visible).
 sel='_np2$'
+[ "${NCCL:-1}" = 0 ] && sel=
 if [ -n "$p2" ]; then
   cat "$out/lane2.txt"
   grep -q "rc=0" "$out/lane2.txt" || rc=1
