@@ -13,7 +13,9 @@
 //                 blocks per chunk in one pointer-array call (as gram);
 //   second solve  Y = P1 X2, Y row-major a x r as the library needs it.
 // Every call is cuBLAS with CUBLAS_COMPUTE_32F_FAST_TF32; where the operand
-// order of the small matrix is free (X stored either way), the faster.
+// order of the small matrix is free (X stored either way), the faster. Then
+// a sweep of the library layout's Gram over the chunk count S and the block
+// grid nb (a = 8192 and 2048).
 // Build and run on the GPU machine:
 //   nvcc -arch=sm_90 -O2 -o rcqr_layouts bench/micro/rcqr_layouts.cu -lcublas && ./rcqr_layouts
 #include "micro_util.cuh"
@@ -51,7 +53,7 @@ int main() {
   CK(cudaMalloc(&P1t, n * sizeof(float)));
   CK(cudaMalloc(&Y, n * sizeof(float)));
   CK(cudaMalloc(&X, (long)kT * kR * kR * sizeof(float)));
-  CK(cudaMalloc(&parts, (long)kT * kS * kR * kR * sizeof(float)));
+  CK(cudaMalloc(&parts, (long)kT * 16 * kR * kR * sizeof(float)));  // up to S = 16 (the sweep)
   fill_f32<<<1024, 256, 0, rig.st>>>(P, n, 1);
   fill_f32<<<1024, 256, 0, rig.st>>>(X, (long)kT * kR * kR, 2);
   const float one = 1.0f, zero = 0.0f;
@@ -183,6 +185,43 @@ int main() {
                reps),
            gemm_flop);
   }
+
+  // ---- the library layout's Gram by row chunks and lower blocks: S chunks x nb x nb blocks ----
+  // (gram_splits' S = 4 and triangle_blocks' nb = 4 above; the parts' sum, a pass over T S r^2 floats, not timed)
+  for (int a_rows : {kA, 2048})
+    for (int S : {1, 2, 4, 8, 16})
+      for (int nb : {1, 2, 4, 8}) {
+        const int chunk = a_rows / S, bs = kR / nb;
+        if (chunk < 256) continue;
+        std::vector<const void*> a, b, c;
+        for (int t = 0; t < kT; ++t)
+          for (int q = 0; q < S; ++q)
+            for (int j = 0; j < nb; ++j)
+              for (int i = j; i < nb; ++i) {
+                const float* base = P1 + (long)t * a_rows * kR + (long)q * chunk * kR;
+                a.push_back(base + j * bs);
+                b.push_back(base + i * bs);
+                c.push_back(parts + ((long)t * S + q) * kR * kR + (long)i * bs * kR + j * bs);
+              }
+        const void** da = device_ptrs(a);
+        const void** db = device_ptrs(b);
+        const void** dc = device_ptrs(c);
+        const int cnt = (int)a.size();
+        char name[96];
+        snprintf(name, sizeof name, "Gram sweep: a = %d, S = %d, %d x %d blocks", a_rows, S, nb, nb);
+        report(name,
+               rig.median_ms(
+                   [&] {
+                     CK(cublasGemmBatchedEx(h, CUBLAS_OP_N, CUBLAS_OP_T, bs, bs, chunk, &one, da, CUDA_R_32F, kR, db,
+                                            CUDA_R_32F, kR, &zero, (void* const*)dc, CUDA_R_32F, kR, cnt, kTf32,
+                                            CUBLAS_GEMM_DEFAULT));
+                   },
+                   reps),
+               2.0 * kT * a_rows * (double)kR * kR * (nb + 1) / (2.0 * nb));
+        CK(cudaFree(da));
+        CK(cudaFree(db));
+        CK(cudaFree(dc));
+      }
   CK(cudaDeviceSynchronize());
   return 0;
 }
