@@ -657,9 +657,15 @@ __device__ __forceinline__ bool put_if_changed(float* x, float old, float v) {
 // read as float4s where aligned. pb holds bf16(p) on entry, so an element is
 // written (to p and pb) only where the fix-up changes it: a clean P is only
 // read; with `all`, pb receives every element's bf16 copy.
-__device__ __forceinline__ void finish_p_at(float* x, uint16_t* o, int64_t i, float v0, bool keep, bool all) {
+// p's element i fixed up (v0 as read): written where it changed; returns it.
+__device__ __forceinline__ float finish_p_fix(float* x, int64_t i, float v0, bool keep, bool* changed) {
   const float v = keep ? finite_or_clamped(v0) : 0.0f;
-  const bool changed = put_if_changed(x + i, v0, v);
+  *changed = put_if_changed(x + i, v0, v);
+  return v;
+}
+__device__ __forceinline__ void finish_p_at(float* x, uint16_t* o, int64_t i, float v0, bool keep, bool all) {
+  bool changed;
+  const float v = finish_p_fix(x, i, v0, keep, &changed);
   if (o && (changed || all)) o[i] = float_to_bf16(v);
 }
 
@@ -673,29 +679,23 @@ __global__ void finish_p_kernel(float* p, int64_t batch, int64_t per, const int3
       const int64_t n4 = per / 4;
       // Every element's copy (all) into an 8-byte aligned pb: the four bf16
       // values of a float4 in one store instead of four 2-byte ones.
-      if (o && all && (reinterpret_cast<uintptr_t>(o) & 7) == 0) {
-        for (int64_t j = global_thread(); j < n4; j += grid_threads()) {
-          const float4 v = reinterpret_cast<const float4*>(x)[j];
-          const float v0[4] = {v.x, v.y, v.z, v.w};
-          float w[4];
-#pragma unroll
-          for (int k = 0; k < 4; ++k) {
-            w[k] = keep ? finite_or_clamped(v0[k]) : 0.0f;
-            put_if_changed(x + 4 * j + k, v0[k], w[k]);
-          }
-          reinterpret_cast<uint2*>(o)[j] =
-              make_uint2(half2_bits(w[0], w[1], DION_DTYPE_BF16), half2_bits(w[2], w[3], DION_DTYPE_BF16));
-        }
-        i0 = 4 * n4;
-        for (int64_t i = i0 + global_thread(); i < per; i += grid_threads()) finish_p_at(x, o, i, x[i], keep, all);
-        continue;
-      }
+      const bool packed = o && all && (reinterpret_cast<uintptr_t>(o) & 7) == 0;
       for (int64_t j = global_thread(); j < n4; j += grid_threads()) {
         const float4 v = reinterpret_cast<const float4*>(x)[j];
-        finish_p_at(x, o, 4 * j, v.x, keep, all);
-        finish_p_at(x, o, 4 * j + 1, v.y, keep, all);
-        finish_p_at(x, o, 4 * j + 2, v.z, keep, all);
-        finish_p_at(x, o, 4 * j + 3, v.w, keep, all);
+        if (packed) {
+          const float v0[4] = {v.x, v.y, v.z, v.w};
+          float w[4];
+          bool changed;
+#pragma unroll
+          for (int k = 0; k < 4; ++k) w[k] = finish_p_fix(x, 4 * j + k, v0[k], keep, &changed);
+          reinterpret_cast<uint2*>(o)[j] =
+              make_uint2(half2_bits(w[0], w[1], DION_DTYPE_BF16), half2_bits(w[2], w[3], DION_DTYPE_BF16));
+        } else {
+          finish_p_at(x, o, 4 * j, v.x, keep, all);
+          finish_p_at(x, o, 4 * j + 1, v.y, keep, all);
+          finish_p_at(x, o, 4 * j + 2, v.z, keep, all);
+          finish_p_at(x, o, 4 * j + 3, v.w, keep, all);
+        }
       }
       i0 = 4 * n4;
     }

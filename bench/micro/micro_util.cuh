@@ -22,14 +22,20 @@
   } while (0)
 
 // Uniform values in [-0.05, 0.05) from a hash of the index: the same on every run.
+__device__ __forceinline__ float micro_uniform(long i, uint32_t seed) {
+  uint32_t h = (uint32_t)i * 2654435761u ^ seed;
+  h ^= h >> 15;
+  h *= 2246822519u;
+  h ^= h >> 13;
+  return ((h & 0xffff) / 65536.0f - 0.5f) * 0.1f;
+}
 __global__ void fill_bf16(__nv_bfloat16* p, long n, uint32_t seed) {
-  for (long i = blockIdx.x * (long)blockDim.x + threadIdx.x; i < n; i += (long)gridDim.x * blockDim.x) {
-    uint32_t h = (uint32_t)i * 2654435761u ^ seed;
-    h ^= h >> 15;
-    h *= 2246822519u;
-    h ^= h >> 13;
-    p[i] = __float2bfloat16(((h & 0xffff) / 65536.0f - 0.5f) * 0.1f);
-  }
+  for (long i = blockIdx.x * (long)blockDim.x + threadIdx.x; i < n; i += (long)gridDim.x * blockDim.x)
+    p[i] = __float2bfloat16(micro_uniform(i, seed));
+}
+__global__ void fill_f32(float* p, long n, uint32_t seed) {
+  for (long i = blockIdx.x * (long)blockDim.x + threadIdx.x; i < n; i += (long)gridDim.x * blockDim.x)
+    p[i] = micro_uniform(i, seed);
 }
 
 struct MicroRig {

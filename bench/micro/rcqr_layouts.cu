@@ -24,16 +24,6 @@ namespace {
 constexpr int kT = 24, kA = 8192, kR = 512, kS = 4, kChunk = kA / kS, kNb = 4, kBs = kR / kNb;
 constexpr cublasComputeType_t kTf32 = CUBLAS_COMPUTE_32F_FAST_TF32;
 
-__global__ void fill_f32(float* p, long n, uint32_t seed) {
-  for (long i = blockIdx.x * (long)blockDim.x + threadIdx.x; i < n; i += (long)gridDim.x * blockDim.x) {
-    uint32_t h = (uint32_t)i * 2654435761u ^ seed;
-    h ^= h >> 15;
-    h *= 2246822519u;
-    h ^= h >> 13;
-    p[i] = ((h & 0xffff) / 65536.0f - 0.5f) * 0.1f;
-  }
-}
-
 // Device copy of a host pointer list.
 const void** device_ptrs(const std::vector<const void*>& v) {
   const void** d;
@@ -165,25 +155,22 @@ int main() {
 
   // ---- second solve: Y = P1 X2, Y row-major a x r (column-major Y^T = X^T P1^T, r x a, ld r) ----
   for (cublasOperation_t ox : {CUBLAS_OP_N, CUBLAS_OP_T}) {
-    report(ox == CUBLAS_OP_N ? "second solve, P1 row-major (X as is)" : "second solve, P1 row-major (X^T)",
-           rig.median_ms(
-               [&] {
-                 CK(cublasGemmStridedBatchedEx(h, ox, CUBLAS_OP_N, kR, kA, kR, &one, X, CUDA_R_32F, kR, (long)kR * kR,
-                                               P1, CUDA_R_32F, kR, per, &zero, Y, CUDA_R_32F, kR, per, kT, kTf32,
-                                               CUBLAS_GEMM_DEFAULT));
-               },
-               reps),
-           gemm_flop);
     // P1 stored r x a row-major = column-major a x r (ld a): op(B) = P1^T from it is T.
-    report(ox == CUBLAS_OP_N ? "second solve, P1 stored r x a (X as is)" : "second solve, P1 stored r x a (X^T)",
-           rig.median_ms(
-               [&] {
-                 CK(cublasGemmStridedBatchedEx(h, ox, CUBLAS_OP_T, kR, kA, kR, &one, X, CUDA_R_32F, kR, (long)kR * kR,
-                                               P1t, CUDA_R_32F, kA, per, &zero, Y, CUDA_R_32F, kR, per, kT, kTf32,
-                                               CUBLAS_GEMM_DEFAULT));
-               },
-               reps),
-           gemm_flop);
+    for (bool kmajor : {false, true}) {
+      char name[64];
+      snprintf(name, sizeof name, "second solve, P1 %s (X%s)", kmajor ? "stored r x a" : "row-major",
+               ox == CUBLAS_OP_N ? " as is" : "^T");
+      report(name,
+             rig.median_ms(
+                 [&] {
+                   CK(cublasGemmStridedBatchedEx(h, ox, kmajor ? CUBLAS_OP_T : CUBLAS_OP_N, kR, kA, kR, &one, X,
+                                                 CUDA_R_32F, kR, (long)kR * kR, kmajor ? P1t : P1, CUDA_R_32F,
+                                                 kmajor ? kA : kR, per, &zero, Y, CUDA_R_32F, kR, per, kT, kTf32,
+                                                 CUBLAS_GEMM_DEFAULT));
+                 },
+                 reps),
+             gemm_flop);
+    }
   }
 
   // ---- the library layout's Gram by row chunks and lower blocks: S chunks x nb x nb blocks ----

@@ -973,6 +973,10 @@ bool p16_local(bool lowp, const Split& sp, const Dist& d) { return lowp && !sp.m
 bool p16_local_on(bool lowp, const Split& sp, const Dist& d) {
   return p16_local(lowp, sp, d) && env_on("DION_P_BF16_LOCAL");
 }
+// Whether the phased step takes a bucket's P in bf16 (PhasedRun::p16).
+bool p16_on(bool lowp, const Split& sp, const Shape& s, const Dist& d) {
+  return bf16_comm(lowp, sp, s) || p16_local_on(lowp, sp, d);
+}
 
 // Where P's slots arrive in bf16 (bf16_comm), RCQR's first solve P R1^-1
 // multiplies them as they are by R1^-1 rounded to bf16 (bf16 tensor cores,
@@ -996,8 +1000,7 @@ bool solve16_on(bool p16, bool inner, int method, dion_matmul_precision_t prec) 
 // fp32 P again, the group step no longer fits and the buckets are stepped
 // one by one.
 bool fp32_p_planned(const dion_group_options_t& o, bool lowp, const Split& sp, const Shape& s, const Dist& d) {
-  const bool p16 = bf16_comm(lowp, sp, s) || p16_local_on(lowp, sp, d);
-  return !solve16_on(p16, d.inner != nullptr, o.qr_method, o.matmul_precision);
+  return !solve16_on(p16_on(lowp, sp, s, d), d.inner != nullptr, o.qr_method, o.matmul_precision);
 }
 
 // A bucket's split in the phased step: split_of's, except that a path-3
@@ -1146,7 +1149,7 @@ bool step_group(Optimizer& opt, Group& g) {
     const QLoad q = load_q(opt, bt, u.s, u.lowp);
     u.Qm = q.Qm;
     u.Qtb = q.Qtb;
-    u.p16 = bf16_comm(u.lowp, u.sp, u.s) || p16_local_on(u.lowp, u.sp, u.d);
+    u.p16 = p16_on(u.lowp, u.sp, u.s, u.d);
     u.solve16 = solve16_on(u.p16, u.d.inner != nullptr, method, prec);
     const bool p32 = !u.solve16;  // fp32_p_planned: no fp32 P where solve16
     u.Pall = MatBatch{p32 ? opt.ws.take(u.sp.slots * ar) : nullptr, u.s.a, u.s.r, u.s.r, ar, T};

@@ -575,7 +575,8 @@ class CudaBackend final : public Backend {
     }
     ps.detail([&] { return gemm_tag(precision == DION_MATMUL_FP32 ? "gram blocks fp32" : "gram blocks", r, r, p / S,
                                     true, false, T * S); });
-    const int64_t bs = lower_blocks_gemm(true, false, 1.0f, chunks, chunks, 0.0f, pm, p / S, nb, CUDA_R_32F,
+    const float one = 1.0f, zero = 0.0f;
+    const int64_t bs = lower_blocks_gemm(true, false, &one, chunks, chunks, &zero, pm, p / S, nb, CUDA_R_32F,
                                          compute_type(precision), "gram blocks", "cublasGemmBatchedEx (gram blocks)");
     kernels::sum_parts(ctx(), parts, S, c, bs);
   }
@@ -602,24 +603,26 @@ class CudaBackend final : public Backend {
     DeviceScope ds(device_);
     ProfScope ps(prof_, "gemm_bf16_lower", stream_);
     ps.detail([&] { return gemm_tag("gemm_bf16_lower", n, n, k, ta, tb, c.batch); });
-    return lower_blocks_gemm(ta, tb, alpha, a, b, beta, c, k, nb, CUDA_R_16BF, CUBLAS_COMPUTE_32F, "gemm_bf16_lower",
+    return lower_blocks_gemm(ta, tb, &alpha, a, b, &beta, c, k, nb, CUDA_R_16BF, CUBLAS_COMPUTE_32F, "gemm_bf16_lower",
                              "cublasGemmBatchedEx (gemm_bf16_lower)");
   }
   // C's blocks on and below the block diagonal of an nb x nb grid, C =
   // alpha op(A) op(B) + beta C for each, in one pointer-array GEMM
-  // (kernels::sym_block_pointers) of elements of `type`; returns the block
-  // size. gemm_bf16_lower's and gram's products; `name` for argument
-  // errors, `what` for cuBLAS's.
-  int64_t lower_blocks_gemm(bool ta, bool tb, float alpha, ConstMatBatch a, ConstMatBatch b, float beta, MatBatch c,
-                            int64_t k, int64_t nb, cudaDataType_t type, cublasComputeType_t compute, const char* name,
-                            const char* what) {
+  // (kernels::sym_block_pointers) of elements of `type` (bf16, fp32 or
+  // fp64; alpha and beta of compute's scale type); returns the block size.
+  // upper: the blocks on and above it instead (qr_r's column-major lower
+  // triangle). gemm_bf16_lower's, gram's and qr_r's products; `name` for
+  // argument errors, `what` for cuBLAS's.
+  int64_t lower_blocks_gemm(bool ta, bool tb, const void* alpha, ConstMatBatch a, ConstMatBatch b, const void* beta,
+                            MatBatch c, int64_t k, int64_t nb, cudaDataType_t type, cublasComputeType_t compute,
+                            const char* name, const char* what, bool upper = false) {
     const int64_t bs = c.rows / nb, cnt = c.batch * nb * (nb + 1) / 2;
+    const int64_t es = type == CUDA_R_16BF ? 2 : type == CUDA_R_64F ? 8 : 4;
     void** ptr = static_cast<void**>(scratch(kPtrGemm, sizeof(void*) * static_cast<size_t>(3 * cnt) + 64));
-    kernels::sym_block_pointers(ctx(), a, ta, b, tb, c, nb, bs, type == CUDA_R_16BF ? 2 : 4,
-                                const_cast<const void**>(ptr));
+    kernels::sym_block_pointers(ctx(), a, ta, b, tb, c, nb, bs, es, const_cast<const void**>(ptr), upper);
     check(cublasGemmBatchedEx(blas_, tb ? CUBLAS_OP_T : CUBLAS_OP_N, ta ? CUBLAS_OP_T : CUBLAS_OP_N, to_int(bs, name),
-                              to_int(bs, name), to_int(k, name), &alpha, ptr, type, to_int(b.ld, name), ptr + cnt, type,
-                              to_int(a.ld, name), &beta, ptr + 2 * cnt, type, to_int(c.ld, name), to_int(cnt, name),
+                              to_int(bs, name), to_int(k, name), alpha, ptr, type, to_int(b.ld, name), ptr + cnt, type,
+                              to_int(a.ld, name), beta, ptr + 2 * cnt, type, to_int(c.ld, name), to_int(cnt, name),
                               compute, CUBLAS_GEMM_DEFAULT),
           what);
     return bs;
@@ -787,19 +790,12 @@ class CudaBackend final : public Backend {
     // 18.81 (the DGEMM 0.55 ms of a bf16 step before).
     const int64_t nb = triangle_blocks(r, gram_blocks_, 128);
     if (nb > 1) {
-      const int64_t bs = r / nb, cnt = a.batch * nb * (nb + 1) / 2;
-      const int BS = to_int(bs, "qr block"), C = to_int(cnt, "qr blocks");
-      void** ptr = static_cast<void**>(scratch(kPtrGemm, sizeof(void*) * static_cast<size_t>(3 * cnt) + 64));
-      // The row-major blocks on and above the diagonal of G = x^T x (ta):
-      // column-major, those on and below it.
+      // The row-major blocks on and above the diagonal of G = x^T x (ta,
+      // upper): column-major, those on and below it.
       const ConstMatBatch xm(reinterpret_cast<const float*>(x), p, r, r, p * r, a.batch);
       const MatBatch gm{reinterpret_cast<float*>(g), r, r, r, r * r, a.batch};
-      kernels::sym_block_pointers(ctx(), xm, true, xm, false, gm, nb, bs, sizeof(double), const_cast<const void**>(ptr),
-                                  true);
-      const auto* const* dp = reinterpret_cast<const double* const*>(ptr);
-      check(cublasDgemmBatched(blas_, CUBLAS_OP_N, CUBLAS_OP_T, BS, BS, P, &one, dp, R, dp + cnt, R, &zero,
-                               reinterpret_cast<double* const*>(ptr + 2 * cnt), R, C),
-            "cublasDgemmBatched (qr_r Gram blocks)");
+      lower_blocks_gemm(true, false, &one, xm, xm, &zero, gm, p, nb, CUDA_R_64F, CUBLAS_COMPUTE_64F, "qr_r",
+                        "cublasGemmBatchedEx (qr_r Gram blocks)", true);
     } else {
       check(cublasDgemmStridedBatched(blas_, CUBLAS_OP_N, CUBLAS_OP_T, R, R, P, &one, x, R, p * r, x, R, p * r, &zero,
                                       g, R, r * r, B),
