@@ -10,14 +10,6 @@
 //   nvcc -arch=sm_90 -O2 -o lowrank_configs bench/micro/lowrank_configs.cu -lcublasLt -lcublas && ./lowrank_configs
 #include "micro_lt.cuh"
 
-template <class T>
-T cfg(const cublasLtMatmulAlgo_t& a, cublasLtMatmulAlgoConfigAttributes_t attr) {
-  T v{};
-  size_t w = 0;
-  if (cublasLtMatmulAlgoConfigGetAttribute(&a, attr, &v, sizeof(v), &w) != CUBLAS_STATUS_SUCCESS) return T(-1);
-  return v;
-}
-
 int main() {
   MicroRig rig(32u << 20);
   cublasLtHandle_t lt;
@@ -32,13 +24,9 @@ int main() {
                          bf ? CUBLAS_COMPUTE_32F : CUBLAS_COMPUTE_32F_FAST_TF32);
       const float t_def = lp.cublas_ms(rig);
       printf("%s C %dx%d r%d b%d: cublas default %.3f ms\n", bf ? "bf16" : "tf32", a, b, r, batch, t_def);
-      cublasLtMatmulPreference_t pref;
-      CK(cublasLtMatmulPreferenceCreate(&pref));
-      const uint64_t wsb = rig.wsz;
-      CK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &wsb, sizeof(wsb)));
       cublasLtMatmulHeuristicResult_t res[16];
       int cnt = 0;
-      CK(cublasLtMatmulAlgoGetHeuristic(lt, lp.desc, lp.l1, lp.l2, lp.lc, lp.lc, pref, 16, res, &cnt));
+      CK(lt_heuristic(lt, lp.desc, lp.l1, lp.l2, lp.lc, rig.wsz, 16, res, &cnt));
       for (int i = 0; i < cnt; ++i) {
         const cublasLtMatmulAlgo_t& al = res[i].algo;
         bool ok = true;
@@ -48,17 +36,16 @@ int main() {
             },
             9);
         printf("  #%-2d %8.3f %s id %d tile %u splitk %d red %u swz %u cust %u stages %u cluster %u inner %u ws %zu waves %.2f\n",
-               i, ok ? ms : -1.f, ok ? "" : "FAIL", cfg<int32_t>(al, CUBLASLT_ALGO_CONFIG_ID),
-               cfg<uint32_t>(al, CUBLASLT_ALGO_CONFIG_TILE_ID), cfg<int32_t>(al, CUBLASLT_ALGO_CONFIG_SPLITK_NUM),
-               cfg<uint32_t>(al, CUBLASLT_ALGO_CONFIG_REDUCTION_SCHEME),
-               cfg<uint32_t>(al, CUBLASLT_ALGO_CONFIG_CTA_SWIZZLING),
-               cfg<uint32_t>(al, CUBLASLT_ALGO_CONFIG_CUSTOM_OPTION), cfg<uint32_t>(al, CUBLASLT_ALGO_CONFIG_STAGES_ID),
-               (unsigned)cfg<uint16_t>(al, CUBLASLT_ALGO_CONFIG_CLUSTER_SHAPE_ID),
-               (unsigned)cfg<uint16_t>(al, CUBLASLT_ALGO_CONFIG_INNER_SHAPE_ID), res[i].workspaceSize,
+               i, ok ? ms : -1.f, ok ? "" : "FAIL", lt_cfg<int32_t>(al, CUBLASLT_ALGO_CONFIG_ID),
+               lt_cfg<uint32_t>(al, CUBLASLT_ALGO_CONFIG_TILE_ID), lt_cfg<int32_t>(al, CUBLASLT_ALGO_CONFIG_SPLITK_NUM),
+               lt_cfg<uint32_t>(al, CUBLASLT_ALGO_CONFIG_REDUCTION_SCHEME),
+               lt_cfg<uint32_t>(al, CUBLASLT_ALGO_CONFIG_CTA_SWIZZLING),
+               lt_cfg<uint32_t>(al, CUBLASLT_ALGO_CONFIG_CUSTOM_OPTION), lt_cfg<uint32_t>(al, CUBLASLT_ALGO_CONFIG_STAGES_ID),
+               (unsigned)lt_cfg<uint16_t>(al, CUBLASLT_ALGO_CONFIG_CLUSTER_SHAPE_ID),
+               (unsigned)lt_cfg<uint16_t>(al, CUBLASLT_ALGO_CONFIG_INNER_SHAPE_ID), res[i].workspaceSize,
                res[i].wavesCount);
       }
       CK(cudaStreamSynchronize(rig.st));
-      cublasLtMatmulPreferenceDestroy(pref);
       lp.free();
     }
   return 0;

@@ -23,13 +23,6 @@
 namespace {
 
 template <class T>
-T cfg(const cublasLtMatmulAlgo_t& a, cublasLtMatmulAlgoConfigAttributes_t attr) {
-  T v{};
-  size_t w = 0;
-  if (cublasLtMatmulAlgoConfigGetAttribute(&a, attr, &v, sizeof(v), &w) != CUBLAS_STATUS_SUCCESS) return T(-1);
-  return v;
-}
-template <class T>
 void set(cublasLtMatmulAlgo_t& a, cublasLtMatmulAlgoConfigAttributes_t attr, T v) {
   CK(cublasLtMatmulAlgoConfigSetAttribute(&a, attr, &v, sizeof(v)));
 }
@@ -46,10 +39,10 @@ std::vector<T> cap_list(const cublasLtMatmulAlgo_t& a, cublasLtMatmulAlgoCapAttr
 std::string describe(const cublasLtMatmulAlgo_t& al) {
   char buf[200];
   snprintf(buf, sizeof buf, "id %d tile %u stages %u cust %u cluster %u inner %u splitk %d swz %u",
-           cfg<int32_t>(al, CUBLASLT_ALGO_CONFIG_ID), cfg<uint32_t>(al, CUBLASLT_ALGO_CONFIG_TILE_ID),
-           cfg<uint32_t>(al, CUBLASLT_ALGO_CONFIG_STAGES_ID), cfg<uint32_t>(al, CUBLASLT_ALGO_CONFIG_CUSTOM_OPTION),
-           (unsigned)cfg<uint16_t>(al, CUBLASLT_ALGO_CONFIG_CLUSTER_SHAPE_ID),
-           (unsigned)cfg<uint16_t>(al, CUBLASLT_ALGO_CONFIG_INNER_SHAPE_ID), cfg<int32_t>(al, CUBLASLT_ALGO_CONFIG_SPLITK_NUM), cfg<uint32_t>(al, CUBLASLT_ALGO_CONFIG_CTA_SWIZZLING));
+           lt_cfg<int32_t>(al, CUBLASLT_ALGO_CONFIG_ID), lt_cfg<uint32_t>(al, CUBLASLT_ALGO_CONFIG_TILE_ID),
+           lt_cfg<uint32_t>(al, CUBLASLT_ALGO_CONFIG_STAGES_ID), lt_cfg<uint32_t>(al, CUBLASLT_ALGO_CONFIG_CUSTOM_OPTION),
+           (unsigned)lt_cfg<uint16_t>(al, CUBLASLT_ALGO_CONFIG_CLUSTER_SHAPE_ID),
+           (unsigned)lt_cfg<uint16_t>(al, CUBLASLT_ALGO_CONFIG_INNER_SHAPE_ID), lt_cfg<int32_t>(al, CUBLASLT_ALGO_CONFIG_SPLITK_NUM), lt_cfg<uint32_t>(al, CUBLASLT_ALGO_CONFIG_CTA_SWIZZLING));
   return buf;
 }
 
@@ -91,29 +84,23 @@ int main(int argc, char** argv) {
     for (int si = 0; si < 4; ++si) {
       const int a = shapes[si][0], b = shapes[si][1], r = shapes[si][2], batch = shapes[si][3];
       LowrankPointers lp(a, b, r, batch, t, compute);
-      const size_t es = bf ? 2 : 4;
       for (int i = 0; i < 3 * batch; ++i) {
         const long n = i < batch ? (long)b * r : i < 2 * batch ? (long)a * r : (long)a * b;
         fill_any<<<1024, 256, 0, rig.st>>>(lp.hp[i], n, bf, 17u + i);
       }
       CK(cudaStreamSynchronize(rig.st));
-      (void)es;
       const double flop = 2.0 * a * b * r * batch;
       const float t_def = lp.cublas_ms(rig);
       printf("%s C %dx%d r%d b%d: cublas default %.3f ms (%.0f TFLOP/s)\n", kind.c_str(), a, b, r, batch, t_def,
              flop / t_def * 1e-9);
       // The heuristic's first 8 and the library's choice among them.
-      cublasLtMatmulPreference_t pref;
-      CK(cublasLtMatmulPreferenceCreate(&pref));
-      const uint64_t wsb = rig.wsz;
-      CK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &wsb, sizeof(wsb)));
       cublasLtMatmulHeuristicResult_t res[8];
       int cnt = 0;
-      CK(cublasLtMatmulAlgoGetHeuristic(lt, lp.desc, lp.l1, lp.l2, lp.lc, lp.lc, pref, 8, res, &cnt));
+      CK(lt_heuristic(lt, lp.desc, lp.l1, lp.l2, lp.lc, rig.wsz, 8, res, &cnt));
       int lib = cnt > 0 ? 0 : -1;
       if (kind == "tf32")
         for (int i = 0; i < cnt; ++i)
-          if (cfg<uint32_t>(res[i].algo, CUBLASLT_ALGO_CONFIG_TILE_ID) == CUBLASLT_MATMUL_TILE_128x128) {
+          if (lt_cfg<uint32_t>(res[i].algo, CUBLASLT_ALGO_CONFIG_TILE_ID) == CUBLASLT_MATMUL_TILE_128x128) {
             lib = i;
             break;
           }
@@ -125,7 +112,7 @@ int main(int argc, char** argv) {
       {
         std::vector<cublasLtMatmulHeuristicResult_t> ext(128);
         int ne = 0;
-        CK(cublasLtMatmulAlgoGetHeuristic(lt, lp.desc, lp.l1, lp.l2, lp.lc, lp.lc, pref, 128, ext.data(), &ne));
+        CK(lt_heuristic(lt, lp.desc, lp.l1, lp.l2, lp.lc, rig.wsz, 128, ext.data(), &ne));
         std::vector<std::pair<float, int>> tl;
         for (int i = 0; i < ne; ++i) {
           if (ext[i].state != CUBLAS_STATUS_SUCCESS) continue;
@@ -143,7 +130,6 @@ int main(int argc, char** argv) {
         for (size_t i = 0; i < std::min<size_t>(5, tl.size()); ++i)
           printf("  ext #%-3d %8.3f  %s\n", tl[i].second, tl[i].first, describe(ext[tl[i].second].algo).c_str());
       }
-      cublasLtMatmulPreferenceDestroy(pref);
       // Every configuration, stages left to the algorithm.
       int ids[256];
       int nid = 0;
@@ -151,7 +137,7 @@ int main(int argc, char** argv) {
       // The heuristic's algorithm ids first (the budget may not reach the rest).
       std::stable_partition(ids, ids + nid, [&](int id) {
         for (int i = 0; i < cnt; ++i)
-          if (cfg<int32_t>(res[i].algo, CUBLASLT_ALGO_CONFIG_ID) == id) return true;
+          if (lt_cfg<int32_t>(res[i].algo, CUBLASLT_ALGO_CONFIG_ID) == id) return true;
         return false;
       });
       std::vector<Timed> all;
@@ -194,19 +180,19 @@ int main(int argc, char** argv) {
         if (stages.empty()) stages.push_back(CUBLASLT_MATMUL_STAGES_UNDEFINED);
         for (uint32_t tile : tiles)
           for (uint32_t st : stages)
-          for (int32_t c = 0; c <= std::min(cmax, 15); ++c)
-            for (uint16_t cl : clusters) {
-              if (std::chrono::steady_clock::now() > deadline) continue;
-              cublasLtMatmulAlgo_t al = base;
-              set<uint32_t>(al, CUBLASLT_ALGO_CONFIG_TILE_ID, tile);
-              set<uint32_t>(al, CUBLASLT_ALGO_CONFIG_STAGES_ID, st);
-              set<uint32_t>(al, CUBLASLT_ALGO_CONFIG_CUSTOM_OPTION, (uint32_t)c);
-              set<int32_t>(al, CUBLASLT_ALGO_CONFIG_SPLITK_NUM, 1);
-              if (cublasLtMatmulAlgoConfigSetAttribute(&al, CUBLASLT_ALGO_CONFIG_CLUSTER_SHAPE_ID, &cl, sizeof(cl)) !=
-                  CUBLAS_STATUS_SUCCESS)
-                continue;
-              try_algo(al);
-            }
+            for (int32_t c = 0; c <= std::min(cmax, 15); ++c)
+              for (uint16_t cl : clusters) {
+                if (std::chrono::steady_clock::now() > deadline) continue;
+                cublasLtMatmulAlgo_t al = base;
+                set<uint32_t>(al, CUBLASLT_ALGO_CONFIG_TILE_ID, tile);
+                set<uint32_t>(al, CUBLASLT_ALGO_CONFIG_STAGES_ID, st);
+                set<uint32_t>(al, CUBLASLT_ALGO_CONFIG_CUSTOM_OPTION, (uint32_t)c);
+                set<int32_t>(al, CUBLASLT_ALGO_CONFIG_SPLITK_NUM, 1);
+                if (cublasLtMatmulAlgoConfigSetAttribute(&al, CUBLASLT_ALGO_CONFIG_CLUSTER_SHAPE_ID, &cl,
+                                                         sizeof(cl)) != CUBLAS_STATUS_SUCCESS)
+                  continue;
+                try_algo(al);
+              }
       }
       std::sort(all.begin(), all.end(), [](const Timed& x, const Timed& y) { return x.ms < y.ms; });
       printf("  %d algorithm ids, %d configurations ran%s; the fastest:\n", nid, tried,

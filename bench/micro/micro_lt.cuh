@@ -35,6 +35,32 @@ inline cublasLtMatmulDesc_t lt_desc(cublasComputeType_t compute, cublasOperation
   return d;
 }
 
+// An algorithm's configuration attribute (T(-1) where it has none).
+template <class T>
+T lt_cfg(const cublasLtMatmulAlgo_t& a, cublasLtMatmulAlgoConfigAttributes_t attr) {
+  T v{};
+  size_t w = 0;
+  if (cublasLtMatmulAlgoConfigGetAttribute(&a, attr, &v, sizeof(v), &w) != CUBLAS_STATUS_SUCCESS) return T(-1);
+  return v;
+}
+
+// The first `max_algos` algorithms of cuBLASLt's heuristic for D = C = A B
+// (+ C) with these layouts and at most `workspace` bytes of workspace, into
+// res; their count in *count (0 where the call fails, its status returned).
+inline cublasStatus_t lt_heuristic(cublasLtHandle_t lt, cublasLtMatmulDesc_t desc, cublasLtMatrixLayout_t la,
+                                   cublasLtMatrixLayout_t lb, cublasLtMatrixLayout_t lc, uint64_t workspace,
+                                   int max_algos, cublasLtMatmulHeuristicResult_t* res, int* count) {
+  cublasLtMatmulPreference_t pref;
+  CK(cublasLtMatmulPreferenceCreate(&pref));
+  CK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &workspace,
+                                          sizeof(workspace)));
+  *count = 0;
+  const cublasStatus_t st = cublasLtMatmulAlgoGetHeuristic(lt, desc, la, lb, lc, lc, pref, max_algos, res, count);
+  if (st != CUBLAS_STATUS_SUCCESS) *count = 0;
+  cublasLtMatmulPreferenceDestroy(pref);
+  return st;
+}
+
 struct LtTiming {
   float first = -1;           // the heuristic's first algorithm (ms; -1: none ran)
   float best = 1e30f;         // the fastest of those that ran
@@ -49,17 +75,9 @@ template <class Call>
 LtTiming lt_time_algos(MicroRig& rig, cublasLtHandle_t lt, cublasLtMatmulDesc_t desc, cublasLtMatrixLayout_t la,
                        cublasLtMatrixLayout_t lb, cublasLtMatrixLayout_t lc, int max_algos, int reps, Call&& call) {
   LtTiming r;
-  cublasLtMatmulPreference_t pref;
-  CK(cublasLtMatmulPreferenceCreate(&pref));
-  const uint64_t wsb = rig.wsz;
-  CK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &wsb, sizeof(wsb)));
   std::vector<cublasLtMatmulHeuristicResult_t> res(static_cast<size_t>(max_algos));
-  const cublasStatus_t hs = cublasLtMatmulAlgoGetHeuristic(lt, desc, la, lb, lc, lc, pref, max_algos, res.data(),
-                                                           &r.count);
-  if (hs != CUBLAS_STATUS_SUCCESS) {
-    printf("heuristic: status %d\n", (int)hs);
-    r.count = 0;
-  }
+  const cublasStatus_t hs = lt_heuristic(lt, desc, la, lb, lc, rig.wsz, max_algos, res.data(), &r.count);
+  if (hs != CUBLAS_STATUS_SUCCESS) printf("heuristic: status %d\n", (int)hs);
   for (int i = 0; i < r.count; ++i) {
     if (res[i].state != CUBLAS_STATUS_SUCCESS) continue;
     bool ok = true;
@@ -74,7 +92,6 @@ LtTiming lt_time_algos(MicroRig& rig, cublasLtHandle_t lt, cublasLtMatmulDesc_t 
   }
   CK(cudaStreamSynchronize(rig.st));
   CK(cudaGetLastError());
-  cublasLtMatmulPreferenceDestroy(pref);
   return r;
 }
 
