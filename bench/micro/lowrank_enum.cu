@@ -42,18 +42,9 @@ std::string describe(const cublasLtMatmulAlgo_t& al) {
            lt_cfg<int32_t>(al, CUBLASLT_ALGO_CONFIG_ID), lt_cfg<uint32_t>(al, CUBLASLT_ALGO_CONFIG_TILE_ID),
            lt_cfg<uint32_t>(al, CUBLASLT_ALGO_CONFIG_STAGES_ID), lt_cfg<uint32_t>(al, CUBLASLT_ALGO_CONFIG_CUSTOM_OPTION),
            (unsigned)lt_cfg<uint16_t>(al, CUBLASLT_ALGO_CONFIG_CLUSTER_SHAPE_ID),
-           (unsigned)lt_cfg<uint16_t>(al, CUBLASLT_ALGO_CONFIG_INNER_SHAPE_ID), lt_cfg<int32_t>(al, CUBLASLT_ALGO_CONFIG_SPLITK_NUM), lt_cfg<uint32_t>(al, CUBLASLT_ALGO_CONFIG_CTA_SWIZZLING));
+           (unsigned)lt_cfg<uint16_t>(al, CUBLASLT_ALGO_CONFIG_INNER_SHAPE_ID),
+           lt_cfg<int32_t>(al, CUBLASLT_ALGO_CONFIG_SPLITK_NUM), lt_cfg<uint32_t>(al, CUBLASLT_ALGO_CONFIG_CTA_SWIZZLING));
   return buf;
-}
-
-__global__ void fill_any(void* p, long n, int bf, uint32_t seed) {
-  for (long i = blockIdx.x * (long)blockDim.x + threadIdx.x; i < n; i += (long)gridDim.x * blockDim.x) {
-    const float v = micro_uniform(i, seed);
-    if (bf)
-      static_cast<__nv_bfloat16*>(p)[i] = __float2bfloat16(v);
-    else
-      static_cast<float*>(p)[i] = v;
-  }
 }
 
 struct Timed {
@@ -86,7 +77,10 @@ int main(int argc, char** argv) {
       LowrankPointers lp(a, b, r, batch, t, compute);
       for (int i = 0; i < 3 * batch; ++i) {
         const long n = i < batch ? (long)b * r : i < 2 * batch ? (long)a * r : (long)a * b;
-        fill_any<<<1024, 256, 0, rig.st>>>(lp.hp[i], n, bf, 17u + i);
+        if (bf)
+          fill_bf16<<<1024, 256, 0, rig.st>>>(static_cast<__nv_bfloat16*>(lp.hp[i]), n, 17u + i);
+        else
+          fill_f32<<<1024, 256, 0, rig.st>>>(static_cast<float*>(lp.hp[i]), n, 17u + i);
       }
       CK(cudaStreamSynchronize(rig.st));
       const double flop = 2.0 * a * b * r * batch;
@@ -116,13 +110,8 @@ int main(int argc, char** argv) {
         std::vector<std::pair<float, int>> tl;
         for (int i = 0; i < ne; ++i) {
           if (ext[i].state != CUBLAS_STATUS_SUCCESS) continue;
-          CK(cudaEventRecord(rig.e0, rig.st));
           if (lp.lt_matmul(lt, &ext[i].algo, rig) != CUBLAS_STATUS_SUCCESS) continue;
-          CK(cudaEventRecord(rig.e1, rig.st));
-          CK(cudaEventSynchronize(rig.e1));
-          float once = 0;
-          CK(cudaEventElapsedTime(&once, rig.e0, rig.e1));
-          if (once > 1.5f * t_def) continue;
+          if (rig.once_ms([&] { lp.lt_matmul(lt, &ext[i].algo, rig); }) > 1.5f * t_def) continue;
           tl.push_back({rig.median_ms([&] { lp.lt_matmul(lt, &ext[i].algo, rig); }, 7), i});
         }
         std::sort(tl.begin(), tl.end());
@@ -130,7 +119,7 @@ int main(int argc, char** argv) {
         for (size_t i = 0; i < std::min<size_t>(5, tl.size()); ++i)
           printf("  ext #%-3d %8.3f  %s\n", tl[i].second, tl[i].first, describe(ext[tl[i].second].algo).c_str());
       }
-      // Every configuration, stages left to the algorithm.
+      // Every configuration of every algorithm id (AlgoInit), within the budget.
       int ids[256];
       int nid = 0;
       CK(cublasLtMatmulAlgoGetIds(lt, compute, CUDA_R_32F, t, t, t, t, 256, ids, &nid));
@@ -155,13 +144,7 @@ int main(int argc, char** argv) {
         ++tried;
         // One timed call first: a configuration over 1.5 times cuBLAS's
         // default is not timed further (some run tens of times slower).
-        CK(cudaEventRecord(rig.e0, rig.st));
-        lp.lt_matmul(lt, &al, rig);
-        CK(cudaEventRecord(rig.e1, rig.st));
-        CK(cudaEventSynchronize(rig.e1));
-        float once = 0;
-        CK(cudaEventElapsedTime(&once, rig.e0, rig.e1));
-        if (once > 1.5f * t_def) return;
+        if (rig.once_ms([&] { lp.lt_matmul(lt, &al, rig); }) > 1.5f * t_def) return;
         const float ms = rig.median_ms([&] { lp.lt_matmul(lt, &al, rig); }, 7);
         all.push_back({ms, al});
       };
@@ -169,9 +152,7 @@ int main(int argc, char** argv) {
         cublasLtMatmulAlgo_t base;
         if (cublasLtMatmulAlgoInit(lt, compute, CUDA_R_32F, t, t, t, t, ids[k], &base) != CUBLAS_STATUS_SUCCESS)
           continue;
-        int32_t pa = 0;
         size_t w = 0;
-        cublasLtMatmulAlgoCapGetAttribute(&base, CUBLASLT_ALGO_CAP_POINTER_ARRAY_BATCH_SUPPORT, &pa, sizeof(pa), &w);
         std::vector<uint32_t> tiles = cap_list<uint32_t>(base, CUBLASLT_ALGO_CAP_TILE_IDS);
         if (tiles.empty()) tiles.push_back(CUBLASLT_MATMUL_TILE_UNDEFINED);
         int32_t cmax = 0;

@@ -53,6 +53,17 @@ struct MicroRig {
     CK(cudaEventCreate(&e0));
     CK(cudaEventCreate(&e1));
   }
+  // One timing (ms) of fn() on st, no warm-up: a quick screen before median_ms.
+  template <class F>
+  float once_ms(F&& fn) {
+    CK(cudaEventRecord(e0, st));
+    fn();
+    CK(cudaEventRecord(e1, st));
+    CK(cudaEventSynchronize(e1));
+    float ms;
+    CK(cudaEventElapsedTime(&ms, e0, e1));
+    return ms;
+  }
   // The median of `reps` timings (ms) of fn() on st, after 3 untimed calls.
   template <class F>
   float median_ms(F&& fn, int reps) {
