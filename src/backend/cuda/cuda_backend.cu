@@ -1056,7 +1056,7 @@ class CudaBackend final : public Backend {
     float* tmp = static_cast<float*>(scratch(kTmp, sizeof(float) * static_cast<size_t>((nu * n * n + 3) / 4)));
     const dion_matmul_precision_t p = precision == DION_MATMUL_FP32 ? DION_MATMUL_FP32 : DION_MATMUL_TF32;
     tri_inverse_upper(u, MatBatch{inv, n, n, n, n * n, nu}, tmp,
-                      p == DION_MATMUL_TF32 && precondition && inverse_tf32_);
+                      p == DION_MATMUL_TF32 && precondition && inverse_tf32_ ? DION_MATMUL_TF32 : DION_MATMUL_FP32);
     // The inverses rounded to bf16 for the parts given in bf16 (Dion's P as
     // its bf16 collectives left it: RCQR's first solve, whose error the
     // second pass absorbs as it does the TF32 product's).
@@ -1129,19 +1129,21 @@ class CudaBackend final : public Backend {
   // recursion's 47 (the calls are latency-bound: 64 x 64 products of a batch
   // of 24 take about as long as 256 x 256 ones, measured on an H100).
   //
-  // tf32: the GEMMs above the diagonal blocks on TF32 tensor cores (for an
-  // inverse that only preconditions: TrsmPart::precondition).
-  void tri_inverse_upper(ConstMatBatch u, MatBatch inv, float* tmp, bool tf32 = false) {
+  // prec: the GEMMs' precision above the diagonal blocks, FP32 or TF32
+  // (tensor cores, for an inverse that only preconditions:
+  // TrsmPart::precondition).
+  void tri_inverse_upper(ConstMatBatch u, MatBatch inv, float* tmp,
+                         dion_matmul_precision_t prec = DION_MATMUL_FP32) {
     const int64_t n = inv.rows;
     int k = 0;
     while ((n >> k) > 64 && ((n >> k) & 1) == 0) ++k;
     if ((n >> k) <= 64 && tri_inverse_levels_) {
-      tri_inverse_levels(u, inv, tmp, k, tf32);
+      tri_inverse_levels(u, inv, tmp, k, prec);
       return;
     }
     check(cudaMemsetAsync(inv.p, 0, sizeof(float) * static_cast<size_t>(inv.batch * inv.stride), stream_),
           "cudaMemsetAsync (inverse)");
-    tri_inverse_block(u, inv, 0, inv.rows, tmp, tf32 ? DION_MATMUL_TF32 : DION_MATMUL_FP32);
+    tri_inverse_block(u, inv, 0, inv.rows, tmp, prec);
   }
   void tri_inverse_block(ConstMatBatch u, MatBatch inv, int64_t off, int64_t n, float* tmp,
                          dion_matmul_precision_t prec) {
@@ -1164,8 +1166,8 @@ class CudaBackend final : public Backend {
   }
 
   // tri_inverse_upper for n = L 2^k, L <= 64, by levels (see there).
-  void tri_inverse_levels(ConstMatBatch u, MatBatch inv, float* tmp, int k, bool tf32) {
-    const cublasComputeType_t ct = tf32 ? CUBLAS_COMPUTE_32F_FAST_TF32 : CUBLAS_COMPUTE_32F;
+  void tri_inverse_levels(ConstMatBatch u, MatBatch inv, float* tmp, int k, dion_matmul_precision_t prec) {
+    const cublasComputeType_t ct = compute_type(prec);
     const int64_t n = inv.rows, L = n >> k, blocks = int64_t(1) << k, B = inv.batch;
     const int64_t ldu = u.ld, ldi = inv.ld;
     const int Ldu = to_int(ldu, "inverse ldu"), Ldi = to_int(ldi, "inverse ldi");
