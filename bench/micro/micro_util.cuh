@@ -69,15 +69,7 @@ struct MicroRig {
   float median_ms(F&& fn, int reps) {
     for (int i = 0; i < 3; ++i) fn();
     std::vector<float> t;
-    for (int i = 0; i < reps; ++i) {
-      CK(cudaEventRecord(e0, st));
-      fn();
-      CK(cudaEventRecord(e1, st));
-      CK(cudaEventSynchronize(e1));
-      float ms;
-      CK(cudaEventElapsedTime(&ms, e0, e1));
-      t.push_back(ms);
-    }
+    for (int i = 0; i < reps; ++i) t.push_back(once_ms(fn));
     std::sort(t.begin(), t.end());
     return t[t.size() / 2];
   }
