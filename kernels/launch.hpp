@@ -194,10 +194,10 @@ void extract_r_double(const Ctx& c, const double* l, MatBatch r_out);
 // row-major part, and turn info[b] into a failure index when a diagonal entry
 // is non-finite or not positive.
 void cholesky_fixup(const Ctx& c, MatBatch a, int32_t* info);
-// One diagonal block of the backend's right-looking blocked Cholesky
+// One diagonal block of the backend's left-looking blocked Cholesky
 // (column-major lower factor, A = L L^T) of every matrix of a batch, one
 // CTA per matrix: block (o, o) of size nb <= kCholBlock, already updated by
-// the trailing GEMMs, is factored in shared memory and, where a panel
+// the block column's GEMM, is factored in shared memory and, where a panel
 // follows (inv not null), its inverse L_oo^-1 written to inv (kCholBlock x
 // kCholBlock per matrix, column-major, zeros above the diagonal). info[b]:
 // at the first block the 1-based column of the first pivot that is not
@@ -216,21 +216,14 @@ struct CholBlock {
 };
 template <class T>
 void chol_block(const Ctx& c, const CholBlock<T>& g);
-// The blocked Cholesky's panels (block column q's rows below its diagonal
-// block, (n - 64 (q + 1)) x 64, column-major, dense), kept out of place
-// while the factorization runs: q's offset in a matrix's panel buffer, and
-// that buffer's size (elements).
-__host__ __device__ constexpr int64_t chol_panel_offset(int64_t n, int64_t q) {
-  return kCholBlock * (q * (n - kCholBlock) - kCholBlock * q * (q - 1) / 2);
-}
-__host__ __device__ constexpr int64_t chol_panels_size(int64_t n) {
-  return n > kCholBlock ? chol_panel_offset(n, (n + kCholBlock - 1) / kCholBlock - 1) : 0;
-}
-// Copies every panel (panels: chol_panels_size(n) elements per matrix) to
-// its place in the n x n column-major factors of a (ld, stride), one
-// launch for the batch.
+// The left-looking blocked Cholesky's last step: every entry below the
+// diagonal blocks of the n x n column-major matrices of a (ld, stride),
+// element (i, j) with i / kCholBlock > j / kCholBlock, copied from its
+// mirror (j, i) in the strictly upper part, where the factorization wrote
+// the panels transposed. One launch for the batch (tiles of 32 x 32
+// through shared memory, so both sides are read and written by rows).
 template <class T>
-void chol_place_panels(const Ctx& c, T* a, int64_t n, int64_t ld, int64_t stride, int64_t batch, const T* panels);
+void chol_mirror_panels(const Ctx& c, T* a, int64_t n, int64_t ld, int64_t stride, int64_t batch);
 // Sets chol_block's shared-memory size on the current device (at the
 // backend's creation: before any launch or capture).
 void chol_block_init();

@@ -823,30 +823,57 @@ template void chol_block<float>(const Ctx&, const CholBlock<float>&);
 template void chol_block<double>(const Ctx&, const CholBlock<double>&);
 
 namespace {
-// (b, j, i): column j, row i of matrix b (rows fastest: the stores are
-// contiguous); the entries below the diagonal blocks of the block columns
-// that have a panel.
+constexpr int kMirrorTile = 32, kMirrorRows = 8;
+static_assert(kCholBlock % kMirrorTile == 0, "a tile lies within one block row and one block column");
+// Block (blockIdx.x: tile column tj, tile row ti > tj of a tile grid over
+// the lower part, blockIdx.y + k gridDim.y: matrix): the tile's mirror
+// read by its rows (contiguous columns of the upper part) into shared
+// memory, written transposed by the rows of the tile.
 template <class T>
-struct PlacePanels {
-  T* a;
-  int64_t n, ld, stride;
-  const T* panels;
-  __device__ void operator()(int64_t b, int64_t j, int64_t i) const {
-    const int64_t q = j / kCholBlock, o = q * kCholBlock;
-    if (i < o + kCholBlock) return;  // rows i >= o + 64 exist only where block column q has a panel
-    const int64_t m = n - o - kCholBlock;
-    a[b * stride + j * ld + i] = panels[b * chol_panels_size(n) + chol_panel_offset(n, q) + (j - o) * m + (i - o - kCholBlock)];
+__global__ void chol_mirror_kernel(T* a, int64_t n, int64_t ld, int64_t stride, int64_t batch) {
+  __shared__ T tile[kMirrorTile][kMirrorTile + 1];
+  // blockIdx.x enumerates the pairs (ti, tj) with ti > tj row by row:
+  // ti (ti - 1) / 2 + tj.
+  const int p = static_cast<int>(blockIdx.x);
+  int ti = static_cast<int>((1.0 + sqrt(1.0 + 8.0 * p)) / 2.0);
+  while (ti * (ti - 1) / 2 > p) --ti;
+  while ((ti + 1) * ti / 2 <= p) ++ti;
+  const int tj = p - ti * (ti - 1) / 2;
+  // Only tiles below the diagonal blocks: tile rows of a later block row.
+  if ((ti * kMirrorTile) / kCholBlock <= (tj * kMirrorTile) / kCholBlock) return;
+  const int64_t i0 = static_cast<int64_t>(ti) * kMirrorTile, j0 = static_cast<int64_t>(tj) * kMirrorTile;
+  const int tx = static_cast<int>(threadIdx.x), ty = static_cast<int>(threadIdx.y);
+  for (int64_t b = blockIdx.y; b < batch; b += gridDim.y) {
+    T* m = a + b * stride;
+    // read (j, i) for j in [j0, j0 + 32), i in [i0, i0 + 32): column i, rows j0 + tx
+    for (int r = ty; r < kMirrorTile; r += kMirrorRows) {
+      const int64_t i = i0 + r, j = j0 + tx;
+      if (i < n && j < n) tile[r][tx] = m[i * ld + j];
+    }
+    __syncthreads();
+    // write (i, j): column j, rows i0 + tx
+    for (int r = ty; r < kMirrorTile; r += kMirrorRows) {
+      const int64_t j = j0 + r, i = i0 + tx;
+      if (i < n && j < n) m[j * ld + i] = tile[tx][r];
+    }
+    __syncthreads();
   }
-};
+}
 }  // namespace
 
 template <class T>
-void chol_place_panels(const Ctx& c, T* a, int64_t n, int64_t ld, int64_t stride, int64_t batch, const T* panels) {
-  if (n <= kCholBlock) return;
-  for_each_2d(c, batch, n, n, PlacePanels<T>{a, n, ld, stride, panels}, "cholesky panels kernel");
+void chol_mirror_panels(const Ctx& c, T* a, int64_t n, int64_t ld, int64_t stride, int64_t batch) {
+  if (n <= kCholBlock || batch <= 0) return;
+  const int64_t t = (n + kMirrorTile - 1) / kMirrorTile;
+  const int64_t pairs = t * (t - 1) / 2;
+  DION_REQUIRE(pairs <= 0x7fffffff, DION_ERROR_INTERNAL, "chol_mirror_panels: n = %lld too large",
+               static_cast<long long>(n));
+  const dim3 grid(static_cast<unsigned>(pairs), static_cast<unsigned>(std::min<int64_t>(batch, 65535)));
+  chol_mirror_kernel<T><<<grid, dim3(kMirrorTile, kMirrorRows), 0, c.stream>>>(a, n, ld, stride, batch);
+  cuda::check_launch("cholesky mirror kernel");
 }
-template void chol_place_panels<float>(const Ctx&, float*, int64_t, int64_t, int64_t, int64_t, const float*);
-template void chol_place_panels<double>(const Ctx&, double*, int64_t, int64_t, int64_t, int64_t, const double*);
+template void chol_mirror_panels<float>(const Ctx&, float*, int64_t, int64_t, int64_t, int64_t);
+template void chol_mirror_panels<double>(const Ctx&, double*, int64_t, int64_t, int64_t, int64_t);
 
 void cholesky_fixup(const Ctx& c, MatBatch a, int32_t* info) {
   if (a.batch <= 0) return;

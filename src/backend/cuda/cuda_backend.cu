@@ -867,58 +867,66 @@ class CudaBackend final : public Backend {
   // column-major matrix of a (ld, stride; the row-major upper factor U =
   // L^T of the same buffer), as potrf(lower) leaves it: the strictly upper
   // column-major part is not the caller's any more (cholesky_fixup zeroes
-  // it; qr_r's extraction does not read it). Right-looking, by blocks of
-  // kCholBlock columns: a kernel factors each diagonal block and forms its
-  // inverse (kernels::chol_block), the panel below it is A21 L11^-T (one
-  // batched GEMM, out of place into a panel buffer) and the trailing matrix
-  // loses panel panel^T (one batched GEMM, the whole square: cheaper than
-  // the launches of a triangle by blocks at these sizes), all in T (fp32
-  // GEMMs for float, FP64 for double); one last kernel puts every panel in
-  // place. So n = 512 takes 9 kernels and 14 GEMMs whatever the batch,
-  // against the fixed cost of potrfBatched's own launches, which dominated
-  // RCQR's factorizations (docs/benchmarks.md). info as potrf: the first
-  // failing pivot's 1-based column, 0 for none.
+  // it; qr_r's extraction does not read it). Left-looking, by blocks of
+  // kCholBlock columns, all in T (fp32 GEMMs for float, FP64 for double):
+  // block column j is first brought up to date by one batched GEMM,
+  // A[o:n, o:o+nb] -= L[o:n, 0:o] L[o:o+nb, 0:o]^T, then a kernel factors
+  // its diagonal block and forms the block's inverse (kernels::chol_block),
+  // and a second GEMM forms its panel L21 = A21 L11^-T. Each panel goes
+  // transposed into the strictly upper part, which nothing reads otherwise
+  // (chol_block reads its block's upper triangle and ignores it), so
+  // L[o:n, 0:o] is the plain submatrix U[0:o, o:n]^T of the same buffer and
+  // no scratch holds the panels; one last kernel mirrors them into the lower
+  // part. n = 512 takes 8 block kernels, 14 GEMMs and the mirror whatever
+  // the batch, against the fixed cost of potrfBatched's own launches, which
+  // dominated RCQR's factorizations (docs/benchmarks.md). The updates do
+  // n^3 / 3 multiply-adds in all, about 0.6 of what the right-looking form
+  // before it did (the whole trailing square after each block, the panels
+  // in scratch): on an H200 (2026-11-29, A/B in one binary), gpt-1.3b Dion
+  // tf32 31.63-31.74 -> 31.10-31.28 ms per step, bf16 18.63-18.75 -> 18.18-
+  // 18.37, fp32 131.83-131.87 -> 131.40-131.51 (qr_r 1.47 -> 1.21 ms,
+  // cholesky_upper 0.74 -> 0.55 at tf32). info as potrf: the first failing
+  // pivot's 1-based column, 0 for none.
   template <class T>
   void blocked_cholesky(T* a, int64_t n, int64_t ld, int64_t stride, int64_t batch, int32_t* info) {
     constexpr int64_t nbk = kernels::kCholBlock;
     if (n <= 0 || batch <= 0) return;
-    const int64_t per = kernels::chol_panels_size(n);
     T* inv = static_cast<T*>(scratch(kCholInv, sizeof(T) * static_cast<size_t>(batch * nbk * nbk)));
-    T* panels = per > 0 ? static_cast<T*>(scratch(kCholPanel, sizeof(T) * static_cast<size_t>(batch * per))) : nullptr;
-    const int B = to_int(batch, "cholesky batch"), LD = to_int(ld, "cholesky ld");
+    const int B = to_int(batch, "cholesky batch");
     const T one = 1, zero = 0, minus_one = -1;
-    // C (m x nc, ldc, sc) = alpha A B^T + beta C over the batch, K = 64 inner:
-    // DGEMM for double, an fp32 GEMM (no TF32) for float.
-    const int K = static_cast<int>(nbk);
-    auto gemm_nt = [&](bool update, int m, int nc, const T* alpha, const T* A, int lda, int64_t sa, const T* Bt,
-                       int ldb, int64_t sb, const T* beta, T* C, int ldc, int64_t sc) {
+    // C (m x nc, ldc, sc) = alpha op(A) op(B) + beta C over the batch, K
+    // inner: DGEMM for double, an fp32 GEMM (no TF32) for float.
+    auto gemm = [&](bool ta, bool tb, int64_t m, int64_t nc, int64_t k, const T* alpha, const T* A, int64_t lda,
+                    int64_t sa, const T* Bm, int64_t ldb, int64_t sb, const T* beta, T* C, int64_t ldc, int64_t sc,
+                    bool update) {
+      const int M = to_int(m, "cholesky m"), NC = to_int(nc, "cholesky n"), K = to_int(k, "cholesky k"),
+                la = to_int(lda, "cholesky lda"), lb = to_int(ldb, "cholesky ldb"), lc = to_int(ldc, "cholesky ldc");
+      const cublasOperation_t oa = ta ? CUBLAS_OP_T : CUBLAS_OP_N, ob = tb ? CUBLAS_OP_T : CUBLAS_OP_N;
       if constexpr (std::is_same_v<T, double>)
-        check(cublasDgemmStridedBatched(blas_, CUBLAS_OP_N, CUBLAS_OP_T, m, nc, K, alpha, A, lda, sa, Bt, ldb, sb,
-                                        beta, C, ldc, sc, B),
+        check(cublasDgemmStridedBatched(blas_, oa, ob, M, NC, K, alpha, A, la, sa, Bm, lb, sb, beta, C, lc, sc, B),
               update ? "cublasDgemmStridedBatched (cholesky update)" : "cublasDgemmStridedBatched (cholesky panel)");
       else
-        check(cublasGemmStridedBatchedEx(blas_, CUBLAS_OP_N, CUBLAS_OP_T, m, nc, K, alpha, A, CUDA_R_32F, lda, sa, Bt,
-                                         CUDA_R_32F, ldb, sb, beta, C, CUDA_R_32F, ldc, sc, B, CUBLAS_COMPUTE_32F,
-                                         CUBLAS_GEMM_DEFAULT),
+        check(cublasGemmStridedBatchedEx(blas_, oa, ob, M, NC, K, alpha, A, CUDA_R_32F, la, sa, Bm, CUDA_R_32F, lb, sb,
+                                         beta, C, CUDA_R_32F, lc, sc, B, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
               update ? "cublasGemmStridedBatchedEx (cholesky update)" : "cublasGemmStridedBatchedEx (cholesky panel)");
     };
     kernels::CholBlock<T> g{a, ld, stride, batch, 0, 0, nullptr, info, true};
     for (int64_t o = 0; o < n; o += nbk) {
       const int64_t nb = std::min(nbk, n - o), m = n - o - nb;
+      T* col = a + o * ld;  // column o: U[0:o, o:n] from its row 0, block column o from its row o
+      if (o > 0)            // A[o:n, o:o+nb] -= U[0:o, o:n]^T U[0:o, o:o+nb]
+        gemm(true, false, n - o, nb, o, &minus_one, col, ld, stride, col, ld, stride, &one, col + o, ld, stride, true);
       g.o = o;
       g.nb = static_cast<int>(nb);
       g.inv = m > 0 ? inv : nullptr;
       g.first = o == 0;
       kernels::chol_block(ctx(), g);
       if (m == 0) break;
-      const int M = to_int(m, "cholesky panel");
-      T* a21 = a + o * ld + o + nbk;
-      T* a22 = a + (o + nbk) * ld + o + nbk;
-      T* l21 = panels + kernels::chol_panel_offset(n, o / nbk);
-      gemm_nt(false, M, K, &one, a21, LD, stride, inv, K, nbk * nbk, &zero, l21, M, per);  // L21 = A21 L11^-T
-      gemm_nt(true, M, M, &minus_one, l21, M, per, l21, M, per, &one, a22, LD, stride);    // A22 -= L21 L21^T
+      // U[o:o+nb, o+nb:n] = L11^-1 A21^T: L21 transposed, into the upper part
+      gemm(false, true, nb, m, nbk, &one, inv, nbk, nbk * nbk, col + o + nb, ld, stride, &zero, a + (o + nb) * ld + o,
+           ld, stride, false);
     }
-    kernels::chol_place_panels(ctx(), a, n, ld, stride, batch, panels);
+    kernels::chol_mirror_panels(ctx(), a, n, ld, stride, batch);
   }
 
   // B U^{-1}. A tall B (RCQR's P, a >= r: via_inverse) goes through the explicit
@@ -1498,7 +1506,7 @@ class CudaBackend final : public Backend {
  private:
   // Scratch buffers, one per purpose, so that one call can hold several.
   enum Slot {
-    kPtrA, kPtrB, kMat, kTau, kWork, kInfo, kReduce, kDblA, kDblG, kInv, kTmp, kPos, kPtrLevel, kPtrGemm, kGram, kCholInv, kCholPanel, kInv16, kKmajor, kSlotCount
+    kPtrA, kPtrB, kMat, kTau, kWork, kInfo, kReduce, kDblA, kDblG, kInv, kTmp, kPos, kPtrLevel, kPtrGemm, kGram, kCholInv, kInv16, kKmajor, kSlotCount
   };
   enum LworkOp { kOpGeqrf, kOpOrgqr, kOpPotrf, kOpDpotrf };
   struct Buffer {
