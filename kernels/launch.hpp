@@ -159,6 +159,15 @@ void transpose(const Ctx& c, const float* in, int64_t rows, int64_t cols, int64_
 void extract_r(const Ctx& c, const float* cm, int64_t p, MatBatch r_out);
 // m[b] <- the identity.
 void fill_identity(const Ctx& c, MatBatch m);
+// The leaves of the triangular inverse by levels: for each matrix b of the
+// batch and j < blocks, inv's diagonal block j (L x L at (j L, j L),
+// row-major, L <= 64) <- U_jj^{-1} of u's diagonal block j (upper
+// triangular, row-major; u.stride 0: one U for all), zeros below its
+// diagonal, and the blocks below it in its block column zeroed: inv's
+// strictly lower part is then zero, and the levels' GEMMs write the rest.
+// One CTA per block (back substitution, a thread per column of the
+// inverse), in place of an identity fill and a batched trsm against it.
+void tri_inverse_leaves(const Ctx& c, ConstMatBatch u, MatBatch inv, int64_t L, int64_t blocks);
 // out[b] = sum of parts[b S .. b S + S - 1] in that order (dense out.rows x
 // out.cols matrices): the Gram matrices' split sums (Backend::gram). bs > 0:
 // the parts hold only the bs x bs blocks on and below the block diagonal of

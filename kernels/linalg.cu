@@ -311,6 +311,59 @@ void sum_parts(const Ctx& c, const float* parts, int64_t S, MatBatch out, int64_
   cuda::check_launch("sum_parts (blocks) kernel");
 }
 
+namespace {
+constexpr int kLeaf = 64, kLeafThreads = 256;
+// Block (blockIdx.x: leaf j of matrix b = blockIdx.x / blocks). The leaf of
+// u, padded to 64 x 64 with the identity, in shared memory; thread t < 64
+// forms column t of its inverse X by back substitution, U X = I from the
+// last row up: x_i = acc_i / u_ii, then acc_k -= u_ki x_i for k < i, acc
+// (column t of the identity at the start) in registers (every index
+// static). Then the whole CTA zeroes the blocks below the leaf.
+__global__ void __launch_bounds__(kLeafThreads) tri_inverse_leaves_kernel(ConstMatBatch u, MatBatch inv, int L,
+                                                                          int blocks) {
+  __shared__ float us[kLeaf][kLeaf + 1];
+  const int t = static_cast<int>(threadIdx.x);
+  const int64_t b = blockIdx.x / blocks, j = blockIdx.x % blocks, o = j * L;
+  const float* U = u.p + b * u.stride + o * u.ld + o;
+  float* X = inv.p + b * inv.stride + o * inv.ld + o;
+  for (int e = t; e < kLeaf * kLeaf; e += kLeafThreads) {
+    const int r = e / kLeaf, c = e % kLeaf;
+    us[r][c] = r < L && c < L ? U[static_cast<int64_t>(r) * u.ld + c] : (r == c ? 1.0f : 0.0f);
+  }
+  __syncthreads();
+  if (t < kLeaf) {
+    float acc[kLeaf];
+#pragma unroll
+    for (int k = 0; k < kLeaf; ++k) acc[k] = k == t ? 1.0f : 0.0f;
+#pragma unroll
+    for (int i = kLeaf - 1; i >= 0; --i) {
+      const float x = acc[i] / us[i][i];
+      acc[i] = x;
+#pragma unroll
+      for (int k = 0; k < i; ++k) acc[k] = __fmaf_rn(-us[k][i], x, acc[k]);
+    }
+    if (t < L)
+#pragma unroll
+      for (int i = 0; i < kLeaf; ++i)
+        if (i < L) X[static_cast<int64_t>(i) * inv.ld + t] = acc[i];
+  }
+  // rows o + L .. n - 1 of the leaf's columns
+  const int below = (blocks - 1 - static_cast<int>(j)) * L;
+  for (int e = t; e < below * L; e += kLeafThreads) X[static_cast<int64_t>(L + e / L) * inv.ld + e % L] = 0.0f;
+}
+}  // namespace
+
+void tri_inverse_leaves(const Ctx& c, ConstMatBatch u, MatBatch inv, int64_t L, int64_t blocks) {
+  if (inv.batch <= 0 || blocks <= 0) return;
+  DION_REQUIRE(L >= 1 && L <= kLeaf && inv.batch * blocks <= 0x7fffffff && L * L * blocks <= 0x7fffffff,
+               DION_ERROR_INTERNAL,
+               "tri_inverse_leaves: blocks of %lld (at most %d), %lld of them", static_cast<long long>(L), kLeaf,
+               static_cast<long long>(inv.batch * blocks));
+  tri_inverse_leaves_kernel<<<static_cast<unsigned>(inv.batch * blocks), kLeafThreads, 0, c.stream>>>(
+      u, inv, static_cast<int>(L), static_cast<int>(blocks));
+  cuda::check_launch("triangular inverse leaves kernel");
+}
+
 void fill_identity(const Ctx& c, MatBatch m) {
   for_each_2d(c, m.batch, m.rows, m.cols, Identity{m}, "identity kernel");
 }

@@ -1132,9 +1132,9 @@ class CudaBackend final : public Backend {
   // most 64: 64, 96, 128, 192, 256, 384, 512, ...) the recursion's nodes of
   // one depth all have the same size, and each depth runs as one batched call
   // over every matrix and node (tri_inverse_levels): the 2^k diagonal blocks
-  // in one triangular solve, then per level one pointer-array fill and two
-  // GEMMs, bottom up. For n = 512 that is 12 launches instead of the
-  // recursion's 47 (the calls are latency-bound: 64 x 64 products of a batch
+  // in one kernel (kernels::tri_inverse_leaves), then per level one
+  // pointer-array fill and two GEMMs, bottom up. For n = 512 that is 10
+  // launches instead of the recursion's 47 (the calls are latency-bound: 64 x 64 products of a batch
   // of 24 take about as long as 256 x 256 ones, measured on an H100).
   //
   // prec: the GEMMs' precision above the diagonal blocks, FP32 or TF32
@@ -1180,16 +1180,15 @@ class CudaBackend final : public Backend {
     const int64_t ldu = u.ld, ldi = inv.ld;
     const int Ldu = to_int(ldu, "inverse ldu"), Ldi = to_int(ldi, "inverse ldi");
     float** ptr = static_cast<float**>(scratch(kPtrLevel, sizeof(float*) * static_cast<size_t>(5 * B * blocks)));
-    kernels::fill_identity(ctx(), inv);  // zeros everywhere but the diagonal blocks' identities
-    // The diagonal blocks: inv_jj <- I U_jj^{-1} (row-major), as solve() does.
-    const int64_t count = B * blocks;
-    const kernels::BlockPointers leaves[2] = {{u.p, u.stride, L * (ldu + 1)}, {inv.p, inv.stride, L * (ldi + 1)}};
-    kernels::fill_block_pointers(ctx(), ptr, leaves, 2, blocks, count);
+    // The diagonal blocks: inv_jj <- U_jj^{-1} (row-major), zeros below
+    // them, in one kernel (kernels::tri_inverse_leaves) instead of an
+    // identity fill of inv and cublasStrsmBatched against it, which took 53
+    // + 135 us per inverse of gpt-1.3b Dion's (Nsight Compute). On an H200
+    // (2026-11-29, A/B in one binary): gpt-1.3b Dion tf32 30.13-30.38 ->
+    // 30.10-30.13 ms per step (trsm_right_upper_many 2.78 -> 2.67), bf16
+    // 18.20-18.28 -> 18.01-18.21.
+    kernels::tri_inverse_leaves(ctx(), u, inv, L, blocks);
     const float one = 1.0f, zero = 0.0f, minus_one = -1.0f;
-    check(cublasStrsmBatched(blas_, CUBLAS_SIDE_LEFT, CUBLAS_FILL_MODE_LOWER, CUBLAS_OP_N, CUBLAS_DIAG_NON_UNIT,
-                             to_int(L, "inverse block"), to_int(L, "inverse block"), &one, ptr, Ldu, ptr + count, Ldi,
-                             to_int(count, "inverse blocks")),
-          "cublasStrsmBatched (inverse blocks)");
     // Level by level: node j of size 2h at off = 2 h j has A^{-1} at (off,
     // off), C^{-1} at (off + h, off + h), both complete, and B = U(off, off +
     // h); T = A^{-1} B into tmp, then inv(off, off + h) = -T C^{-1}.
