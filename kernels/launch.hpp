@@ -154,6 +154,10 @@ void fill_block_pointers(const Ctx& c, float** out, const BlockPointers* specs, 
 // out[b] = in[b]^T: in is rows x cols (row-major, ld_in, stride_in), out cols x rows (ld_out, stride_out).
 void transpose(const Ctx& c, const float* in, int64_t rows, int64_t cols, int64_t ld_in, int64_t stride_in, float* out,
                int64_t ld_out, int64_t stride_out, int64_t batch);
+// out[b] = X_b^T for X_b the field `field` of list[b] (fp32, rows x cols
+// row-major dense): out cols x rows, dense, one after the other.
+void transpose_fields(const Ctx& c, const TensorEntry* list, int64_t count, int field, int64_t rows, int64_t cols,
+                      float* out);
 // r_out[b] (r x r, row-major) <- the upper triangle of the column-major p x r
 // geqrf result at cm + b * p * r, zeros below the diagonal.
 void extract_r(const Ctx& c, const float* cm, int64_t p, MatBatch r_out);

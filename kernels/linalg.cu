@@ -27,12 +27,14 @@ __global__ void fill_block_pointers_kernel(float** out, BlockPointerSpecs specs,
 
 // Tiled transpose through shared memory so both the reads and the writes are
 // coalesced (the +1 column avoids bank conflicts).
+// Matrix b's source: in + b * stride_in, or with list the field `field` of list[b].
 __global__ void transpose_kernel(const float* in, int64_t rows, int64_t cols, int64_t ld_in, int64_t stride_in,
-                                 float* out, int64_t ld_out, int64_t stride_out, int64_t batch) {
+                                 float* out, int64_t ld_out, int64_t stride_out, int64_t batch,
+                                 const TensorEntry* list = nullptr, int field = 0) {
   __shared__ float tile[32][33];
   const int tx = threadIdx.x, ty = threadIdx.y;
   for (int64_t b = blockIdx.z; b < batch; b += gridDim.z) {
-    const float* src = in + b * stride_in;
+    const float* src = list ? static_cast<const float*>(list[b].ptr[field]) : in + b * stride_in;
     float* dst = out + b * stride_out;
     for (int64_t r0 = blockIdx.y * 32LL; r0 < rows; r0 += gridDim.y * 32LL)
       for (int64_t c0 = blockIdx.x * 32LL; c0 < cols; c0 += gridDim.x * 32LL) {
@@ -296,6 +298,17 @@ void transpose(const Ctx& c, const float* in, int64_t rows, int64_t cols, int64_
   transpose_kernel<<<grid, dim3(32, kTileY), 0, c.stream>>>(in, rows, cols, ld_in, stride_in, out, ld_out, stride_out,
                                                             batch);
   cuda::check_launch("transpose kernel");
+}
+
+void transpose_fields(const Ctx& c, const TensorEntry* list, int64_t count, int field, int64_t rows, int64_t cols,
+                      float* out) {
+  if (rows <= 0 || cols <= 0 || count <= 0) return;
+  const dim3 grid(static_cast<unsigned>(std::min<int64_t>(ceil_div(cols, 32), 65535)),
+                  static_cast<unsigned>(std::min<int64_t>(ceil_div(rows, 32), 65535)),
+                  static_cast<unsigned>(std::min<int64_t>(count, 65535)));
+  transpose_kernel<<<grid, dim3(32, kTileY), 0, c.stream>>>(nullptr, rows, cols, cols, 0, out, rows, rows * cols,
+                                                            count, list, field);
+  cuda::check_launch("transpose (fields) kernel");
 }
 
 void sum_parts(const Ctx& c, const float* parts, int64_t S, MatBatch out, int64_t bs) {

@@ -671,16 +671,31 @@ MomentumPass momentum_pass(Optimizer& opt, const Batch& bt, bool lowp, bool in_s
   return {M, nz};
 }
 
-// Q (b x r per matrix) as the batch's products read it: in fp32 (Qm), or on
-// the lowp path only its bf16 copy (Qtb), straight from the state; Qm.p is
-// null then, and finish() has finish_r's fix-up read the state instead.
+// Whether P = B Q reads Q where its state holds it (gemm_field's b_field)
+// instead of an fp32 copy in the workspace: where the momentum state is the
+// products' input (in_state) in fp32 and Q's state is fp32 too, so the
+// product reads the values load_ws would copy. On the GPU at TF32 the
+// K-major copy of Q (tf32_kmajor) is then made from the state in the one
+// pass that was load_ws's: on an H200 (2026-11-29, A/B in one binary)
+// gpt-1.3b Dion tf32 30.10-30.21 -> 29.81-29.97 ms per step, gpt-160m
+// fp32 5.86-5.87 -> 5.83-5.85. DION_Q_IN_STATE=0 keeps the copy.
+bool q_in_state(Optimizer& opt, const Batch& bt, bool lowp, bool in_state) {
+  static const bool off = !env_on("DION_Q_IN_STATE");
+  return !off && in_state && !lowp && state_of(opt, bt.t, 1).dtype == DION_DTYPE_FP32;
+}
+
+// Q (b x r per matrix) as the batch's products read it: in fp32 (Qm), or,
+// straight from the state, its bf16 copy on the lowp path (Qtb) or the
+// state itself (q_in_state); Qm.p is null in those two cases, and finish()
+// has finish_r's fix-up read the state instead.
 struct QLoad {
   MatBatch Qm;
   ConstMatBatch Qtb;
 };
-QLoad load_q(Optimizer& opt, const Batch& bt, const Shape& s, bool lowp) {
+QLoad load_q(Optimizer& opt, const Batch& bt, const Shape& s, bool lowp, bool in_state) {
   const int64_t T = bt.count, br = s.b * s.r;
-  QLoad q{MatBatch{lowp ? nullptr : load_ws(opt, bt, kState1, br), s.b, s.r, s.r, br, T},
+  const bool copy = !lowp && !q_in_state(opt, bt, lowp, in_state);
+  QLoad q{MatBatch{copy ? load_ws(opt, bt, kState1, br) : nullptr, s.b, s.r, s.r, br, T},
           ConstMatBatch(nullptr, s.b, s.r, s.r, br, T)};
   if (lowp) {
     float* x = opt.ws.take((T * br + 1) / 2);
@@ -693,11 +708,14 @@ QLoad load_q(Optimizer& opt, const Batch& bt, const Shape& s, bool lowp) {
 // C = op(M) B (op: transposed when `trans`) for the batch's momentum M + G:
 // from the state (in_state), else from its workspace copy Mm (bf16
 // elements on the lowp path, and B bf16 too). Mm's shape is used either way.
+// B.p null on the fp32 path (in_state only): B is Q in its state (load_q).
 void m_product(Backend& be, const Batch& bt, bool in_state, bool lowp, bool trans, ConstMatBatch Mm, ConstMatBatch B,
                MatBatch C, dion_matmul_precision_t prec) {
+  const int b_field = !lowp && !B.p ? kState1 : -1;
+  DION_REQUIRE(b_field < 0 || in_state, DION_ERROR_INTERNAL, "dion: Q read from its state without the momentum's");
   if (in_state)
     be.gemm_field(bt.list, bt.count, kState0, Mm.rows, Mm.cols, lowp ? DION_DTYPE_BF16 : DION_DTYPE_FP32, trans, B, C,
-                  prec, DION_DTYPE_FP32);
+                  prec, DION_DTYPE_FP32, b_field);
   else if (lowp)
     be.gemm_bf16_f32(trans, false, 1.0f, Mm, B, 0.0f, C);
   else
@@ -711,7 +729,8 @@ void m_product(Backend& be, const Batch& bt, bool in_state, bool lowp, bool tran
 void m_product_bf16(Backend& be, const Batch& bt, bool in_state, bool trans, ConstMatBatch Mm, ConstMatBatch B,
                     MatBatch C16, dion_matmul_precision_t prec) {
   if (in_state)
-    be.gemm_field(bt.list, bt.count, kState0, Mm.rows, Mm.cols, DION_DTYPE_BF16, trans, B, C16, prec, DION_DTYPE_BF16);
+    be.gemm_field(bt.list, bt.count, kState0, Mm.rows, Mm.cols, DION_DTYPE_BF16, trans, B, C16, prec, DION_DTYPE_BF16,
+                  -1);
   else
     be.gemm_bf16(trans, false, 1.0f, Mm, B, 0.0f, C16);
 }
@@ -823,7 +842,7 @@ void step(Optimizer& opt, Group& g, const Batch& bt) {
 
   const bool in_state = m_in_state(be, bt, lowp, state_of(opt, t, 0).dtype, t.param_dtype);
   const auto [M, nz] = momentum_pass(opt, bt, lowp, in_state);
-  const QLoad q = load_q(opt, bt, s, lowp);
+  const QLoad q = load_q(opt, bt, s, lowp, in_state);
 
   MatBatch Mm{M, t.geom.srows, t.geom.scols, t.geom.scols, n_el, T};  // bf16 elements on the lowp path
   const Split sp = split_of(opt, d, T);
@@ -1146,7 +1165,7 @@ bool step_group(Optimizer& opt, Group& g) {
     const MomentumPass mp = momentum_pass(opt, bt, u.lowp, u.in_state);
     u.M = mp.M;
     u.nz = mp.nz;
-    const QLoad q = load_q(opt, bt, u.s, u.lowp);
+    const QLoad q = load_q(opt, bt, u.s, u.lowp, u.in_state);
     u.Qm = q.Qm;
     u.Qtb = q.Qtb;
     u.p16 = p16_on(u.lowp, u.sp, u.s, u.d);

@@ -273,9 +273,12 @@ class Backend {
   // every field pointer 16-byte aligned (Batch::aligned16). c_dtype BF16
   // (x_dtype BF16 only; c dense): c holds bf16 elements, each the fp32
   // product rounded (store(BF16)'s rounding, up to the summation order).
+  // b_field >= 0 (x_dtype FP32 only): B_i is that field of tensor i (fp32,
+  // b.rows x b.cols row-major dense: Dion's Q read from its state, without
+  // a copy in the workspace), and b.p is not read.
   virtual void gemm_field(const TensorEntry* list, int64_t count, Field f, int64_t rows, int64_t cols,
                           dion_dtype_t x_dtype, bool trans_x, ConstMatBatch b, MatBatch c,
-                          dion_matmul_precision_t precision, dion_dtype_t c_dtype) = 0;
+                          dion_matmul_precision_t precision, dion_dtype_t c_dtype, int b_field) = 0;
   // m[b] (bf16 elements, as for gemm_bf16) += v on its diagonal, rounded to bf16.
   virtual void add_diag_bf16(MatBatch m, float v) = 0;
   // The bf16 iteration's step between A = X X^T and B = c A A + B where the

@@ -1220,6 +1220,9 @@ TEST_F(OpsTest, StoreSlicesMulti) {
 // products are exact), plus 2^-10 of it at TF32; the host's within the fp32
 // bound. fp32 and bf16 states, both orientations; a misaligned table (shift)
 // for the momentum only (the pointer-array GEMM needs 16-byte alignment).
+// With fp32 X, B is also read from each tensor's fp32 field kState1
+// (b_field: Q from its state), whose first k r values the dense B holds,
+// against the same reference.
 TEST_F(OpsTest, MomentumInStateAndGemmField) {
   const int64_t r = 8, T = 3;
   struct Case {
@@ -1234,7 +1237,7 @@ TEST_F(OpsTest, MomentumInStateAndGemmField) {
           const int64_t rows = shape.first, cols = shape.second, n = rows * cols;
           SCOPED_TRACE(::testing::Message() << rows << " x " << cols << ", state dtype " << c.dt << ", precision "
                                             << static_cast<int>(c.prec) << ", shift " << shift << ", skip " << skip);
-          TensorPair tp(rng, std::vector<std::vector<int>>(T, {-1, 0, c.dt, -1}), n, shift);
+          TensorPair tp(rng, std::vector<std::vector<int>>(T, {-1, 0, c.dt, 0}), n, shift);
           Dev<int32_t> dskip(std::vector<int32_t>{skip}), fa(std::vector<int32_t>(T, 0)),
               fb(std::vector<int32_t>(T, 0));
           Dev<float> U(T * n);
@@ -1255,6 +1258,12 @@ TEST_F(OpsTest, MomentumInStateAndGemmField) {
             const int64_t k = trans ? rows : cols, m = trans ? cols : rows;
             std::vector<float> B(static_cast<size_t>(T * k * r));
             for (auto& v : B) v = xd == DION_DTYPE_BF16 ? bf16_to_float(float_to_bf16(gauss())) : gauss();
+            const bool from_field = xd == DION_DTYPE_FP32;
+            if (from_field)
+              for (int64_t t = 0; t < T; ++t) {
+                const std::vector<float> q = tp.b.dev_vals(static_cast<size_t>(t), kState1);
+                std::copy(q.begin(), q.begin() + k * r, B.begin() + t * k * r);
+              }
             std::vector<uint16_t> B16(B.size());
             for (size_t i = 0; i < B.size(); ++i) B16[i] = float_to_bf16(B[i]);
             Dev<float> dB(B), dC(static_cast<size_t>(T * m * r));
@@ -1262,7 +1271,12 @@ TEST_F(OpsTest, MomentumInStateAndGemmField) {
             const float* bp = xd == DION_DTYPE_BF16 ? reinterpret_cast<const float*>(dB16.p()) : dB.p();
             cuda->gemm_field(tp.b.dev_table.p(), T, kState0, rows, cols, xd, trans,
                              ConstMatBatch(bp, k, r, r, k * r, T), MatBatch{dC.p(), m, r, r, m * r, T}, c.prec,
-                             DION_DTYPE_FP32);
+                             DION_DTYPE_FP32, -1);
+            Dev<float> dCf(static_cast<size_t>(T * m * r));
+            if (from_field)
+              cuda->gemm_field(tp.b.dev_table.p(), T, kState0, rows, cols, xd, trans,
+                               ConstMatBatch(nullptr, k, r, r, k * r, T), MatBatch{dCf.p(), m, r, r, m * r, T}, c.prec,
+                               DION_DTYPE_FP32, kState1);
             // bf16 output (bf16 fields only): C16 holds bf16 elements
             const bool c16 = xd == DION_DTYPE_BF16;
             Dev<uint16_t> dC16(static_cast<size_t>(c16 ? T * m * r : 1));
@@ -1270,13 +1284,13 @@ TEST_F(OpsTest, MomentumInStateAndGemmField) {
               cuda->gemm_field(tp.b.dev_table.p(), T, kState0, rows, cols, xd, trans,
                                ConstMatBatch(bp, k, r, r, k * r, T),
                                MatBatch{reinterpret_cast<float*>(dC16.p()), m, r, r, m * r, T}, c.prec,
-                               DION_DTYPE_BF16);
+                               DION_DTYPE_BF16, -1);
             const float* hbp = xd == DION_DTYPE_BF16 ? reinterpret_cast<const float*>(B16.data()) : B.data();
             std::vector<float> Ch(static_cast<size_t>(T * m * r));
             host->gemm_field(tp.b.host_list.data(), T, kState0, rows, cols, xd, trans,
                              ConstMatBatch(hbp, k, r, r, k * r, T), MatBatch{Ch.data(), m, r, r, m * r, T}, c.prec,
-                             DION_DTYPE_FP32);
-            const std::vector<float> Cd = dC.get();
+                             DION_DTYPE_FP32, -1);
+            const std::vector<float> Cd = dC.get(), Cf = dCf.get();
             const std::vector<uint16_t> Cd16 = dC16.get();
             for (int64_t t = 0; t < T; ++t) {
               const std::vector<float> X = tp.b.dev_vals(static_cast<size_t>(t), kState0);
@@ -1293,6 +1307,9 @@ TEST_F(OpsTest, MomentumInStateAndGemmField) {
                   const size_t e = static_cast<size_t>((t * m + i) * r + j);
                   const double tol = 0x1p-20 * mag, dtol = tol + (c.prec == DION_MATMUL_TF32 ? 0x1p-10 * mag : 0.0);
                   ASSERT_LE(std::fabs(Cd[e] - want), dtol) << "tensor " << t << " (" << i << ", " << j << ")";
+                  if (from_field)
+                    ASSERT_LE(std::fabs(Cf[e] - want), dtol)
+                        << "B from the fields, tensor " << t << " (" << i << ", " << j << ")";
                   ASSERT_LE(std::fabs(Ch[e] - want), tol) << "host, tensor " << t << " (" << i << ", " << j << ")";
                   // the bf16 output: the fp32 product's rounding, at most half an ulp of bf16 (2^-8 relative) more
                   if (c16)

@@ -638,14 +638,15 @@ class CudaBackend final : public Backend {
   // setup kernel), B's and C's from their strides. Row-major C = op(X) B is
   // column-major C^T = B^T op(X)^T: B first, as gemm passes its operands.
   void gemm_field(const TensorEntry* list, int64_t count, Field f, int64_t rows, int64_t cols, dion_dtype_t x_dtype,
-                  bool trans_x, ConstMatBatch b, MatBatch c, dion_matmul_precision_t precision,
-                  dion_dtype_t c_dtype) override {
+                  bool trans_x, ConstMatBatch b, MatBatch c, dion_matmul_precision_t precision, dion_dtype_t c_dtype,
+                  int b_field) override {
     const int64_t m = c.rows, n = c.cols, k = trans_x ? rows : cols;
     const bool c16 = c_dtype == DION_DTYPE_BF16;
     DION_REQUIRE((trans_x ? cols : rows) == m && b.rows == k && b.cols == n && b.batch == count &&
                      c.batch == count && (x_dtype == DION_DTYPE_FP32 || x_dtype == DION_DTYPE_BF16) &&
                      (c_dtype == DION_DTYPE_FP32 ||
-                      (c16 && x_dtype == DION_DTYPE_BF16 && c.ld == n && c.stride == m * n)),
+                      (c16 && x_dtype == DION_DTYPE_BF16 && c.ld == n && c.stride == m * n)) &&
+                     (b_field < 0 || x_dtype == DION_DTYPE_FP32),
                  DION_ERROR_INTERNAL, "cuda gemm_field: bad shapes or dtype");
     if (count <= 0 || m == 0 || n == 0) return;
     DeviceScope ds(device_);
@@ -660,11 +661,20 @@ class CudaBackend final : public Backend {
         kernels::scale_matrix(ctx(), c, 0.0f);
       return;
     }
-    // At TF32, Q (k <= m: P = B Q) and P (X read transposed: R = B^T P) go K-major (tf32_kmajor).
+    // At TF32, Q (k <= m: P = B Q) and P (X read transposed: R = B^T P) go
+    // K-major (tf32_kmajor); B from the fields (b_field) is transposed from
+    // there, else its pointers are the fields'.
     const bool kmaj = !lowp && tf32_kmajor(precision, trans_x || k <= m, m, n, k, count);
-    if (kmaj) b = kmajor_copy(b, k, n);
+    if (kmaj && b_field >= 0) {
+      float* t = static_cast<float*>(scratch(kKmajor, sizeof(float) * static_cast<size_t>(count * n * k)));
+      kernels::transpose_fields(ctx(), list, count, b_field, k, n, t);
+      b = ConstMatBatch(t, n, k, k, n * k, count);
+      b_field = -1;
+    } else if (kmaj) {
+      b = kmajor_copy(b, k, n);
+    }
     void** ptr = static_cast<void**>(scratch(kPtrGemm, sizeof(void*) * static_cast<size_t>(3 * count) + 64));
-    const kernels::PtrSource src[3] = {{b.p, b.stride * (lowp ? 2 : 4), -1},
+    const kernels::PtrSource src[3] = {{b_field >= 0 ? nullptr : b.p, b.stride * (lowp ? 2 : 4), b_field},
                                        {nullptr, 0, static_cast<int>(f)},
                                        {c.p, c.stride * (c16 ? 2 : 4), -1}};
     kernels::gemm_pointers(ctx(), list, count, src, const_cast<const void**>(ptr), nullptr, 0.0f, nullptr, nullptr);

@@ -769,12 +769,20 @@ class HostBackend final : public Backend {
   }
   // The field widened into scratch (and a bf16 b widened), then gemm.
   void gemm_field(const TensorEntry* list, int64_t count, Field f, int64_t rows, int64_t cols, dion_dtype_t x_dtype,
-                  bool trans_x, ConstMatBatch b, MatBatch c, dion_matmul_precision_t precision,
-                  dion_dtype_t c_dtype) override {
+                  bool trans_x, ConstMatBatch b, MatBatch c, dion_matmul_precision_t precision, dion_dtype_t c_dtype,
+                  int b_field) override {
     const bool c16 = c_dtype == DION_DTYPE_BF16;
     DION_REQUIRE(c_dtype == DION_DTYPE_FP32 ||
                      (c16 && x_dtype == DION_DTYPE_BF16 && c.ld == c.cols && c.stride == c.rows * c.cols),
                  DION_ERROR_INTERNAL, "host gemm_field: bad output dtype");
+    DION_REQUIRE(b_field < 0 || x_dtype == DION_DTYPE_FP32, DION_ERROR_INTERNAL,
+                 "host gemm_field: B from a field with fp32 X only");
+    if (b_field >= 0) {  // B from the fields, loaded as load_multi does
+      const int64_t nb = b.rows * b.cols;
+      float* bs = grow(bfield_scratch_, static_cast<size_t>(count * nb));
+      load_multi(bs, list, count, static_cast<Field>(b_field), nb);
+      b = ConstMatBatch(bs, b.rows, b.cols, b.cols, nb, count);
+    }
     const int64_t n = rows * cols;
     float* x = grow(g_scratch.prod, static_cast<size_t>(count * n));
     load_multi(x, list, count, f, n);
@@ -967,7 +975,7 @@ class HostBackend final : public Backend {
   }
 
   std::vector<double> col_acc_, col_inv_;
-  std::vector<float> bf16_wide_, fscratch_;
+  std::vector<float> bf16_wide_, fscratch_, bfield_scratch_;
   std::vector<int32_t> order_;
 };
 
