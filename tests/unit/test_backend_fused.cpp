@@ -408,10 +408,12 @@ TEST_F(HostFused, MomentumInStateAndGemmField) {
         EXPECT_TRUE(same_floats(C1, C2)) << "trans " << trans;
         if (dm == DION_DTYPE_FP32) {  // B from each tensor's fp32 field kState1 (b_field), its first k r values
           for (int64_t t = 0; t < count; ++t)
-            for (int64_t i = 0; i < k * r; ++i) store_elem(tw.b[kState1][t].data(), DION_DTYPE_FP32, i, B[t * k * r + i]);
+            for (int64_t i = 0; i < k * r; ++i)
+              store_elem(tw.b[kState1][t].data(), DION_DTYPE_FP32, i, B[t * k * r + i]);
           std::vector<float> C3(C1.size());
-          be->gemm_field(tw.lb.data(), count, kState0, rows, cols, dm, trans, ConstMatBatch(nullptr, k, r, r, k * r, count),
-                         MatBatch{C3.data(), m, r, r, m * r, count}, DION_MATMUL_FP32, DION_DTYPE_FP32, kState1);
+          be->gemm_field(tw.lb.data(), count, kState0, rows, cols, dm, trans,
+                         ConstMatBatch(nullptr, k, r, r, k * r, count), MatBatch{C3.data(), m, r, r, m * r, count},
+                         DION_MATMUL_FP32, DION_DTYPE_FP32, kState1);
           EXPECT_TRUE(same_floats(C1, C3)) << "B from the fields, trans " << trans;
         }
         if (dm == DION_DTYPE_BF16) {  // bf16 output: store(BF16) of the fp32 product, bit for bit
