@@ -152,17 +152,12 @@ constexpr int kMaxBlockPointerArrays = 5;  // count_arrays above it is refused (
 void fill_block_pointers(const Ctx& c, float** out, const BlockPointers* specs, int count_arrays, int64_t per,
                          int64_t count);
 // out[b] = in[b]^T: in is rows x cols (row-major, ld_in, stride_in), out cols x rows (ld_out, stride_out).
+// With list, in[b] is instead the field `field` of list[b] (fp32, ld_in; stride_in and in unused).
 void transpose(const Ctx& c, const float* in, int64_t rows, int64_t cols, int64_t ld_in, int64_t stride_in, float* out,
-               int64_t ld_out, int64_t stride_out, int64_t batch);
-// out[b] = X_b^T for X_b the field `field` of list[b] (fp32, rows x cols
-// row-major dense): out cols x rows, dense, one after the other.
-void transpose_fields(const Ctx& c, const TensorEntry* list, int64_t count, int field, int64_t rows, int64_t cols,
-                      float* out);
+               int64_t ld_out, int64_t stride_out, int64_t batch, const TensorEntry* list = nullptr, int field = 0);
 // r_out[b] (r x r, row-major) <- the upper triangle of the column-major p x r
 // geqrf result at cm + b * p * r, zeros below the diagonal.
 void extract_r(const Ctx& c, const float* cm, int64_t p, MatBatch r_out);
-// m[b] <- the identity.
-void fill_identity(const Ctx& c, MatBatch m);
 // The leaves of the triangular inverse by levels: for each matrix b of the
 // batch and j < blocks, inv's diagonal block j (L x L at (j L, j L),
 // row-major, L <= 64) <- U_jj^{-1} of u's diagonal block j (upper

@@ -62,11 +62,6 @@ struct ExtractR {
   }
 };
 
-struct Identity {
-  MatBatch m;
-  __device__ void operator()(int64_t b, int64_t i, int64_t j) const { mat_at(m, b)[i * m.ld + j] = i == j ? 1.0f : 0.0f; }
-};
-
 // c[b](i, j) = sum over q < S of parts[b S + q](i, j), in order q = 0, 1, ...
 // (parts dense: rows x cols per matrix, every element formed).
 struct SumParts {
@@ -290,25 +285,14 @@ void fill_block_pointers(const Ctx& c, float** out, const BlockPointers* specs, 
 }
 
 void transpose(const Ctx& c, const float* in, int64_t rows, int64_t cols, int64_t ld_in, int64_t stride_in, float* out,
-               int64_t ld_out, int64_t stride_out, int64_t batch) {
+               int64_t ld_out, int64_t stride_out, int64_t batch, const TensorEntry* list, int field) {
   if (rows <= 0 || cols <= 0 || batch <= 0) return;
   const dim3 grid(static_cast<unsigned>(std::min<int64_t>(ceil_div(cols, 32), 65535)),
                   static_cast<unsigned>(std::min<int64_t>(ceil_div(rows, 32), 65535)),
                   static_cast<unsigned>(std::min<int64_t>(batch, 65535)));
   transpose_kernel<<<grid, dim3(32, kTileY), 0, c.stream>>>(in, rows, cols, ld_in, stride_in, out, ld_out, stride_out,
-                                                            batch);
+                                                            batch, list, field);
   cuda::check_launch("transpose kernel");
-}
-
-void transpose_fields(const Ctx& c, const TensorEntry* list, int64_t count, int field, int64_t rows, int64_t cols,
-                      float* out) {
-  if (rows <= 0 || cols <= 0 || count <= 0) return;
-  const dim3 grid(static_cast<unsigned>(std::min<int64_t>(ceil_div(cols, 32), 65535)),
-                  static_cast<unsigned>(std::min<int64_t>(ceil_div(rows, 32), 65535)),
-                  static_cast<unsigned>(std::min<int64_t>(count, 65535)));
-  transpose_kernel<<<grid, dim3(32, kTileY), 0, c.stream>>>(nullptr, rows, cols, cols, 0, out, rows, rows * cols,
-                                                            count, list, field);
-  cuda::check_launch("transpose (fields) kernel");
 }
 
 void sum_parts(const Ctx& c, const float* parts, int64_t S, MatBatch out, int64_t bs) {
@@ -375,10 +359,6 @@ void tri_inverse_leaves(const Ctx& c, ConstMatBatch u, MatBatch inv, int64_t L, 
   tri_inverse_leaves_kernel<<<static_cast<unsigned>(inv.batch * blocks), kLeafThreads, 0, c.stream>>>(
       u, inv, static_cast<int>(L), static_cast<int>(blocks));
   cuda::check_launch("triangular inverse leaves kernel");
-}
-
-void fill_identity(const Ctx& c, MatBatch m) {
-  for_each_2d(c, m.batch, m.rows, m.cols, Identity{m}, "identity kernel");
 }
 
 namespace {
@@ -891,25 +871,21 @@ template void chol_block<double>(const Ctx&, const CholBlock<double>&);
 namespace {
 constexpr int kMirrorTile = 32, kMirrorRows = 8;
 static_assert(kCholBlock % kMirrorTile == 0, "a tile lies within one block row and one block column");
-// Block (blockIdx.x: tile column tj, tile row ti > tj of a tile grid over
-// the lower part, blockIdx.y + k gridDim.y: matrix): the tile's mirror
-// read by its rows (contiguous columns of the upper part) into shared
-// memory, written transposed by the rows of the tile.
+// Block (blockIdx.x: tile column tj, blockIdx.y: tile row ti of a tile grid
+// over the matrix, blockIdx.z + k gridDim.z: matrix): for a tile below the
+// diagonal blocks, its mirror read by its rows (contiguous columns of the
+// upper part) into shared memory, written transposed by the rows of the
+// tile; every other block returns at once.
 template <class T>
 __global__ void chol_mirror_kernel(T* a, int64_t n, int64_t ld, int64_t stride, int64_t batch) {
   __shared__ T tile[kMirrorTile][kMirrorTile + 1];
-  // blockIdx.x enumerates the pairs (ti, tj) with ti > tj row by row:
-  // ti (ti - 1) / 2 + tj.
-  const int p = static_cast<int>(blockIdx.x);
-  int ti = static_cast<int>((1.0 + sqrt(1.0 + 8.0 * p)) / 2.0);
-  while (ti * (ti - 1) / 2 > p) --ti;
-  while ((ti + 1) * ti / 2 <= p) ++ti;
-  const int tj = p - ti * (ti - 1) / 2;
-  // Only tiles below the diagonal blocks: tile rows of a later block row.
+  // Tile (ti, tj) = (blockIdx.y, blockIdx.x); only tiles below the diagonal
+  // blocks (tile rows of a later block row) hold a panel.
+  const int ti = static_cast<int>(blockIdx.y), tj = static_cast<int>(blockIdx.x);
   if ((ti * kMirrorTile) / kCholBlock <= (tj * kMirrorTile) / kCholBlock) return;
   const int64_t i0 = static_cast<int64_t>(ti) * kMirrorTile, j0 = static_cast<int64_t>(tj) * kMirrorTile;
   const int tx = static_cast<int>(threadIdx.x), ty = static_cast<int>(threadIdx.y);
-  for (int64_t b = blockIdx.y; b < batch; b += gridDim.y) {
+  for (int64_t b = blockIdx.z; b < batch; b += gridDim.z) {
     T* m = a + b * stride;
     // read (j, i) for j in [j0, j0 + 32), i in [i0, i0 + 32): column i, rows j0 + tx
     for (int r = ty; r < kMirrorTile; r += kMirrorRows) {
@@ -931,10 +907,9 @@ template <class T>
 void chol_mirror_panels(const Ctx& c, T* a, int64_t n, int64_t ld, int64_t stride, int64_t batch) {
   if (n <= kCholBlock || batch <= 0) return;
   const int64_t t = (n + kMirrorTile - 1) / kMirrorTile;
-  const int64_t pairs = t * (t - 1) / 2;
-  DION_REQUIRE(pairs <= 0x7fffffff, DION_ERROR_INTERNAL, "chol_mirror_panels: n = %lld too large",
-               static_cast<long long>(n));
-  const dim3 grid(static_cast<unsigned>(pairs), static_cast<unsigned>(std::min<int64_t>(batch, 65535)));
+  DION_REQUIRE(t <= 65535, DION_ERROR_INTERNAL, "chol_mirror_panels: n = %lld too large", static_cast<long long>(n));
+  const dim3 grid(static_cast<unsigned>(t), static_cast<unsigned>(t),
+                  static_cast<unsigned>(std::min<int64_t>(batch, 65535)));
   chol_mirror_kernel<T><<<grid, dim3(kMirrorTile, kMirrorRows), 0, c.stream>>>(a, n, ld, stride, batch);
   cuda::check_launch("cholesky mirror kernel");
 }

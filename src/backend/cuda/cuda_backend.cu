@@ -529,13 +529,17 @@ class CudaBackend final : public Backend {
                tf32_kmajor_min_flop_;
   }
   // B (k x n row-major, its ld and stride) copied to scratch as n x k
-  // row-major (ld k, stride n k): the same matrix, read with OP_T.
-  // A B shared by the batch (stride 0) is copied once.
-  ConstMatBatch kmajor_copy(ConstMatBatch b, int64_t k, int64_t n) {
-    const int64_t copies = b.stride == 0 ? 1 : b.batch;
+  // row-major (ld k, stride n k): the same matrix, read with OP_T. A B
+  // shared by the batch (stride 0) is copied once. With field >= 0, matrix b
+  // of B is instead that field of list[b] (fp32, dense k x n).
+  ConstMatBatch kmajor_copy(ConstMatBatch b, int64_t k, int64_t n, const TensorEntry* list = nullptr, int field = -1) {
+    const bool fields = field >= 0;
+    const bool shared = !fields && b.stride == 0;
+    const int64_t copies = shared ? 1 : b.batch;
     float* t = static_cast<float*>(scratch(kKmajor, sizeof(float) * static_cast<size_t>(copies * n * k)));
-    kernels::transpose(ctx(), b.p, k, n, b.ld, b.stride, t, k, n * k, copies);
-    return ConstMatBatch(t, n, k, k, b.stride == 0 ? 0 : n * k, b.batch);
+    kernels::transpose(ctx(), b.p, k, n, fields ? n : b.ld, b.stride, t, k, n * k, copies, fields ? list : nullptr,
+                       fields ? field : 0);
+    return ConstMatBatch(t, n, k, k, shared ? 0 : n * k, b.batch);
   }
 
   // A^T A as S products over row chunks of A, summed (kernels::sum_parts),
@@ -665,13 +669,9 @@ class CudaBackend final : public Backend {
     // K-major (tf32_kmajor); B from the fields (b_field) is transposed from
     // there, else its pointers are the fields'.
     const bool kmaj = !lowp && tf32_kmajor(precision, trans_x || k <= m, m, n, k, count);
-    if (kmaj && b_field >= 0) {
-      float* t = static_cast<float*>(scratch(kKmajor, sizeof(float) * static_cast<size_t>(count * n * k)));
-      kernels::transpose_fields(ctx(), list, count, b_field, k, n, t);
-      b = ConstMatBatch(t, n, k, k, n * k, count);
+    if (kmaj) {
+      b = kmajor_copy(b, k, n, list, b_field);
       b_field = -1;
-    } else if (kmaj) {
-      b = kmajor_copy(b, k, n);
     }
     void** ptr = static_cast<void**>(scratch(kPtrGemm, sizeof(void*) * static_cast<size_t>(3 * count) + 64));
     const kernels::PtrSource src[3] = {{b_field >= 0 ? nullptr : b.p, b.stride * (lowp ? 2 : 4), b_field},
@@ -1133,9 +1133,9 @@ class CudaBackend final : public Backend {
 
   // inv <- U^{-1} for upper-triangular U (n x n per matrix), in fp32, by
   // blocked recursion: for U = [A B; 0 C], U^{-1} = [A^{-1}, -A^{-1} B C^{-1};
-  // 0, C^{-1}]. The diagonal blocks of at most 64 are triangular solves
-  // against the identity (cuBLAS's batched trsm is fast only for small
-  // matrices); everything above them is GEMMs. tmp holds batch * n * n / 4
+  // 0, C^{-1}]. The diagonal blocks of at most 64 are inverted by back
+  // substitution (kernels::tri_inverse_leaves); everything above them is
+  // GEMMs. tmp holds batch * n * n / 4
   // floats. inv's strictly lower part is zero.
   //
   // When n = L 2^k with L <= 64 (every power-of-two multiple of a block of at
@@ -1166,10 +1166,9 @@ class CudaBackend final : public Backend {
   void tri_inverse_block(ConstMatBatch u, MatBatch inv, int64_t off, int64_t n, float* tmp,
                          dion_matmul_precision_t prec) {
     const int64_t ldu = u.ld, ldi = inv.ld;
-    if (n <= 64) {
-      MatBatch d{inv.p + off * ldi + off, n, n, ldi, inv.stride, inv.batch};
-      kernels::fill_identity(ctx(), d);
-      solve(ConstMatBatch(u.p + off * ldu + off, n, n, ldu, u.stride, u.batch), d);
+    if (n <= 64) {  // a leaf, by the levels' kernel (inv's lower part is already zero)
+      kernels::tri_inverse_leaves(ctx(), ConstMatBatch(u.p + off * ldu + off, n, n, ldu, u.stride, u.batch),
+                                  MatBatch{inv.p + off * ldi + off, n, n, ldi, inv.stride, inv.batch}, n, 1);
       return;
     }
     const int64_t h = n / 2, c = n - h;
