@@ -23,11 +23,10 @@
 // tile's two m64n128 halves are two accumulators of 64 registers.
 //
 // The outcome (an H200): correct everywhere, but slower than cuBLASLt at TF32
-// on gpt-1.3b's shapes (the tensor pipe 54 % active against cuBLASLt's 72 %:
-// two stages ahead per CTA do not cover the loads' latency at TF32's 64 bytes
-// per clock per multiprocessor, and the epilogue's loads stall) and with bf16
-// C; faster with bf16 factors into fp32 C and on gpt-160m's TF32 shapes, which
-// no target row uses. Build for sm_90a only.
+// on gpt-1.3b's shapes (the tensor pipe 54 % active against cuBLASLt's 72 %,
+// the warps stalled on the epilogue's loads of C and on the barriers) and
+// with bf16 C; faster with bf16 factors into fp32 C and on gpt-160m's TF32
+// shapes, which no target row uses. Build for sm_90a only.
 #include <cuda.h>
 #include <cuda_bf16.h>
 #include <cudaTypedefs.h>
