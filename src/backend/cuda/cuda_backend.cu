@@ -1135,8 +1135,8 @@ class CudaBackend final : public Backend {
   // blocked recursion: for U = [A B; 0 C], U^{-1} = [A^{-1}, -A^{-1} B C^{-1};
   // 0, C^{-1}]. The diagonal blocks of at most 64 are inverted by back
   // substitution (kernels::tri_inverse_leaves); everything above them is
-  // GEMMs. tmp holds batch * n * n / 4
-  // floats. inv's strictly lower part is zero.
+  // GEMMs. tmp holds batch * n * n / 4 floats. inv's strictly lower part is
+  // zero.
   //
   // When n = L 2^k with L <= 64 (every power-of-two multiple of a block of at
   // most 64: 64, 96, 128, 192, 256, 384, 512, ...) the recursion's nodes of
