@@ -205,6 +205,15 @@ void time_case(MicroRig& rig, const char* name, const Case& cs) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  int dev = 0;
+  cudaDeviceProp prop{};
+  CK(cudaGetDevice(&dev));
+  CK(cudaGetDeviceProperties(&prop, dev));
+  if (!wgmma_micro::lowrank_sm90a_ok(prop.major, prop.minor)) {
+    printf("needs a device of compute capability 9.0 and a driver with tensor maps (this one: %d.%d)\n", prop.major,
+           prop.minor);
+    return 1;
+  }
   MicroRig rig(32 << 20);
   wgmma_micro::lowrank_sm90a_init();
   const bool quick = argc > 1 && strcmp(argv[1], "quick") == 0;

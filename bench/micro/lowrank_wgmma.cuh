@@ -155,7 +155,9 @@ __device__ __forceinline__ float2 wg_ld2(const float* p) { return *reinterpret_c
 __device__ __forceinline__ float2 wg_ld2(const __nv_bfloat16* p) {
   return __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(p));
 }
-__device__ __forceinline__ void wg_st2(float* p, float x, float y) { *reinterpret_cast<float2*>(p) = make_float2(x, y); }
+__device__ __forceinline__ void wg_st2(float* p, float x, float y) {
+  *reinterpret_cast<float2*>(p) = make_float2(x, y);
+}
 __device__ __forceinline__ void wg_st2(__nv_bfloat16* p, float x, float y) {
   *reinterpret_cast<__nv_bfloat162*>(p) = __floats2bfloat162_rn(x, y);
 }
@@ -355,34 +357,24 @@ inline bool lowrank_sm90a_ok(int cc_major, int cc_minor) {
   return cc_major == 9 && cc_minor == 0 && wg_encoder() != nullptr;
 }
 
-inline bool lowrank_sm90a_fits(const void* a, int64_t a_stride, int64_t lda, const void* b, int64_t b_stride, int64_t ldb,
-                        int64_t m, int64_t n, int64_t k, int64_t count, size_t elem) {
-  const int64_t es = static_cast<int64_t>(elem);
-  auto rows16 = [es, count, k](const void* p, int64_t stride, int64_t ld, int64_t rows) {
-    const int64_t s = count > 1 ? stride : rows * ld;
-    return reinterpret_cast<uintptr_t>(p) % 16 == 0 && (s * es) % 16 == 0 && (ld * es) % 16 == 0 && s * es > 0 &&
-           s * es < (int64_t{1} << 40) && ld >= k;
-  };
-  // TMA coordinates are 32-bit: rows, k and the batch index below 2^31
-  return m > 0 && n > 0 && k > 0 && count > 0 && rows16(a, a_stride, lda, m) && rows16(b, b_stride, ldb, n) &&
-         m < (int64_t{1} << 31) - kWgTile && n < (int64_t{1} << 31) - kWgTile && k < (int64_t{1} << 30) &&
-         count < (int64_t{1} << 31) && (m + kWgTile - 1) / kWgTile <= 65535;
-}
-
 inline void lowrank_sm90a_init() {
   wg_set_smem<float, float>();
   wg_set_smem<__nv_bfloat16, float>();
   wg_set_smem<__nv_bfloat16, __nv_bfloat16>();
 }
 
-inline bool lowrank_sm90a(const Ctx& c, ConstMatBatch a, ConstMatBatch b, void* const* cptr, const float* coef, int64_t count,
-                   int64_t ldc, bool bf16_ab, bool bf16_c) {
+// False (nothing launched) where the driver refuses a tensor map (rows of A
+// or B not 16-byte aligned, say) or C has more than 65535 row tiles.
+inline bool lowrank_sm90a(const Ctx& c, ConstMatBatch a, ConstMatBatch b, void* const* cptr, const float* coef,
+                          int64_t count, int64_t ldc, bool bf16_ab, bool bf16_c) {
   const int64_t m = a.rows, n = b.rows, k = a.cols;
   if (count <= 0 || m <= 0 || n <= 0) return true;
+  const int64_t tiles_m = (m + kWgTile - 1) / kWgTile, tiles_n = (n + kWgTile - 1) / kWgTile;
   CUtensorMap ta, tb;
-  if (!wg_map(&ta, a.p, a.stride, a.ld, m, k, count, bf16_ab) || !wg_map(&tb, b.p, b.stride, b.ld, n, k, count, bf16_ab))
+  if (tiles_m > 65535 || !wg_map(&ta, a.p, a.stride, a.ld, m, k, count, bf16_ab) ||
+      !wg_map(&tb, b.p, b.stride, b.ld, n, k, count, bf16_ab))
     return false;
-  const dim3 grid(static_cast<unsigned>((n + kWgTile - 1) / kWgTile), static_cast<unsigned>((m + kWgTile - 1) / kWgTile),
+  const dim3 grid(static_cast<unsigned>(tiles_n), static_cast<unsigned>(tiles_m),
                   static_cast<unsigned>(count < 65535 ? count : 65535));
   if (!bf16_ab)
     lowrank_sm90a_kernel<float, float>

@@ -1144,8 +1144,9 @@ class CudaBackend final : public Backend {
   // over every matrix and node (tri_inverse_levels): the 2^k diagonal blocks
   // in one kernel (kernels::tri_inverse_leaves), then per level one
   // pointer-array fill and two GEMMs, bottom up. For n = 512 that is 10
-  // launches instead of the recursion's 47 (the calls are latency-bound: 64 x 64 products of a batch
-  // of 24 take about as long as 256 x 256 ones, measured on an H100).
+  // launches instead of the recursion's 23 (a zero fill, 8 leaf kernels, 14
+  // GEMMs; the calls are latency-bound: 64 x 64 products of a batch of 24
+  // take about as long as 256 x 256 ones, measured on an H100).
   //
   // prec: the GEMMs' precision above the diagonal blocks, FP32 or TF32
   // (tensor cores, for an inverse that only preconditions:
