@@ -44,6 +44,34 @@ __global__ void store_kernel(void* dst, const float* src, int64_t n) {
   convert_span(dst, DT, src, DION_DTYPE_FP32, n);
 }
 
+// hi = bf16(src), lo = bf16(src - hi) (Backend::split_bf16), eight elements
+// per thread where all three are 16-byte aligned.
+__global__ void split_bf16_kernel(uint16_t* hi, uint16_t* lo, const float* src, int64_t n) {
+  int64_t i0 = 0;
+  if (aligned16(src) && aligned16(hi) && aligned16(lo)) {
+    const int64_t n8 = n / 8;
+    for (int64_t j = global_thread(); j < n8; j += grid_threads()) {
+      float v[8], r[8];
+      load8(src, DION_DTYPE_FP32, j, v);
+      uint32_t h[4];
+#pragma unroll
+      for (int k = 0; k < 4; ++k) {
+        h[k] = half2_bits(v[2 * k], v[2 * k + 1], DION_DTYPE_BF16);
+        r[2 * k] = v[2 * k] - __uint_as_float(h[k] << 16);
+        r[2 * k + 1] = v[2 * k + 1] - __uint_as_float(h[k] & 0xffff0000u);
+      }
+      reinterpret_cast<uint4*>(hi)[j] = make_uint4(h[0], h[1], h[2], h[3]);
+      store8(lo, DION_DTYPE_BF16, j, r);
+    }
+    i0 = n8 * 8;
+  }
+  for (int64_t i = i0 + global_thread(); i < n; i += grid_threads()) {
+    const uint16_t h = float_to_bf16(src[i]);
+    hi[i] = h;
+    lo[i] = float_to_bf16(src[i] - bf16_to_float(h));
+  }
+}
+
 // The typed loads and stores of whole batches move every element of the
 // batch's tensors once: 8 elements per thread with 16-byte accesses when the
 // tensor and its row of the fp32 buffer are both 16-byte aligned (the usual
@@ -398,6 +426,13 @@ void store(const Ctx& c, void* dst, dion_dtype_t dt, const float* src, int64_t n
   else
     store_kernel<DION_DTYPE_FP16><<<blocks, kThreads, 0, c.stream>>>(dst, src, n);
   cuda::check_launch("store kernel");
+}
+
+void split_bf16(const Ctx& c, void* hi, void* lo, const float* src, int64_t n) {
+  if (n <= 0) return;
+  split_bf16_kernel<<<blocks_1d(c, (n + 7) / 8), kThreads, 0, c.stream>>>(static_cast<uint16_t*>(hi),
+                                                                          static_cast<uint16_t*>(lo), src, n);
+  cuda::check_launch("split_bf16 kernel");
 }
 
 void load_multi(const Ctx& c, float* dst, const TensorEntry* list, int64_t count, Field f, int64_t n) {

@@ -23,6 +23,7 @@ struct Ctx {
 // ---- elementwise.cu ----
 void load(const Ctx& c, float* dst, const void* src, dion_dtype_t dt, int64_t n);
 void store(const Ctx& c, void* dst, dion_dtype_t dt, const float* src, int64_t n);
+void split_bf16(const Ctx& c, void* hi, void* lo, const float* src, int64_t n);
 void load_multi(const Ctx& c, float* dst, const TensorEntry* list, int64_t count, Field f, int64_t n);
 void load_multi_bf16(const Ctx& c, void* dst, const TensorEntry* list, int64_t count, Field f, int64_t n);
 void store_multi(const Ctx& c, const TensorEntry* list, int64_t count, Field f, const float* src, int64_t n,

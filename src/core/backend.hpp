@@ -173,6 +173,12 @@ class Backend {
   // ---- conversions ----
   virtual void load(float* dst, const void* src, dion_dtype_t dt, int64_t n) = 0;
   virtual void store(void* dst, dion_dtype_t dt, const float* src, int64_t n) = 0;
+  // src split into two bf16 parts, hi = bf16(src) and lo = bf16(src - hi)
+  // (round to nearest even, as store(BF16)), so that hi + lo is src to
+  // 2^-16 relative (|src - hi - lo| <= 2^-8 |src - hi| <= 2^-16 |src|) and
+  // a product with an exactly-bf16 factor can run as two bf16 products with
+  // fp32 accumulation (RCQR's sketch at matmul precision FP32).
+  virtual void split_bf16(void* hi, void* lo, const float* src, int64_t n) = 0;
   // Batched over `count` tensors of `n` elements each: dst[i*n + j] = field f of list[i], element j.
   virtual void load_multi(float* dst, const TensorEntry* list, int64_t count, Field f, int64_t n) = 0;
   // The same into bf16 elements (dst: count x n, dense): store(BF16) of

@@ -94,6 +94,40 @@ TEST_F(OpsTest, LoadStoreAllDtypes) {
   }
 }
 
+// split_bf16 (RCQR's split sketch at FP32): the host's bits for hi and lo,
+// where the buffers are 16-byte aligned (chunks of eight, a tail of three)
+// and where they are not (element by element). hi is store(BF16)'s; for
+// Inf and NaN inputs lo is a NaN on both (inf - inf), whose payload the
+// two processors may set differently, so only its NaN-ness is compared.
+TEST_F(OpsTest, SplitBf16MatchesHost) {
+  const std::vector<float> in = conversion_inputs(rng);
+  const int64_t n = static_cast<int64_t>(in.size());
+  std::vector<uint16_t> hh(static_cast<size_t>(n)), hl(static_cast<size_t>(n)), hs(static_cast<size_t>(n));
+  host->split_bf16(hh.data(), hl.data(), in.data(), n);
+  host->store(hs.data(), DION_DTYPE_BF16, in.data(), n);
+  EXPECT_TRUE(same_bits(hs, hh));
+  for (int64_t off : {int64_t(0), int64_t(1)}) {
+    SCOPED_TRACE(off ? "misaligned" : "aligned");
+    Dev<float> din(static_cast<size_t>(n + off));
+    Dev<uint16_t> dh(static_cast<size_t>(n + off)), dl(static_cast<size_t>(n + 2 * off));
+    cuda_ok(cudaMemcpy(din.p() + off, in.data(), sizeof(float) * static_cast<size_t>(n), cudaMemcpyHostToDevice),
+            "upload");
+    cuda->split_bf16(dh.p() + off, dl.p() + 2 * off, din.p() + off, n);
+    const std::vector<uint16_t> gh = dh.get(), gl = dl.get();
+    const std::vector<uint16_t> dhv(gh.begin() + off, gh.begin() + off + n), dlv(gl.begin() + 2 * off, gl.begin() + 2 * off + n);
+    EXPECT_TRUE(same_bits(hh, dhv));
+    int64_t bad = 0;
+    for (int64_t i = 0; i < n; ++i) {
+      const size_t k = static_cast<size_t>(i);
+      if (std::isfinite(in[k]))
+        bad += hl[k] != dlv[k];
+      else
+        bad += !(std::isnan(bf16_to_float(hl[k])) && std::isnan(bf16_to_float(dlv[k])));
+    }
+    EXPECT_EQ(bad, 0) << "lo parts that differ from the host's";
+  }
+}
+
 // store to bf16 and fp16 of a buffer long enough that every thread walks
 // several chunks of eight (24M elements: more than 4 chunks per thread on a
 // device of up to 146 SMs), with a tail of 5 elements past the last whole

@@ -85,6 +85,31 @@ class HostFused : public ::testing::Test {
   std::mt19937 rng{20261122u};
 };
 
+// split_bf16: hi is store(BF16) of the value and lo = bf16(x - hi), so
+// |x - hi - lo| <= 2^-8 |x - hi| <= 2^-16 |x| (round to nearest, 8
+// significant bits each: unit roundoff 2^-8) where x - hi is a normal
+// number, and at most half the bf16 subnormal spacing (2^-134) beyond that. Values over the whole
+// fp32 range, including subnormals and zeros.
+TEST_F(HostFused, SplitBf16PartsSumToTheValue) {
+  std::normal_distribution<float> g(0.0f, 1.0f);
+  std::uniform_int_distribution<int> e(-140, 120);
+  std::vector<float> x = {0.0f, -0.0f, 1.0f, 1.00390625f, 1.005859375f, 3.0e38f, 1e-40f, -1e-45f};
+  while (x.size() < 100000) x.push_back(std::ldexp(g(rng), e(rng)));
+  const int64_t n = static_cast<int64_t>(x.size());
+  std::vector<uint16_t> hi(x.size()), lo(x.size()), st(x.size());
+  be->split_bf16(hi.data(), lo.data(), x.data(), n);
+  be->store(st.data(), DION_DTYPE_BF16, x.data(), n);
+  EXPECT_EQ(hi, st);
+  int64_t bad = 0;
+  for (size_t i = 0; i < x.size(); ++i) {
+    const double h = bf16_to_float(hi[i]), l = bf16_to_float(lo[i]), v = x[i];
+    const double err = std::fabs(v - h - l);
+    if (err > std::max(std::ldexp(std::fabs(v), -16), std::ldexp(1.0, -134)) && ++bad <= 5)
+      ADD_FAILURE() << "x = " << v << ": hi " << h << " + lo " << l << " is off by " << err;
+  }
+  EXPECT_EQ(bad, 0);
+}
+
 // Muon's momentum (mu, nesterov) and Dion2's M += G (mu = 1, M not stored).
 TEST_F(HostFused, MomentumMultiEqualsLoadAxpbyStore) {
   const int64_t count = 3, n = 37, N = count * n;

@@ -402,6 +402,11 @@ class CudaBackend final : public Backend {
     ProfScope ps(prof_, "store", stream_);
     kernels::store(ctx(), dst, dt, src, n);
   }
+  void split_bf16(void* hi, void* lo, const float* src, int64_t n) override {
+    DeviceScope ds(device_);
+    ProfScope ps(prof_, "split_bf16", stream_);
+    kernels::split_bf16(ctx(), hi, lo, src, n);
+  }
   void load_multi(float* dst, const TensorEntry* list, int64_t count, Field f, int64_t n) override {
     DeviceScope ds(device_);
     ProfScope ps(prof_, "load_multi", stream_);

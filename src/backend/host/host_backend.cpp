@@ -101,6 +101,13 @@ class HostBackend final : public Backend {
     }
     for (int64_t i = 0; i < n; ++i) store_elem(dst, dt, i, src[i]);
   }
+  void split_bf16(void* hi, void* lo, const float* src, int64_t n) override {
+    for (int64_t i = 0; i < n; ++i) {
+      const uint16_t h = float_to_bf16(src[i]);
+      static_cast<uint16_t*>(hi)[i] = h;
+      static_cast<uint16_t*>(lo)[i] = float_to_bf16(src[i] - bf16_to_float(h));
+    }
+  }
   void load_multi(float* dst, const TensorEntry* list, int64_t count, Field f, int64_t n) override {
     for (int64_t i = 0; i < count; ++i)
       load(dst + i * n, list[i].ptr[f], static_cast<dion_dtype_t>(list[i].dtype[f]), n);
