@@ -374,9 +374,22 @@ void inner_fallback(Optimizer& opt, const Dist& d, const Shape& s, ConstMatBatch
 // bf16 (bf16(P) exactly: the reduced bf16 slots P was widened from,
 // bf16_comm), which saves rounding P again. (A TF32 product of the fp32 S and P,
 // without P's bf16 copy, was slower: docs/benchmarks.md.)
+// At matmul precision FP32 on a device, with `split` (T a r floats of
+// scratch, free until the sketch is taken), the same bf16 S multiplies P
+// split into two bf16 parts (split_bf16: P = hi + lo to 2^-16), two bf16
+// products accumulated in fp32, at the bf16 tensor-core rate instead of the
+// SIMT fp32 one (the sketch is 0.39 of gpt-1.3b's 5.98 TFLOP at r = 0.25
+// and 5.7 of 36.4 at r = 1.0). Rounding S is no loss: a bf16 S is as much a
+// random sketch independent of P as the fp32 one. Only P's error in the
+// product could matter, by leaving P1 = P R1^-1 less well conditioned
+// (cond(P1) grows with that error times cond(P)) and so Cholesky QR's
+// result less orthonormal; the GPU suite's SketchSplit test asserts P's
+// orthonormal factor to 1e-5 at cond(P) ~ 1e6, where the host measured the
+// split (emulated) at 3.3e-7 against the exact sketch's 2.5e-7, and P
+// rounded to TF32 at 2.9e-3. DION_SKETCH_SPLIT=0 keeps the SGEMM.
 // Workspace: sketch_floats (the fp32 S, or the bf16 S and P).
 void sketch_product(Optimizer& opt, const Group& g, const Shape& s, int iter, ConstMatBatch P, MatBatch SP,
-                    dion_matmul_precision_t prec, const void* P16 = nullptr) {
+                    dion_matmul_precision_t prec, const void* P16 = nullptr, float* split = nullptr) {
   Backend& be = *opt.backend;
   const int64_t T = SP.batch;
   const uint32_t shape_id = static_cast<uint32_t>(s.ag) * 0x9E3779B1u + static_cast<uint32_t>(s.k);
@@ -393,6 +406,22 @@ void sketch_product(Optimizer& opt, const Group& g, const Shape& s, int iter, Co
     }
     be.gemm_bf16_f32(false, false, 1.0f, ConstMatBatch(S, s.k, s.a, s.a, 0, T),
                      ConstMatBatch(pb, s.a, s.r, s.r, s.a * s.r, T), 0.0f, SP);
+    return;
+  }
+  const bool split_on = env_on("DION_SKETCH_SPLIT");  // read at each step (docs/ENV.md)
+  if (prec == DION_MATMUL_FP32 && split && split_on && !be.host_memory() && P.ld == s.r &&
+      P.stride == s.a * s.r) {
+    float* S = opt.ws.take((s.k * s.a + 1) / 2);
+    be.randn_bf16(S, 1, s.k, s.a, 0, s.a_off, s.ag, key, nullptr, &g.scalars->step, scale);
+    const int64_t n = T * s.a * s.r;
+    uint16_t* hi = reinterpret_cast<uint16_t*>(split);
+    be.split_bf16(hi, hi + n, P.p, n);  // lo right after hi: 2 n bf16 = n floats
+    const ConstMatBatch Sb(S, s.k, s.a, s.a, 0, T);
+    const auto part = [&](const uint16_t* x) {
+      return ConstMatBatch(reinterpret_cast<const float*>(x), s.a, s.r, s.r, s.a * s.r, T);
+    };
+    be.gemm_bf16_f32(false, false, 1.0f, Sb, part(hi), 0.0f, SP);
+    be.gemm_bf16_f32(false, false, 1.0f, Sb, part(hi + n), 1.0f, SP);
     return;
   }
   float* S = opt.ws.take(s.k * s.a);
@@ -503,9 +532,9 @@ float* orth(Optimizer& opt, const Group& g, const Shape& s, const Dist& d, MatBa
     // Randomized Cholesky QR: R1 = qr_r(S P); P1 = P R1^-1; P2 = P1 chol(P1^T P1)^-1.
     MatBatch SP{opt.ws.take(sp.slots * s.k * s.r), s.k, s.r, s.r, s.k * s.r, T};
     MatBatch R1{opt.ws.take(T * rr), s.r, s.r, s.r, rr, T};
-    sketch_product(opt, g, s, iter, P, SP, prec, P16);
+    MatBatch X{opt.ws.take(T * s.a * s.r), s.a, s.r, s.r, s.a * s.r, T};  // P1; first the sketch's scratch
+    sketch_product(opt, g, s, iter, P, SP, prec, P16, X.p);
     split_qr_r(opt, sp, d.inner, SP, R1, sp.scatter ? opt.ws.take(sp.block * s.k * s.r) : nullptr);
-    MatBatch X{opt.ws.take(T * s.a * s.r), s.a, s.r, s.r, s.a * s.r, T};
     be.trsm_right_upper(R1, P, X, prec);
     P1 = X;
   }
@@ -1150,7 +1179,8 @@ bool step_group(Optimizer& opt, Group& g) {
     if (u.p16 && !u.solve16 && u.P.batch > 0) be.load(u.P.p, u.mineb, DION_DTYPE_BF16, u.P.batch * u.s.a * u.s.r);
     if (method != DION_QR_RCQR || u.P.batch == 0) return;
     const size_t m = opt.ws.mark();
-    sketch_product(opt, g, u.s, 0, u.P, slice(SP, u.first, u.P.batch), prec, u.p16 ? u.mineb : nullptr);
+    sketch_product(opt, g, u.s, 0, u.P, slice(SP, u.first, u.P.batch), prec, u.p16 ? u.mineb : nullptr,
+                   u.P1.p);  // P1 (c a r floats) is free until the first solve
     opt.ws.rewind(m);
   };
   for (int64_t i = 0; i < nb; ++i) {

@@ -467,4 +467,170 @@ TEST(DionP16, PhasedWorkspaceHasNoFp32P) {
               on / 1048576.0, off / 1048576.0, lo / 1048576.0, hi / 1048576.0);
 }
 
+// RCQR's sketch at matmul precision FP32 on the GPU (src/algo/dion.cpp,
+// sketch_product): a bf16 S times P split into two bf16 parts, two bf16
+// products with fp32 accumulation, where the host keeps the fp32 SGEMM
+// (DION_SKETCH_SPLIT=0 keeps it on the GPU too). The sketch only
+// preconditions: the result is P's orthonormal factor whatever R1 is, so
+// what the split could cost is P1 = P R1^-1's conditioning, which grows by
+// the product's relative error (up to 2^-16 from the split, plus the fp32
+// accumulation) times cond(P), and Cholesky QR loses about cond(P1)^2 eps
+// of orthogonality. The property is asserted on an ill-conditioned P: the
+// first step's momentum is a rank-r matrix with singular values from 1 down
+// to 1e-6, so cond(P = M Q0) is about 1e6 times that of the random r x r
+// V^T Q0. With wd = 0, X0 = 0 and lr sqrt(m/n) = c, the step is
+// X1 = -c P Q^T with Q (b x r) the "Q" state it leaves, so
+// X1^T X1 = c^2 Q (P^T P) Q^T must be c^2 Q Q^T. The bound, 1e-5 relative
+// (Frobenius), is set by the sketch's precision: on the host (fp32 SGEMM
+// sketch, S rounded to bf16), this input gave 2.5e-7 with P exact, 3.3e-7
+// with P replaced by its two bf16 parts' sum (the split), and with P
+// rounded to 16 significant bits 1.4e-6, to 15 bits 3.8e-6; with S in fp32
+// and P rounded to TF32's 11 bits 2.9e-3, to 9 bits 1.1e-2. So a split
+// that lost its low part (a single bf16 product), or whose two parts did
+// not sum to S P, fails it. Asserted on the host, on both GPU paths,
+// for one tensor (orth()) and a group of two buckets (the phased step); and
+// the switch changes the GPU's result (the split path is the one taken).
+namespace sketch_split {
+
+struct Result {
+  std::vector<std::vector<float>> x, q;  // per tensor: X1, Q after the step
+};
+
+std::vector<float> orthonormal_columns(int64_t rows, int64_t cols, uint64_t seed) {
+  std::vector<double> a(static_cast<size_t>(rows * cols));
+  for (size_t i = 0; i < a.size(); ++i) a[i] = hash_uniform(seed, i);
+  for (int pass = 0; pass < 2; ++pass)  // Gram-Schmidt twice, in double
+    for (int64_t j = 0; j < cols; ++j) {
+      for (int64_t k = 0; k < j; ++k) {
+        double d = 0;
+        for (int64_t i = 0; i < rows; ++i) d += a[i * cols + j] * a[i * cols + k];
+        for (int64_t i = 0; i < rows; ++i) a[i * cols + j] -= d * a[i * cols + k];
+      }
+      double nn = 0;
+      for (int64_t i = 0; i < rows; ++i) nn += a[i * cols + j] * a[i * cols + j];
+      for (int64_t i = 0; i < rows; ++i) a[i * cols + j] /= std::sqrt(nn);
+    }
+  return std::vector<float>(a.begin(), a.end());
+}
+
+// G = U diag(sigma) V^T, U m x r and V n x r orthonormal, sigma_i = 10^(-5 i / (r - 1)).
+std::vector<float> graded_gradient(int64_t m, int64_t n, int64_t r, uint64_t seed) {
+  const std::vector<float> u = orthonormal_columns(m, r, seed), v = orthonormal_columns(n, r, seed + 1);
+  std::vector<float> g(static_cast<size_t>(m * n));
+  for (int64_t i = 0; i < m; ++i)
+    for (int64_t j = 0; j < n; ++j) {
+      double acc = 0;
+      for (int64_t k = 0; k < r; ++k)
+        acc += std::pow(10.0, -6.0 * k / static_cast<double>(r - 1)) * u[i * r + k] * v[j * r + k];
+      g[static_cast<size_t>(i * n + j)] = static_cast<float>(acc);
+    }
+  return g;
+}
+
+Result run(dion_backend_t backend, const std::vector<int64_t>& rows, int64_t n, const std::vector<std::vector<float>>& g,
+           int64_t r) {
+  Result res;
+  Optimizer opt;
+  if (opt.create(options(backend, 11)) != DION_SUCCESS) return res;
+  dion_group_options_t go = group_options(DION_ALGO_DION);
+  go.lr = 0.01;
+  go.weight_decay = 0.0;
+  go.matmul_precision = DION_MATMUL_FP32;
+  go.rank_fraction = static_cast<double>(r) / static_cast<double>(n);
+  const size_t T = rows.size();
+  std::vector<DeviceBuffer> dx(T), dg(T);
+  std::vector<dion_tensor_t> ts;
+  res.x.resize(T);
+  for (size_t t = 0; t < T; ++t) {
+    res.x[t].assign(static_cast<size_t>(rows[t] * n), 0.0f);
+    void* pp = res.x[t].data();
+    const void* gp = g[t].data();
+    const size_t bytes = res.x[t].size() * sizeof(float);
+    if (backend == DION_BACKEND_CUDA) {
+      EXPECT_EQ(dx[t].allocate(bytes), cudaSuccess);
+      EXPECT_EQ(dg[t].allocate(bytes), cudaSuccess);
+      EXPECT_EQ(dx[t].upload(res.x[t].data(), bytes), cudaSuccess);
+      EXPECT_EQ(dg[t].upload(g[t].data(), bytes), cudaSuccess);
+      pp = dx[t].get();
+      gp = dg[t].get();
+    }
+    ts.push_back(descriptor("w", pp, gp, DION_DTYPE_FP32, {rows[t], n}));
+  }
+  EXPECT_EQ(dion_add_group(opt, &go, ts.data(), static_cast<int32_t>(T), nullptr), DION_SUCCESS)
+      << dion_last_error(opt);
+  EXPECT_EQ(dion_step(opt, nullptr), DION_SUCCESS) << dion_last_error(opt);
+  res.q.resize(T);
+  for (size_t t = 0; t < T; ++t) {
+    if (backend == DION_BACKEND_CUDA) {
+      EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+      EXPECT_EQ(dx[t].download(res.x[t].data(), res.x[t].size() * sizeof(float)), cudaSuccess);
+    }
+    int32_t qi = -1;
+    EXPECT_EQ(dion_state_find(opt, static_cast<int32_t>(t), "Q", &qi), DION_SUCCESS) << dion_last_error(opt);
+    res.q[t].assign(static_cast<size_t>(n * r), 0.0f);
+    EXPECT_EQ(dion_state_read(opt, qi, res.q[t].data(), res.q[t].size() * sizeof(float), nullptr), DION_SUCCESS)
+        << dion_last_error(opt);
+  }
+  return res;
+}
+
+// || X^T X - c^2 Q Q^T ||_F / || c^2 Q Q^T ||_F for X m x n, Q n x r.
+double orth_error(const std::vector<float>& x, const std::vector<float>& q, int64_t m, int64_t n, int64_t r) {
+  const double c2 = 0.01 * 0.01 * static_cast<double>(m) / static_cast<double>(n);
+  double err = 0, ref = 0;
+  for (int64_t a = 0; a < n; ++a)
+    for (int64_t b = 0; b <= a; ++b) {
+      double xx = 0, qq = 0;
+      for (int64_t i = 0; i < m; ++i) xx += static_cast<double>(x[i * n + a]) * x[i * n + b];
+      for (int64_t k = 0; k < r; ++k) qq += static_cast<double>(q[a * r + k]) * q[b * r + k];
+      qq *= c2;
+      const double w = a == b ? 1.0 : 2.0;
+      err += w * (xx - qq) * (xx - qq);
+      ref += w * qq * qq;
+    }
+  return std::sqrt(err / ref);
+}
+
+}  // namespace sketch_split
+
+TEST(SketchSplit, Fp32SketchKeepsAnIllConditionedPOrthonormal) {
+  const int64_t n = 256, r = 64;
+  const double bound = 1e-5;
+  const std::vector<std::vector<int64_t>> configs = {{512}, {512, 768}};
+  std::vector<std::vector<std::vector<float>>> grads;
+  for (const std::vector<int64_t>& rows : configs) {
+    SCOPED_TRACE(::testing::Message() << rows.size() << " bucket(s), host");
+    grads.emplace_back();
+    for (size_t t = 0; t < rows.size(); ++t)
+      grads.back().push_back(sketch_split::graded_gradient(rows[t], n, r, 40 + 2 * t));
+    const sketch_split::Result h = sketch_split::run(DION_BACKEND_HOST, rows, n, grads.back(), r);
+    ASSERT_EQ(h.x.size(), rows.size());
+    for (size_t t = 0; t < rows.size(); ++t) {
+      const double e = sketch_split::orth_error(h.x[t], h.q[t], rows[t], n, r);
+      EXPECT_LT(e, bound) << "tensor " << t;
+      std::printf("  host, %zu bucket(s), tensor %zu (%lld x %lld): %.3g\n", rows.size(), t,
+                  static_cast<long long>(rows[t]), static_cast<long long>(n), e);
+    }
+  }
+  DION_REQUIRE_GPU();
+  for (size_t c = 0; c < configs.size(); ++c) {
+    const std::vector<int64_t>& rows = configs[c];
+    SCOPED_TRACE(::testing::Message() << rows.size() << " bucket(s), cuda");
+    const sketch_split::Result on = sketch_split::run(DION_BACKEND_CUDA, rows, n, grads[c], r);
+    ASSERT_EQ(setenv("DION_SKETCH_SPLIT", "0", 1), 0);
+    const sketch_split::Result off = sketch_split::run(DION_BACKEND_CUDA, rows, n, grads[c], r);
+    ASSERT_EQ(unsetenv("DION_SKETCH_SPLIT"), 0);
+    ASSERT_EQ(on.x.size(), rows.size());
+    ASSERT_EQ(off.x.size(), rows.size());
+    for (size_t t = 0; t < rows.size(); ++t) {
+      const double eon = sketch_split::orth_error(on.x[t], on.q[t], rows[t], n, r);
+      const double eoff = sketch_split::orth_error(off.x[t], off.q[t], rows[t], n, r);
+      EXPECT_LT(eon, bound) << "split sketch, tensor " << t;
+      EXPECT_LT(eoff, bound) << "SGEMM sketch, tensor " << t;
+      EXPECT_NE(on.x[t], off.x[t]) << "DION_SKETCH_SPLIT=0 changed nothing: was the split sketch used?";
+      std::printf("  cuda, %zu bucket(s), tensor %zu: split %.3g, SGEMM %.3g\n", rows.size(), t, eon, eoff);
+    }
+  }
+}
+
 }  // namespace
