@@ -54,7 +54,10 @@
 //   AdamW, Lion: 0 (element-wise).
 // All FLOPs are charged at the rate of the chosen precision, even the few small
 // products the library may run in fp32 (Gram matrix, QR): the floor stays a
-// lower bound. Symmetric kernels (syrk-style Gram products) can undercut the
+// lower bound. One exception, faster than the chosen precision: at fp32 the
+// library computes RCQR's sketch S P as two bf16 products (P split in two
+// bf16 parts, DION_SKETCH_SPLIT), so there the 2kar FLOPs of S P are charged
+// twice at the bf16 rate (measured too) instead of once at the fp32 one. Symmetric kernels (syrk-style Gram products) can undercut the
 // 2 s^2 l Gram term, so a ratio a little below 1 is possible for Muon.
 //
 // Bytes per matrix (minimal traffic; e = elements, p = dtype size of the
@@ -195,6 +198,7 @@ double poly_flops(double s, double l, int phases) {
 struct Cost {
   double flops = 0;
   double bytes = 0;
+  double sketch_flops = 0;  // Dion's S P, within flops
 };
 
 Cost matrix_cost(const Algo& algo, const Shape& sh, Dtype dt, int phases) {
@@ -210,6 +214,7 @@ Cost matrix_cost(const Algo& algo, const Shape& sh, Dtype dt, int phases) {
       const double a = static_cast<double>(hi), b = static_cast<double>(lo), rr = static_cast<double>(r);
       const double k = 128.0 * std::ceil(kOversample * rr / 128.0);
       c.flops = 8.0 * a * b * rr;
+      if (hi > r) c.sketch_flops = 2.0 * k * a * rr;
       if (hi > r)
         c.flops += 2.0 * k * a * rr + 2.0 * k * rr * rr - 2.0 * rr * rr * rr / 3.0 + 4.0 * a * rr * rr +
                    rr * rr * rr / 3.0;
@@ -258,6 +263,7 @@ Cost workload_cost(const Algo& algo, const std::vector<Shape>& shapes, Dtype dt,
     Cost c = matrix_cost(algo, s, dt, phases);
     total.flops += c.flops;
     total.bytes += c.bytes;
+    total.sketch_flops += c.sketch_flops;
   }
   return total;
 }
@@ -640,7 +646,11 @@ bool run_config(const Config& c, const Options& o, const Rates& rates, const std
 
   const Cost cost = workload_cost(*c.algo, shapes, c.dtype, c.precision);
   const double gemm_rate = rates.gemm[static_cast<int>(c.precision)];
-  const double floor_s = std::max(cost.flops / gemm_rate, cost.bytes / rates.copy);
+  // FP32: the sketch as two bf16 products (see the floor model above)
+  const bool split = c.precision == Precision::kFp32 && cost.sketch_flops > 0 && rates.gemm[2] > 0;
+  const double flop_s = split ? (cost.flops - cost.sketch_flops) / gemm_rate + 2 * cost.sketch_flops / rates.gemm[2]
+                              : cost.flops / gemm_rate;
+  const double floor_s = std::max(flop_s, cost.bytes / rates.copy);
   const double floor_ms = floor_s * 1e3;
 
   std::printf(
@@ -800,7 +810,11 @@ int main(int argc, char** argv) {
     cudaStream_t s = nullptr;
     BENCH_CUDA(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
     bool need[3] = {false, false, false};
-    for (const Config& c : configs) need[static_cast<int>(c.precision)] = true;
+    for (const Config& c : configs) {
+      need[static_cast<int>(c.precision)] = true;
+      // fp32 Dion's sketch runs at the bf16 rate (the floor model above)
+      if (c.precision == Precision::kFp32 && c.algo->algorithm == DION_ALGO_DION) need[2] = true;
+    }
     for (int p = 0; p < 3; ++p)
       if (need[p]) rates.gemm[p] = measure_gemm_rate(static_cast<Precision>(p), s);
     rates.copy = measure_copy_bw(s);
