@@ -374,8 +374,8 @@ void inner_fallback(Optimizer& opt, const Dist& d, const Shape& s, ConstMatBatch
 // bf16 (bf16(P) exactly: the reduced bf16 slots P was widened from,
 // bf16_comm), which saves rounding P again. (A TF32 product of the fp32 S and P,
 // without P's bf16 copy, was slower: docs/benchmarks.md.)
-// At matmul precision FP32 on a device, with `split` (T a r floats of
-// scratch, free until the sketch is taken), the same bf16 S multiplies P
+// At matmul precision FP32 on a device, with `split` (a buffer of T a r
+// floats taken from the workspace, free until the sketch is taken), the same bf16 S multiplies P
 // split into two bf16 parts (split_bf16: P = hi + lo to 2^-16), two bf16
 // products accumulated in fp32, at the bf16 tensor-core rate instead of the
 // SIMT fp32 one (the sketch is 0.39 of gpt-1.3b's 5.98 TFLOP at r = 0.25
@@ -414,14 +414,17 @@ void sketch_product(Optimizer& opt, const Group& g, const Shape& s, int iter, Co
     float* S = opt.ws.take((s.k * s.a + 1) / 2);
     be.randn_bf16(S, 1, s.k, s.a, 0, s.a_off, s.ag, key, nullptr, &g.scalars->step, scale);
     const int64_t n = T * s.a * s.r;
+    // lo 16-byte aligned after hi: round_up(n, 8) + n bf16 fit in the
+    // ws_floats(n) floats (a multiple of 16) that `split` was taken as
     uint16_t* hi = reinterpret_cast<uint16_t*>(split);
-    be.split_bf16(hi, hi + n, P.p, n);  // lo right after hi: 2 n bf16 = n floats
+    uint16_t* lo = hi + (n + 7) / 8 * 8;
+    be.split_bf16(hi, lo, P.p, n);
     const ConstMatBatch Sb(S, s.k, s.a, s.a, 0, T);
     const auto part = [&](const uint16_t* x) {
       return ConstMatBatch(reinterpret_cast<const float*>(x), s.a, s.r, s.r, s.a * s.r, T);
     };
     be.gemm_bf16_f32(false, false, 1.0f, Sb, part(hi), 0.0f, SP);
-    be.gemm_bf16_f32(false, false, 1.0f, Sb, part(hi + n), 1.0f, SP);
+    be.gemm_bf16_f32(false, false, 1.0f, Sb, part(lo), 1.0f, SP);
     return;
   }
   float* S = opt.ws.take(s.k * s.a);

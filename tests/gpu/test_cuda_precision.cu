@@ -488,8 +488,10 @@ TEST(DionP16, PhasedWorkspaceHasNoFp32P) {
 // and P rounded to TF32's 11 bits 2.9e-3, to 9 bits 1.1e-2. So a split
 // that lost its low part (a single bf16 product), or whose two parts did
 // not sum to S P, fails it. Asserted on the host, on both GPU paths,
-// for one tensor (orth()) and a group of two buckets (the phased step); and
-// the switch changes the GPU's result (the split path is the one taken).
+// for one tensor (orth()), a group of two buckets (the phased step) and one
+// tensor of rank 63 and 515 rows (a r odd: the low part's offset rounded up
+// to 16 bytes); and the switch changes the GPU's result (the split path is
+// the one taken).
 namespace sketch_split {
 
 struct Result {
@@ -594,41 +596,46 @@ double orth_error(const std::vector<float>& x, const std::vector<float>& q, int6
 }  // namespace sketch_split
 
 TEST(SketchSplit, Fp32SketchKeepsAnIllConditionedPOrthonormal) {
-  const int64_t n = 256, r = 64;
+  const int64_t n = 256;
   const double bound = 1e-5;
-  const std::vector<std::vector<int64_t>> configs = {{512}, {512, 768}};
+  struct Config {
+    std::vector<int64_t> rows;
+    int64_t r;
+  };
+  const std::vector<Config> configs = {{{512}, 64}, {{512, 768}, 64}, {{515}, 63}};
   std::vector<std::vector<std::vector<float>>> grads;
-  for (const std::vector<int64_t>& rows : configs) {
-    SCOPED_TRACE(::testing::Message() << rows.size() << " bucket(s), host");
+  for (const Config& c : configs) {
+    SCOPED_TRACE(::testing::Message() << c.rows.size() << " bucket(s), rank " << c.r << ", host");
     grads.emplace_back();
-    for (size_t t = 0; t < rows.size(); ++t)
-      grads.back().push_back(sketch_split::graded_gradient(rows[t], n, r, 40 + 2 * t));
-    const sketch_split::Result h = sketch_split::run(DION_BACKEND_HOST, rows, n, grads.back(), r);
-    ASSERT_EQ(h.x.size(), rows.size());
-    for (size_t t = 0; t < rows.size(); ++t) {
-      const double e = sketch_split::orth_error(h.x[t], h.q[t], rows[t], n, r);
+    for (size_t t = 0; t < c.rows.size(); ++t)
+      grads.back().push_back(sketch_split::graded_gradient(c.rows[t], n, c.r, 40 + 2 * t));
+    const sketch_split::Result h = sketch_split::run(DION_BACKEND_HOST, c.rows, n, grads.back(), c.r);
+    ASSERT_EQ(h.x.size(), c.rows.size());
+    for (size_t t = 0; t < c.rows.size(); ++t) {
+      const double e = sketch_split::orth_error(h.x[t], h.q[t], c.rows[t], n, c.r);
       EXPECT_LT(e, bound) << "tensor " << t;
-      std::printf("  host, %zu bucket(s), tensor %zu (%lld x %lld): %.3g\n", rows.size(), t,
-                  static_cast<long long>(rows[t]), static_cast<long long>(n), e);
+      std::printf("  host, %zu bucket(s), tensor %zu (%lld x %lld, rank %lld): %.3g\n", c.rows.size(), t,
+                  static_cast<long long>(c.rows[t]), static_cast<long long>(n), static_cast<long long>(c.r), e);
     }
   }
   DION_REQUIRE_GPU();
-  for (size_t c = 0; c < configs.size(); ++c) {
-    const std::vector<int64_t>& rows = configs[c];
-    SCOPED_TRACE(::testing::Message() << rows.size() << " bucket(s), cuda");
-    const sketch_split::Result on = sketch_split::run(DION_BACKEND_CUDA, rows, n, grads[c], r);
+  for (size_t ci = 0; ci < configs.size(); ++ci) {
+    const Config& c = configs[ci];
+    SCOPED_TRACE(::testing::Message() << c.rows.size() << " bucket(s), rank " << c.r << ", cuda");
+    const sketch_split::Result on = sketch_split::run(DION_BACKEND_CUDA, c.rows, n, grads[ci], c.r);
     ASSERT_EQ(setenv("DION_SKETCH_SPLIT", "0", 1), 0);
-    const sketch_split::Result off = sketch_split::run(DION_BACKEND_CUDA, rows, n, grads[c], r);
+    const sketch_split::Result off = sketch_split::run(DION_BACKEND_CUDA, c.rows, n, grads[ci], c.r);
     ASSERT_EQ(unsetenv("DION_SKETCH_SPLIT"), 0);
-    ASSERT_EQ(on.x.size(), rows.size());
-    ASSERT_EQ(off.x.size(), rows.size());
-    for (size_t t = 0; t < rows.size(); ++t) {
-      const double eon = sketch_split::orth_error(on.x[t], on.q[t], rows[t], n, r);
-      const double eoff = sketch_split::orth_error(off.x[t], off.q[t], rows[t], n, r);
+    ASSERT_EQ(on.x.size(), c.rows.size());
+    ASSERT_EQ(off.x.size(), c.rows.size());
+    for (size_t t = 0; t < c.rows.size(); ++t) {
+      const double eon = sketch_split::orth_error(on.x[t], on.q[t], c.rows[t], n, c.r);
+      const double eoff = sketch_split::orth_error(off.x[t], off.q[t], c.rows[t], n, c.r);
       EXPECT_LT(eon, bound) << "split sketch, tensor " << t;
       EXPECT_LT(eoff, bound) << "SGEMM sketch, tensor " << t;
       EXPECT_NE(on.x[t], off.x[t]) << "DION_SKETCH_SPLIT=0 changed nothing: was the split sketch used?";
-      std::printf("  cuda, %zu bucket(s), tensor %zu: split %.3g, SGEMM %.3g\n", rows.size(), t, eon, eoff);
+      std::printf("  cuda, %zu bucket(s), rank %lld, tensor %zu: split %.3g, SGEMM %.3g\n", c.rows.size(),
+                  static_cast<long long>(c.r), t, eon, eoff);
     }
   }
 }
