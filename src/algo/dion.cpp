@@ -395,7 +395,9 @@ void sketch_product(Optimizer& opt, const Group& g, const Shape& s, int iter, Co
   const uint32_t shape_id = static_cast<uint32_t>(s.ag) * 0x9E3779B1u + static_cast<uint32_t>(s.k);
   const PhiloxKey key{opt.options.seed, static_cast<uint32_t>(kRngSketch | (iter << 8)), shape_id, 0};
   const float scale = static_cast<float>(std::sqrt(1.0 / static_cast<double>(s.k)));
-  if (prec == DION_MATMUL_BF16 && !be.host_memory() && P.ld == s.r && P.stride == s.a * s.r) {
+  // (Both bf16 forms need a > 0: a rank's empty row shard (path 3) takes
+  // the fp32 product, whose empty sum writes S P = 0.)
+  if (prec == DION_MATMUL_BF16 && !be.host_memory() && s.a > 0 && P.ld == s.r && P.stride == s.a * s.r) {
     float* S = opt.ws.take((s.k * s.a + 1) / 2);
     be.randn_bf16(S, 1, s.k, s.a, 0, s.a_off, s.ag, key, nullptr, &g.scalars->step, scale);
     const float* pb = static_cast<const float*>(P16);
@@ -409,7 +411,7 @@ void sketch_product(Optimizer& opt, const Group& g, const Shape& s, int iter, Co
     return;
   }
   const bool split_on = env_on("DION_SKETCH_SPLIT");  // read at each step (docs/ENV.md)
-  if (prec == DION_MATMUL_FP32 && split && split_on && !be.host_memory() && P.ld == s.r &&
+  if (prec == DION_MATMUL_FP32 && split && split_on && !be.host_memory() && s.a > 0 && P.ld == s.r &&
       P.stride == s.a * s.r) {
     float* S = opt.ws.take((s.k * s.a + 1) / 2);
     be.randn_bf16(S, 1, s.k, s.a, 0, s.a_off, s.ag, key, nullptr, &g.scalars->step, scale);
