@@ -57,8 +57,9 @@
 // lower bound. One exception, faster than the chosen precision: at fp32 the
 // library computes RCQR's sketch S P as two bf16 products (P split in two
 // bf16 parts, DION_SKETCH_SPLIT), so there the 2kar FLOPs of S P are charged
-// twice at the bf16 rate (measured too) instead of once at the fp32 one. Symmetric kernels (syrk-style Gram products) can undercut the
-// 2 s^2 l Gram term, so a ratio a little below 1 is possible for Muon.
+// twice at the bf16 rate (measured too) instead of once at the fp32 one.
+// Symmetric kernels (syrk-style Gram products) can undercut the 2 s^2 l Gram
+// term, so a ratio a little below 1 is possible for Muon.
 //
 // Bytes per matrix (minimal traffic; e = elements, p = dtype size of the
 // parameter, which by default is also that of the gradient and every state):
@@ -214,12 +215,13 @@ Cost matrix_cost(const Algo& algo, const Shape& sh, Dtype dt, int phases) {
       const double a = static_cast<double>(hi), b = static_cast<double>(lo), rr = static_cast<double>(r);
       const double k = 128.0 * std::ceil(kOversample * rr / 128.0);
       c.flops = 8.0 * a * b * rr;
-      if (hi > r) c.sketch_flops = 2.0 * k * a * rr;
-      if (hi > r)
-        c.flops += 2.0 * k * a * rr + 2.0 * k * rr * rr - 2.0 * rr * rr * rr / 3.0 + 4.0 * a * rr * rr +
+      if (hi > r) {
+        c.sketch_flops = 2.0 * k * a * rr;
+        c.flops += c.sketch_flops + 2.0 * k * rr * rr - 2.0 * rr * rr * rr / 3.0 + 4.0 * a * rr * rr +
                    rr * rr * rr / 3.0;
-      else
+      } else {
         c.flops += 4.0 * a * rr * rr - 4.0 * rr * rr * rr / 3.0;
+      }
       c.bytes += 2.0 * e * p + 2.0 * b * rr * p;
       break;
     }

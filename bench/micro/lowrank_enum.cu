@@ -13,7 +13,8 @@
 // batch (median of 7; a configuration whose first timed call takes over 1.5
 // times the default's is left out).
 // Build and run on the GPU machine:
-//   nvcc -arch=sm_90 -O2 -o lowrank_enum bench/micro/lowrank_enum.cu -lcublasLt -lcublas && ./lowrank_enum [bf16|tf32|fp32|fp32big]...
+//   nvcc -arch=sm_90 -O2 -o lowrank_enum bench/micro/lowrank_enum.cu -lcublasLt -lcublas
+//   ./lowrank_enum [bf16|tf32|fp32|fp32big]...
 // (tf32, bf16: gpt-1.3b's shapes; fp32: gpt-160m's; fp32big: fp32 at gpt-1.3b's)
 #include <chrono>
 #include <cstring>

@@ -114,7 +114,8 @@ TEST_F(OpsTest, SplitBf16MatchesHost) {
             "upload");
     cuda->split_bf16(dh.p() + off, dl.p() + 2 * off, din.p() + off, n);
     const std::vector<uint16_t> gh = dh.get(), gl = dl.get();
-    const std::vector<uint16_t> dhv(gh.begin() + off, gh.begin() + off + n), dlv(gl.begin() + 2 * off, gl.begin() + 2 * off + n);
+    const std::vector<uint16_t> dhv(gh.begin() + off, gh.begin() + off + n);
+    const std::vector<uint16_t> dlv(gl.begin() + 2 * off, gl.begin() + 2 * off + n);
     EXPECT_TRUE(same_bits(hh, dhv));
     int64_t bad = 0;
     for (int64_t i = 0; i < n; ++i) {

@@ -529,8 +529,8 @@ std::vector<float> graded_gradient(int64_t m, int64_t n, int64_t r, uint64_t see
   return g;
 }
 
-Result run(dion_backend_t backend, const std::vector<int64_t>& rows, int64_t n, const std::vector<std::vector<float>>& g,
-           int64_t r) {
+Result run(dion_backend_t backend, const std::vector<int64_t>& rows, int64_t n,
+           const std::vector<std::vector<float>>& g, int64_t r) {
   Result res;
   Optimizer opt;
   if (opt.create(options(backend, 11)) != DION_SUCCESS) return res;

@@ -88,8 +88,8 @@ class HostFused : public ::testing::Test {
 // split_bf16: hi is store(BF16) of the value and lo = bf16(x - hi), so
 // |x - hi - lo| <= 2^-8 |x - hi| <= 2^-16 |x| (round to nearest, 8
 // significant bits each: unit roundoff 2^-8) where x - hi is a normal
-// number, and at most half the bf16 subnormal spacing (2^-134) beyond that. Values over the whole
-// fp32 range, including subnormals and zeros.
+// number, and at most half the bf16 subnormal spacing (2^-134) beyond
+// that. Values over the whole fp32 range, including subnormals and zeros.
 TEST_F(HostFused, SplitBf16PartsSumToTheValue) {
   std::normal_distribution<float> g(0.0f, 1.0f);
   std::uniform_int_distribution<int> e(-140, 120);
