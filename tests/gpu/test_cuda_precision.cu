@@ -498,24 +498,16 @@ struct Result {
   std::vector<std::vector<float>> x, q;  // per tensor: X1, Q after the step
 };
 
+// The orthonormal factor of a random rows x cols matrix (the reference's
+// Householder QR, in double), rounded to float.
 std::vector<float> orthonormal_columns(int64_t rows, int64_t cols, uint64_t seed) {
-  std::vector<double> a(static_cast<size_t>(rows * cols));
-  for (size_t i = 0; i < a.size(); ++i) a[i] = hash_uniform(seed, i);
-  for (int pass = 0; pass < 2; ++pass)  // Gram-Schmidt twice, in double
-    for (int64_t j = 0; j < cols; ++j) {
-      for (int64_t k = 0; k < j; ++k) {
-        double d = 0;
-        for (int64_t i = 0; i < rows; ++i) d += a[i * cols + j] * a[i * cols + k];
-        for (int64_t i = 0; i < rows; ++i) a[i * cols + j] -= d * a[i * cols + k];
-      }
-      double nn = 0;
-      for (int64_t i = 0; i < rows; ++i) nn += a[i * cols + j] * a[i * cols + j];
-      for (int64_t i = 0; i < rows; ++i) a[i * cols + j] /= std::sqrt(nn);
-    }
-  return std::vector<float>(a.begin(), a.end());
+  dionref::Matrix<double> a(rows, cols);
+  for (size_t i = 0; i < a.v.size(); ++i) a.v[i] = hash_uniform(seed, i);
+  const dionref::Matrix<double> q = dionref::householder_q(a);
+  return std::vector<float>(q.v.begin(), q.v.end());
 }
 
-// G = U diag(sigma) V^T, U m x r and V n x r orthonormal, sigma_i = 10^(-5 i / (r - 1)).
+// G = U diag(sigma) V^T, U m x r and V n x r orthonormal, sigma_i = 10^(-6 i / (r - 1)).
 std::vector<float> graded_gradient(int64_t m, int64_t n, int64_t r, uint64_t seed) {
   const std::vector<float> u = orthonormal_columns(m, r, seed), v = orthonormal_columns(n, r, seed + 1);
   std::vector<float> g(static_cast<size_t>(m * n));
