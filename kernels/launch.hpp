@@ -30,6 +30,8 @@ void store_multi(const Ctx& c, const TensorEntry* list, int64_t count, Field f, 
                  const int32_t* skip);
 void store_multi_bf16(const Ctx& c, const TensorEntry* list, int64_t count, Field f, const void* src, int64_t n,
                       const int32_t* skip);
+void scale_multi(const Ctx& c, const TensorEntry* list, int64_t count, Field f, int64_t n, float a,
+                 const int32_t* skip);
 void check_nonfinite(const Ctx& c, const TensorEntry* list, int64_t count, int64_t max_n, Field f, int32_t* flag);
 void advance_step(const Ctx& c, GroupScalars* gs, const StepStatus* status);
 void count_skip(const Ctx& c, StepStatus* status);

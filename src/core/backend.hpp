@@ -190,6 +190,12 @@ class Backend {
   // exactly and stored as store_multi stores it (a copy into a bf16 field).
   virtual void store_multi_bf16(const TensorEntry* list, int64_t count, Field f, const void* src, int64_t n,
                                 const int32_t* skip) = 0;
+  // Field f of each of the `count` tensors (its first n elements) scaled in
+  // place: x <- a x in fp32, rounded to the field's dtype as store rounds
+  // (the bits of load_multi, the product, store_multi). Nothing when *skip.
+  // Dion's error feedback at full rank (src/algo/dion.cpp, full_rank_ef).
+  virtual void scale_multi(const TensorEntry* list, int64_t count, Field f, int64_t n, float a,
+                           const int32_t* skip) = 0;
   // *flag = 1 if field f of any of the `count` tensors (list[i].n elements each,
   // at most max_n) holds NaN or +-Inf; otherwise *flag is left unchanged.
   virtual void check_nonfinite(const TensorEntry* list, int64_t count, int64_t max_n, Field f, int32_t* flag) = 0;
@@ -236,8 +242,9 @@ class Backend {
   // bf16 iteration's B = c A A + b A without a copy of A into B.
   virtual void gemm_bf16_out(bool trans_a, bool trans_b, float alpha, ConstMatBatch a, ConstMatBatch b, float beta,
                              ConstMatBatch c, MatBatch d) = 0;
-  // The same with C in fp32 (A and B bf16; C neither read nor rounded to
-  // bf16): Dion's products of its bf16 momentum at matmul precision BF16.
+  // The same with C in fp32 (A and B bf16; C, scaled by beta, and the
+  // result in fp32, never rounded to bf16; k = 0: C = beta C): Dion's
+  // products of its bf16 momentum at matmul precision BF16.
   virtual void gemm_bf16_f32(bool trans_a, bool trans_b, float alpha, ConstMatBatch a, ConstMatBatch b, float beta,
                              MatBatch c) = 0;
   // gemm_bf16 for a square C whose product and input are symmetric: the

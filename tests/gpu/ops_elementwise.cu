@@ -260,6 +260,26 @@ TEST_P(LoadStoreMultiTest, MatchesHost) {
   for (size_t i = 0; i < 3; ++i) EXPECT_TRUE(same_bits(ts.t[i].h[kParam], ts.dev_raw(i, kParam))) << i;
 }
 
+// scale_multi (Dion's full-rank error feedback, M <- mu M) on every field
+// dtype (kState0 is fp16, fp32 and bf16 in the three tensors): the host's
+// bits; a set skip flag writes nothing.
+TEST_P(LoadStoreMultiTest, ScaleMultiMatchesHost) {
+  const int64_t n = std::get<0>(GetParam());
+  Tensors ts(rng, {{0, 1, 2, 0}, {1, 2, 0, 1}, {2, 0, 1, 2}}, {n, n, n}, std::get<1>(GetParam()));
+  Dev<int32_t> skip(std::vector<int32_t>{1});
+  const std::vector<uint8_t> before = ts.dev_raw(0, kState0);
+  cuda->scale_multi(ts.dev_table.p(), 3, kState0, n, 0.95f, skip.p());
+  EXPECT_TRUE(same_bits(before, ts.dev_raw(0, kState0)));
+  skip.put({0});
+  cuda->scale_multi(ts.dev_table.p(), 3, kState0, n, 0.95f, skip.p());
+  int32_t hskip = 0;
+  host->scale_multi(ts.host_list.data(), 3, kState0, n, 0.95f, &hskip);
+  EXPECT_FALSE(same_bits(before, ts.dev_raw(0, kState0))) << "the scale should change the values";
+  for (size_t i = 0; i < 3; ++i)
+    for (int f = 0; f < 4; ++f)
+      EXPECT_TRUE(same_bits(ts.t[i].h[f], ts.dev_raw(i, static_cast<Field>(f)))) << "tensor " << i << " field " << f;
+}
+
 // store_multi_bf16 (bf16 elements in, every field dtype out): the same bits
 // as widening the bf16 source and store_multi, on the device and the host;
 // a set skip flag writes nothing.

@@ -456,6 +456,14 @@ TEST_F(OpsTest, GemmBetaZeroAndEmptyK) {
     host->gemm(false, false, 1.0f, a0.H(), b0.H(), beta, c0.H(), DION_MATMUL_FP32);
     // (close(), not same_bits: the GPU returns the canonical NaN, x86 keeps the payload.)
     EXPECT_TRUE(close(c0.h, c0.dev(), 0.0)) << "beta " << beta;
+    // gemm_bf16_f32 (bf16 operands, fp32 C) likewise (the operands' buffers
+    // are never read: their fp32 pointers stand in for bf16 ones).
+    c0.fill([&] { return gauss(); });
+    c0.at(0, 3, 4) = NAN;
+    c0.sync();
+    cuda->gemm_bf16_f32(false, false, 1.0f, a0.D(), b0.D(), beta, c0.D());
+    host->gemm_bf16_f32(false, false, 1.0f, a0.H(), b0.H(), beta, c0.H());
+    EXPECT_TRUE(close(c0.h, c0.dev(), 0.0)) << "gemm_bf16_f32, beta " << beta;
   }
 }
 

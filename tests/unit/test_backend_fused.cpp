@@ -146,6 +146,30 @@ TEST_F(HostFused, MomentumMultiEqualsLoadAxpbyStore) {
         }
 }
 
+// scale_multi: the bits of load_multi, the product in fp32 and store_multi,
+// in every dtype (an odd n, and a scale that rounds in each); a set skip
+// flag writes nothing, and the other fields are untouched.
+TEST_F(HostFused, ScaleMultiEqualsLoadScaleStore) {
+  const int64_t count = 3, n = 37, N = count * n;
+  for (dion_dtype_t dt : kDtypes) {
+    SCOPED_TRACE(dtype_name(dt));
+    Twin tw(rng, count, n, {dt, dt, dt, DION_DTYPE_FP32});
+    const float a = 0.95f;
+    int32_t skip = 1;
+    be->scale_multi(tw.lb.data(), count, kState0, n, a, &skip);
+    EXPECT_TRUE(tw.same(kState0)) << "a skipped scale must write nothing";
+    std::vector<float> x(static_cast<size_t>(N));
+    be->load_multi(x.data(), tw.la.data(), count, kState0, n);
+    for (float& v : x) v *= a;
+    be->store_multi(tw.la.data(), count, kState0, x.data(), n, nullptr);
+    skip = 0;
+    const std::vector<std::vector<uint8_t>> before = tw.b[kState0];
+    be->scale_multi(tw.lb.data(), count, kState0, n, a, &skip);
+    EXPECT_FALSE(tw.b[kState0] == before) << "the scale should change the values";
+    for (int f = 0; f < 4; ++f) EXPECT_TRUE(tw.same(f)) << "field " << f;
+  }
+}
+
 // u in bf16: the bits of the fp32 u rounded by store (Dion's M + G at matmul
 // precision BF16 on the CUDA backend); and store_multi_bf16 equals widening
 // its bf16 source and store_multi, into every dtype.

@@ -429,6 +429,12 @@ class CudaBackend final : public Backend {
     ProfScope ps(prof_, "store_multi_bf16", stream_);
     kernels::store_multi_bf16(ctx(), list, count, f, src, n, skip);
   }
+  void scale_multi(const TensorEntry* list, int64_t count, Field f, int64_t n, float a,
+                   const int32_t* skip) override {
+    DeviceScope ds(device_);
+    ProfScope ps(prof_, "scale_multi", stream_);
+    kernels::scale_multi(ctx(), list, count, f, n, a, skip);
+  }
   void check_nonfinite(const TensorEntry* list, int64_t count, int64_t max_n, Field f, int32_t* flag) override {
     DeviceScope ds(device_);
     ProfScope ps(prof_, "check_nonfinite", stream_);
@@ -1120,12 +1126,18 @@ class CudaBackend final : public Backend {
   void gemm_bf16_to(bool ta, bool tb, float alpha, ConstMatBatch a, ConstMatBatch b, float beta, MatBatch c,
                     cudaDataType_t ctype, const char* name) {
     const int64_t m = c.rows, n = c.cols, k = ta ? a.rows : a.cols;
-    DION_REQUIRE((ta ? a.cols : a.rows) == m && (tb ? b.cols : b.rows) == k && (tb ? b.rows : b.cols) == n && k > 0,
+    // k = 0 (an empty sum, C = beta C, as gemm) with an fp32 C only.
+    DION_REQUIRE((ta ? a.cols : a.rows) == m && (tb ? b.cols : b.rows) == k && (tb ? b.rows : b.cols) == n &&
+                     (k > 0 || ctype == CUDA_R_32F),
                  DION_ERROR_INTERNAL, "cuda %s: shape mismatch", name);
     if (m == 0 || n == 0 || c.batch <= 0) return;
     DeviceScope ds(device_);
     ProfScope ps(prof_, name, stream_);
     ps.detail([&] { return gemm_tag(name, m, n, k, ta, tb, c.batch); });
+    if (k == 0) {
+      kernels::scale_matrix(ctx(), c, beta);
+      return;
+    }
     const int M = to_int(m, "gemm m"), N = to_int(n, "gemm n"), K = to_int(k, "gemm k");
     const int lda = to_int(std::max<int64_t>(a.ld, 1), "gemm lda"), ldb = to_int(std::max<int64_t>(b.ld, 1), "gemm ldb"),
               ldc = to_int(std::max<int64_t>(c.ld, 1), "gemm ldc");

@@ -134,6 +134,14 @@ class HostBackend final : public Backend {
       for (int64_t j = 0; j < n; ++j) store_elem(list[i].ptr[f], dt, j, load_elem(src, DION_DTYPE_BF16, i * n + j));
     }
   }
+  void scale_multi(const TensorEntry* list, int64_t count, Field f, int64_t n, float a,
+                   const int32_t* skip) override {
+    if (skip && *skip) return;
+    for (int64_t i = 0; i < count; ++i) {
+      const auto dt = static_cast<dion_dtype_t>(list[i].dtype[f]);
+      for (int64_t j = 0; j < n; ++j) store_elem(list[i].ptr[f], dt, j, a * load_elem(list[i].ptr[f], dt, j));
+    }
+  }
   void check_nonfinite(const TensorEntry* list, int64_t count, int64_t, Field f, int32_t* flag) override {
     for (int64_t t = 0; t < count; ++t) {
       const void* p = list[t].ptr[f];
