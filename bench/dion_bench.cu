@@ -27,7 +27,10 @@
 //   working matrix B a x b with a = max(m, n), b = min(m, n) (a >= b >= r),
 //   RCQR sketch rows k = 128 * ceil(1.25 * r / 128) (oversample 1.25):
 //     8abr                      P = B Q, R = B^T P, error feedback P R^T,
-//                               update P Q^T (2abr each)
+//                               update P Q^T (2abr each); 6abr at full rank
+//                               (r = b), where the library's error feedback
+//                               is the decay M <- mu M (DION_FULL_RANK_EF;
+//                               its pass is not counted: see the bytes)
 //     if a > r (RCQR):
 //       + 2kar                  S P
 //       + 2kr^2 - 2r^3/3        Householder R factor of S P (k x r)
@@ -58,6 +61,9 @@
 // library computes RCQR's sketch S P as two bf16 products (P split in two
 // bf16 parts, DION_SKETCH_SPLIT), so there the 2kar FLOPs of S P are charged
 // twice at the bf16 rate (measured too) instead of once at the fp32 one.
+// The model follows the library's switches as this process sees them:
+// DION_SKETCH_SPLIT=0 charges the sketch at fp32, DION_FULL_RANK_EF=0 the
+// full-rank error feedback's 2abr.
 // Symmetric kernels (syrk-style Gram products) can undercut the 2 s^2 l Gram
 // term, so a ratio a little below 1 is possible for Muon.
 //
@@ -196,6 +202,12 @@ double poly_flops(double s, double l, int phases) {
   return kOrthoSteps * (4.0 * s * s * l + 2.0 * s * s * s);
 }
 
+// A library switch (docs/ENV.md) as the library reads it: on unless "0".
+bool env_on(const char* name) {
+  const char* e = std::getenv(name);
+  return !(e && std::strcmp(e, "0") == 0);
+}
+
 struct Cost {
   double flops = 0;
   double bytes = 0;
@@ -214,7 +226,7 @@ Cost matrix_cost(const Algo& algo, const Shape& sh, Dtype dt, int phases) {
       const int64_t r = std::min<int64_t>(lo, static_cast<int64_t>(std::ceil(algo.rank_fraction * lo)));
       const double a = static_cast<double>(hi), b = static_cast<double>(lo), rr = static_cast<double>(r);
       const double k = 128.0 * std::ceil(kOversample * rr / 128.0);
-      c.flops = 8.0 * a * b * rr;
+      c.flops = (r == lo && env_on("DION_FULL_RANK_EF") ? 6.0 : 8.0) * a * b * rr;
       if (hi > r) {
         c.sketch_flops = 2.0 * k * a * rr;
         c.flops += c.sketch_flops + 2.0 * k * rr * rr - 2.0 * rr * rr * rr / 3.0 + 4.0 * a * rr * rr +
@@ -649,7 +661,8 @@ bool run_config(const Config& c, const Options& o, const Rates& rates, const std
   const Cost cost = workload_cost(*c.algo, shapes, c.dtype, c.precision);
   const double gemm_rate = rates.gemm[static_cast<int>(c.precision)];
   // FP32: the sketch as two bf16 products (see the floor model above)
-  const bool split = c.precision == Precision::kFp32 && cost.sketch_flops > 0 && rates.gemm[2] > 0;
+  const bool split =
+      c.precision == Precision::kFp32 && cost.sketch_flops > 0 && rates.gemm[2] > 0 && env_on("DION_SKETCH_SPLIT");
   const double flop_s = split ? (cost.flops - cost.sketch_flops) / gemm_rate + 2 * cost.sketch_flops / rates.gemm[2]
                               : cost.flops / gemm_rate;
   const double floor_s = std::max(flop_s, cost.bytes / rates.copy);

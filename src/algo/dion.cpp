@@ -6,7 +6,8 @@
 //   M += G;  P = orth(B Q);  R = B^T P;  M -= (1 - mu) P R^T (in B's orientation);
 //   Q = colnorm(R);  X = (1 - lr wd) X - lr sqrt(m/n) P Q^T (in B's orientation).
 // The momentum is not decayed by mu before G is added: the decay is the error
-// feedback. Factorizations run in fp32 whatever the parameter dtype.
+// feedback (at full rank exactly M <- mu M, full_rank_ef). Factorizations run
+// in fp32 whatever the parameter dtype.
 #include <algorithm>
 #include <cmath>
 #include <cstdlib>
@@ -395,38 +396,35 @@ void sketch_product(Optimizer& opt, const Group& g, const Shape& s, int iter, Co
   const uint32_t shape_id = static_cast<uint32_t>(s.ag) * 0x9E3779B1u + static_cast<uint32_t>(s.k);
   const PhiloxKey key{opt.options.seed, static_cast<uint32_t>(kRngSketch | (iter << 8)), shape_id, 0};
   const float scale = static_cast<float>(std::sqrt(1.0 / static_cast<double>(s.k)));
-  // (Both bf16 forms need a > 0: a rank's empty row shard (path 3) takes
-  // the fp32 product, whose empty sum writes S P = 0.)
-  if (prec == DION_MATMUL_BF16 && !be.host_memory() && s.a > 0 && P.ld == s.r && P.stride == s.a * s.r) {
-    float* S = opt.ws.take((s.k * s.a + 1) / 2);
-    be.randn_bf16(S, 1, s.k, s.a, 0, s.a_off, s.ag, key, nullptr, &g.scalars->step, scale);
-    const float* pb = static_cast<const float*>(P16);
-    if (!pb) {
-      float* x = opt.ws.take((T * s.a * s.r + 1) / 2);
-      be.store(x, DION_DTYPE_BF16, P.p, T * s.a * s.r);
-      pb = x;
-    }
-    be.gemm_bf16_f32(false, false, 1.0f, ConstMatBatch(S, s.k, s.a, s.a, 0, T),
-                     ConstMatBatch(pb, s.a, s.r, s.r, s.a * s.r, T), 0.0f, SP);
-    return;
-  }
-  const bool split_on = env_on("DION_SKETCH_SPLIT");  // read at each step (docs/ENV.md)
-  if (prec == DION_MATMUL_FP32 && split && split_on && !be.host_memory() && s.a > 0 && P.ld == s.r &&
-      P.stride == s.a * s.r) {
+  // The bf16 forms: BF16's (S times bf16(P), or P16 where the caller has
+  // P in bf16) and FP32's split (S hi + S lo). Both need a > 0: a rank's
+  // empty row shard (path 3) takes the fp32 product, whose empty sum writes
+  // S P = 0.
+  const bool dense = !be.host_memory() && s.a > 0 && P.ld == s.r && P.stride == s.a * s.r;
+  const bool two = dense && prec == DION_MATMUL_FP32 && split && env_on("DION_SKETCH_SPLIT");  // read at each step
+  if (two || (dense && prec == DION_MATMUL_BF16)) {
     float* S = opt.ws.take((s.k * s.a + 1) / 2);
     be.randn_bf16(S, 1, s.k, s.a, 0, s.a_off, s.ag, key, nullptr, &g.scalars->step, scale);
     const int64_t n = T * s.a * s.r;
-    // lo 16-byte aligned after hi: round_up(n, 8) + n bf16 fit in the
-    // ws_floats(n) floats (a multiple of 16) that `split` was taken as
-    uint16_t* hi = reinterpret_cast<uint16_t*>(split);
-    uint16_t* lo = hi + (n + 7) / 8 * 8;
-    be.split_bf16(hi, lo, P.p, n);
+    const void* hi = P16;
+    uint16_t* lo = nullptr;
+    if (two) {
+      // lo 16-byte aligned after hi: round_up(n, 8) + n bf16 fit in the
+      // ws_floats(n) floats (a multiple of 16) that `split` was taken as
+      lo = reinterpret_cast<uint16_t*>(split) + (n + 7) / 8 * 8;
+      be.split_bf16(split, lo, P.p, n);
+      hi = split;
+    } else if (!hi) {
+      float* x = opt.ws.take((n + 1) / 2);
+      be.store(x, DION_DTYPE_BF16, P.p, n);
+      hi = x;
+    }
     const ConstMatBatch Sb(S, s.k, s.a, s.a, 0, T);
-    const auto part = [&](const uint16_t* x) {
-      return ConstMatBatch(reinterpret_cast<const float*>(x), s.a, s.r, s.r, s.a * s.r, T);
+    const auto part = [&](const void* x) {  // bf16 elements
+      return ConstMatBatch(static_cast<const float*>(x), s.a, s.r, s.r, s.a * s.r, T);
     };
     be.gemm_bf16_f32(false, false, 1.0f, Sb, part(hi), 0.0f, SP);
-    be.gemm_bf16_f32(false, false, 1.0f, Sb, part(lo), 1.0f, SP);
+    if (lo) be.gemm_bf16_f32(false, false, 1.0f, Sb, part(lo), 1.0f, SP);
     return;
   }
   float* S = opt.ws.take(s.k * s.a);
@@ -681,6 +679,25 @@ bool m_in_state(const Backend& be, const Batch& bt, bool lowp, dion_dtype_t mome
          Backend::update_lowrank_takes(ab, param_dtype);
 }
 
+// Whether the error feedback is the decay M <- mu M instead of the product
+// M - (1 - mu) P R^T: at full rank, r = min(m, n). There P P^T B = B, so P R^T
+// = P P^T B = B and M - (1 - mu) P R^T = mu M in exact arithmetic. Either P is
+// square (r = a: orthogonal, P P^T = I), or P (a x b, r = b) has orthonormal
+// columns spanning B Q's column space, which is B's (Q is b x b and
+// nonsingular; where B Q is rank deficient the fallback's Householder QR
+// completes the basis, and span(P) still holds B's columns). Under sharding
+// too: a row shard of P P^T B is the shard of B, and R = B^T P is reduced
+// over the meshes first. The product would give mu M plus (1 - mu) (I - P
+// P^T) B, B's part that the rounding errors of P = orth(B Q) leave outside
+// P's span (about eps ||B|| cond(Q)), which exact Dion does not have; the
+// decay is one pass over M instead of a product of 2 a b r FLOPs (a quarter
+// of the step's rank-r products). Compressed sync never applies here ((m +
+// n) r < m n fails). DION_FULL_RANK_EF=0 (read at each step) keeps the
+// product.
+bool full_rank_ef(const Tensor& t) {
+  return t.rank == std::min(t.geom.m, t.geom.n) && env_on("DION_FULL_RANK_EF");
+}
+
 // The bf16 copy (store(BF16)) of n floats: Q's, P's or R's for the lowp path's products.
 void to_bf16(Backend& be, float* dst, const float* src, int64_t n) { be.store(dst, DION_DTYPE_BF16, src, n); }
 
@@ -827,18 +844,21 @@ void finish(Optimizer& opt, Group& g, const Batch& bt, const Shape& s, const Dis
   };
   // Error feedback: B -= (1 - mu) P R^T: on a device, straight into the
   // momentum state (which holds M + G), where accumulate_lowrank takes its
-  // dtype; else into M, then stored.
+  // dtype; else into M, then stored. At full rank the decay M <- mu M
+  // (full_rank_ef) of the state, which holds M + G or receives it here.
   const float ef = static_cast<float>(-(1.0 - o.mu));
   const dion_dtype_t mdt = state_of(opt, t, 0).dtype;
+  const bool decay = full_rank_ef(t);
   if (ef_in_state(be, bt, lowp, mdt)) {
-    be.accumulate_lowrank(bt.list, T, A, B, ab, mdt, prec, ef, opt.skip_flag());
+    if (!decay) be.accumulate_lowrank(bt.list, T, A, B, ab, mdt, prec, ef, opt.skip_flag());
   } else {
-    product_into_m(ef, 1.0f);
+    if (!decay) product_into_m(ef, 1.0f);
     if (lowp)
       be.store_multi_bf16(bt.list, T, kState0, M, n_el, opt.skip_flag());
     else
       store_ws(opt, bt, kState0, M, n_el);
   }
+  if (decay) be.scale_multi(bt.list, T, kState0, n_el, static_cast<float>(o.mu), opt.skip_flag());
   // Q = colnorm(R), stored (and its bf16 copy, lowp, for the update), in
   // one pass from finish_r's column sums of squares. R's rows (B's columns)
   // sharded over the outer mesh: those sums (double) are partial, and are

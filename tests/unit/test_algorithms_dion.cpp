@@ -10,8 +10,11 @@
 // tests/reference/algorithm_testbed.h.
 #include <gtest/gtest.h>
 
+#include <cmath>
+#include <cstdio>
 #include <cstdlib>
 
+#include <random>
 #include <string>
 #include <vector>
 
@@ -349,6 +352,75 @@ TEST(Dion_LongRun, TwelveSteps) {
   CaseSpec s = to_spec(DionCase{{48, 20}, Dtype::kF32, 0.25});
   s.steps = 12;
   run_case(s);
+}
+
+// At full rank (r = min(m, n)) the error feedback M - (1 - mu) P R^T is
+// exactly mu M (src/algo/dion.cpp, full_rank_ef): P P^T B = B. One step from
+// M = 0 with G = U diag(sigma) V^T, sigma from 1 down to 1e-6 (cond(G) 1e6),
+// on a tall (RCQR), a square (Householder) and a wide (transposed) shape:
+// the library's momentum against the float64 reference's M - (1 - mu) P R^T
+// (which equals mu G to about 1e-16 cond(G Q)), held to what the decay can
+// differ by: one fp32 rounding (2^-24 relative) and the library's fp32 mu
+// (float(0.95) differs from 0.95 by 1.3e-8 relative), plus 1e-9 for the
+// reference's own rounding. DION_FULL_RANK_EF=0 (the product) is printed
+// for comparison, and must leave the parameters' bits as they are: the
+// update reads P and Q, which the error feedback does not touch.
+TEST(Dion_FullRank, ErrorFeedbackIsTheDecayOnAnIllConditionedMomentum) {
+  const double mu = 0.95;
+  const double mu_f = static_cast<float>(mu);
+  const double bound = std::ldexp(1.0, -24) + std::abs(mu_f - mu) / mu + 1e-9;
+  for (const std::vector<int64_t>& shape : {std::vector<int64_t>{96, 32}, {32, 32}, {32, 96}}) {
+    const int64_t m = shape[0], n = shape[1], k = std::min(m, n);
+    SCOPED_TRACE(shape_str(shape));
+    // U (m x k), V (n x k) orthonormal (Householder Q of uniform matrices).
+    auto orthonormal = [](int64_t rows, int64_t cols, uint64_t seed) {
+      std::mt19937_64 rng(seed);
+      std::uniform_real_distribution<double> u(-1.0, 1.0);
+      dionref::Matrix<double> a(rows, cols);
+      for (double& v : a.v) v = u(rng);
+      return dionref::householder_q(a);
+    };
+    const dionref::Matrix<double> U = orthonormal(m, k, 11), V = orthonormal(n, k, 12);
+    std::vector<double> g(static_cast<size_t>(m * n));
+    for (int64_t i = 0; i < m; ++i)
+      for (int64_t j = 0; j < n; ++j) {
+        double acc = 0;
+        for (int64_t l = 0; l < k; ++l)
+          acc += U.v[static_cast<size_t>(i * k + l)] * std::pow(10.0, -6.0 * static_cast<double>(l) / (k - 1)) *
+                 V.v[static_cast<size_t>(j * k + l)];
+        g[static_cast<size_t>(i * n + j)] = static_cast<float>(acc);  // the fp32 gradient both sides see
+      }
+    std::mt19937_64 rng(7);
+    const std::vector<double> x0 = randn(rng, m * n, 0.1, Dtype::kF32);
+    dionref::Hyper h;
+    h.mu = mu;
+    std::vector<double> params[2];
+    for (int product = 0; product < 2; ++product) {
+      if (product) setenv("DION_FULL_RANK_EF", "0", 1);
+      LibOptimizer opt;
+      HostTensor t(shape, Dtype::kF32);
+      t.set_param(x0);
+      t.set_grad(g);
+      int32_t group = -1;
+      DION_ASSERT_OK(opt, opt.add_group(make_group_options(Algo::kDion, h), {&t}, &group));
+      StateBuffer q;
+      DION_ASSERT_OK(opt, opt.read_state(0, "Q", &q));
+      dionref::Matrix<double> q0(k, k);
+      q0.v = q.values;
+      dionref::TensorReference<double> ref(Algo::kDion, h, shape, resolve_dtypes(Dtype::kF32, LibKnobs()), x0, q0);
+      DION_ASSERT_OK(opt, opt.step());
+      unsetenv("DION_FULL_RANK_EF");
+      ref.step(g);
+      StateBuffer mom;
+      DION_ASSERT_OK(opt, opt.read_state(0, "momentum", &mom));
+      const double err = rel_error(mom.values, ref.state().momentum);
+      std::printf("  %s, %s: momentum relative error %.3g (decay bound %.3g)\n", shape_str(shape).c_str(),
+                  product ? "product (DION_FULL_RANK_EF=0)" : "decay", err, bound);
+      if (!product) EXPECT_LE(err, bound) << "the full-rank error feedback is not mu M";
+      params[product] = t.param();
+    }
+    EXPECT_TRUE(params[0] == params[1]) << "the error feedback's form changed the parameters";
+  }
 }
 
 }  // namespace
