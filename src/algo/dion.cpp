@@ -397,9 +397,9 @@ void sketch_product(Optimizer& opt, const Group& g, const Shape& s, int iter, Co
   const PhiloxKey key{opt.options.seed, static_cast<uint32_t>(kRngSketch | (iter << 8)), shape_id, 0};
   const float scale = static_cast<float>(std::sqrt(1.0 / static_cast<double>(s.k)));
   // The bf16 forms: BF16's (S times bf16(P), or P16 where the caller has
-  // P in bf16) and FP32's split (S hi + S lo). Both need a > 0: a rank's
-  // empty row shard (path 3) takes the fp32 product, whose empty sum writes
-  // S P = 0.
+  // P in bf16) and FP32's split (S hi + S lo). A rank's empty row shard
+  // (path 3, a = 0) takes the fp32 product, whose empty sum writes S P = 0
+  // (gemm_bf16_f32 would too, but only the NCCL suites reach this case).
   const bool dense = !be.host_memory() && s.a > 0 && P.ld == s.r && P.stride == s.a * s.r;
   const bool two = dense && prec == DION_MATMUL_FP32 && split && env_on("DION_SKETCH_SPLIT");  // read at each step
   if (two || (dense && prec == DION_MATMUL_BF16)) {
