@@ -684,8 +684,9 @@ bool m_in_state(const Backend& be, const Batch& bt, bool lowp, dion_dtype_t mome
 // = P P^T B = B and M - (1 - mu) P R^T = mu M in exact arithmetic. Either P is
 // square (r = a: orthogonal, P P^T = I), or P (a x b, r = b) has orthonormal
 // columns spanning B Q's column space, which is B's (Q is b x b and
-// nonsingular; where B Q is rank deficient the fallback's Householder QR
-// completes the basis, and span(P) still holds B's columns). Under sharding
+// nonsingular; where B Q is rank deficient and the Cholesky fails,
+// orth_fallback completes an orthonormal basis that still holds B's
+// columns). Under sharding
 // too: a row shard of P P^T B is the shard of B, and R = B^T P is reduced
 // over the meshes first. The product would give mu M plus (1 - mu) (I - P
 // P^T) B, B's part that the rounding errors of P = orth(B Q) leave outside
