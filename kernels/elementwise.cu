@@ -20,20 +20,28 @@ __global__ void load_kernel(float* dst, const void* src, int64_t n) {
 // dst <- src over n elements, each converted from sdt to ddt as load_elem and
 // store_elem convert it: chunks of eight elements per thread (16- or 32-byte
 // accesses) where both are 16-byte aligned, element by element otherwise and
-// past the last whole chunk.
+// past the last whole chunk; `op` maps each value on its way (the identity
+// by default; dst may be src).
+struct SameValue {
+  __device__ __forceinline__ float operator()(float v) const { return v; }
+};
+template <class Op = SameValue>
 __device__ __forceinline__ void convert_span(void* dst, dion_dtype_t ddt, const void* src, dion_dtype_t sdt,
-                                             int64_t n) {
+                                             int64_t n, Op op = Op()) {
   int64_t i0 = 0;
   if (aligned16(src) && aligned16(dst)) {
     const int64_t n8 = n / 8;
     for (int64_t j = global_thread(); j < n8; j += grid_threads()) {
       float v[8];
       load8(src, sdt, j, v);
+#pragma unroll
+      for (int k = 0; k < 8; ++k) v[k] = op(v[k]);
       store8(dst, ddt, j, v);
     }
     i0 = n8 * 8;
   }
-  for (int64_t i = i0 + global_thread(); i < n; i += grid_threads()) store_elem(dst, ddt, i, load_elem(src, sdt, i));
+  for (int64_t i = i0 + global_thread(); i < n; i += grid_threads())
+    store_elem(dst, ddt, i, op(load_elem(src, sdt, i)));
 }
 
 // dst (bf16 or fp16) <- src rounded, by chunks where aligned. (Element by
@@ -96,28 +104,18 @@ __global__ void store_multi_kernel(const TensorEntry* list, int64_t count, int f
                  static_cast<const char*>(src) + t * n * ssize, sdt, n);
 }
 
-// Field f of each tensor x <- a x (Backend::scale_multi): 8 elements per
-// thread with 16-byte accesses where the field is 16-byte aligned, element
-// by element otherwise (and for the tail).
+// Field f of each tensor x <- a x (Backend::scale_multi): convert_span in
+// place, each value multiplied on its way.
+struct ScaleBy {
+  float a;
+  __device__ __forceinline__ float operator()(float v) const { return a * v; }
+};
 __global__ void scale_multi_kernel(const TensorEntry* list, int64_t count, int f, int64_t n, float a,
                                    const int32_t* skip) {
   if (skip && *skip) return;
   for (int64_t t = blockIdx.y; t < count; t += gridDim.y) {
-    void* p = list[t].ptr[f];
     const dion_dtype_t dt = static_cast<dion_dtype_t>(list[t].dtype[f]);
-    int64_t i0 = 0;
-    if (aligned16(p)) {
-      const int64_t n8 = n / 8;
-      for (int64_t j = global_thread(); j < n8; j += grid_threads()) {
-        float x[8];
-        load8(p, dt, j, x);
-#pragma unroll
-        for (int k = 0; k < 8; ++k) x[k] *= a;
-        store8(p, dt, j, x);
-      }
-      i0 = n8 * 8;
-    }
-    for (int64_t i = i0 + global_thread(); i < n; i += grid_threads()) store_elem(p, dt, i, a * load_elem(p, dt, i));
+    convert_span(list[t].ptr[f], dt, list[t].ptr[f], dt, n, ScaleBy{a});
   }
 }
 

@@ -375,11 +375,11 @@ void inner_fallback(Optimizer& opt, const Dist& d, const Shape& s, ConstMatBatch
 // bf16 (bf16(P) exactly: the reduced bf16 slots P was widened from,
 // bf16_comm), which saves rounding P again. (A TF32 product of the fp32 S and P,
 // without P's bf16 copy, was slower: docs/benchmarks.md.)
-// At matmul precision FP32 on a device, with `split` (a buffer of T a r
-// floats taken from the workspace, free until the sketch is taken), the same bf16 S multiplies P
-// split into two bf16 parts (split_bf16: P = hi + lo to 2^-16), two bf16
-// products accumulated in fp32, at the bf16 tensor-core rate instead of the
-// SIMT fp32 one (the sketch is 0.39 of gpt-1.3b's 5.98 TFLOP at r = 0.25
+// At matmul precision FP32 on a device, with `split` (T a r floats of the
+// workspace that are free until the first solve writes P1 there), the same
+// bf16 S multiplies P split into two bf16 parts (split_bf16: P = hi + lo
+// to 2^-16), two bf16 products accumulated in fp32, at the bf16 tensor-core
+// rate instead of the SIMT fp32 one (the sketch is 0.39 of gpt-1.3b's 5.98 TFLOP at r = 0.25
 // and 5.7 of 36.4 at r = 1.0). Rounding S is no loss: a bf16 S is as much a
 // random sketch independent of P as the fp32 one. Only P's error in the
 // product could matter, by leaving P1 = P R1^-1 less well conditioned
@@ -686,9 +686,8 @@ bool m_in_state(const Backend& be, const Batch& bt, bool lowp, dion_dtype_t mome
 // columns spanning B Q's column space, which is B's (Q is b x b and
 // nonsingular; where B Q is rank deficient and the Cholesky fails,
 // orth_fallback completes an orthonormal basis that still holds B's
-// columns). Under sharding
-// too: a row shard of P P^T B is the shard of B, and R = B^T P is reduced
-// over the meshes first. The product would give mu M plus (1 - mu) (I - P
+// columns). Under sharding too: a row shard of P P^T B is the shard of B,
+// and R = B^T P is reduced over the meshes first. The product would give mu M plus (1 - mu) (I - P
 // P^T) B, B's part that the rounding errors of P = orth(B Q) leave outside
 // P's span (about eps ||B|| cond(Q)), which exact Dion does not have; the
 // decay is one pass over M instead of a product of 2 a b r FLOPs (a quarter
