@@ -144,20 +144,47 @@ __device__ __forceinline__ uint32_t float_to_half_bits(float v, dion_dtype_t dt)
   return dt == DION_DTYPE_BF16 ? float_to_bf16(v) : float_to_fp16(v);
 }
 
-__device__ __forceinline__ void load8(const void* p, dion_dtype_t dt, int64_t j, float (&v)[8]) {
+// Eight elements' bytes as loaded, before their conversion (load_raw8):
+// two 16-byte words for fp32, one (a) for a 16-bit dtype. A pass that reads
+// several buffers loads them all first and converts after (cvt8), so that
+// every load is in flight at once: with each buffer's conversion between
+// the loads, a thread waits for one load after another (the compiler does
+// not move a load across the dtype's branch), and the passes over several
+// bf16 buffers ran at about 70% of the copy bandwidth on an H200.
+struct Raw8 {
+  uint4 a, b;
+};
+
+__device__ __forceinline__ Raw8 load_raw8(const void* p, dion_dtype_t dt, int64_t j) {
+  Raw8 r;
   if (dt == DION_DTYPE_FP32) {
-    const float4* q = static_cast<const float4*>(p) + 2 * j;
-    const float4 a = q[0], b = q[1];
-    v[0] = a.x, v[1] = a.y, v[2] = a.z, v[3] = a.w, v[4] = b.x, v[5] = b.y, v[6] = b.z, v[7] = b.w;
+    const uint4* q = static_cast<const uint4*>(p) + 2 * j;
+    r.a = q[0];
+    r.b = q[1];
   } else {
-    const uint4 u = static_cast<const uint4*>(p)[j];
-    const uint32_t w[4] = {u.x, u.y, u.z, u.w};
+    r.a = static_cast<const uint4*>(p)[j];
+    r.b = make_uint4(0, 0, 0, 0);
+  }
+  return r;
+}
+
+__device__ __forceinline__ void cvt8(const Raw8& r, dion_dtype_t dt, float (&v)[8]) {
+  if (dt == DION_DTYPE_FP32) {
+    const uint32_t w[8] = {r.a.x, r.a.y, r.a.z, r.a.w, r.b.x, r.b.y, r.b.z, r.b.w};
+#pragma unroll
+    for (int k = 0; k < 8; ++k) v[k] = __uint_as_float(w[k]);
+  } else {
+    const uint32_t w[4] = {r.a.x, r.a.y, r.a.z, r.a.w};
 #pragma unroll
     for (int k = 0; k < 4; ++k) {
       v[2 * k] = half_bits_to_float(w[k] & 0xffffu, dt);
       v[2 * k + 1] = half_bits_to_float(w[k] >> 16, dt);
     }
   }
+}
+
+__device__ __forceinline__ void load8(const void* p, dion_dtype_t dt, int64_t j, float (&v)[8]) {
+  cvt8(load_raw8(p, dt, j), dt, v);
 }
 
 // Two floats rounded to bf16 or fp16 (round to nearest even, subnormals

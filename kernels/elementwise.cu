@@ -272,8 +272,9 @@ __global__ void momentum_multi_kernel(const TensorEntry* list, int64_t count, in
       const int64_t n8 = n / 8;
       for (int64_t j = global_thread(); j < n8; j += grid_threads()) {
         float m[8], g[8], o[8];
-        load8(pm, dm, j, m);
-        load8(pg, dg, j, g);
+        const Raw8 rm = load_raw8(pm, dm, j), rg = load_raw8(pg, dg, j);
+        cvt8(rm, dm, m);
+        cvt8(rg, dg, g);
 #pragma unroll
         for (int k = 0; k < 8; ++k) {
           o[k] = op(m[k], g[k]);
@@ -324,8 +325,9 @@ __global__ void apply_update_multi_kernel(const TensorEntry* list, int64_t count
       const int64_t n8 = n / 8;
       for (int64_t j = global_thread(); j < n8; j += grid_threads()) {
         float x[8], v[8];
-        load8(px, dx, j, x);
-        load8(ut, du, j, v);
+        const Raw8 rx = load_raw8(px, dx, j), ru = load_raw8(ut, du, j);
+        cvt8(rx, dx, x);
+        cvt8(ru, du, v);
 #pragma unroll
         for (int k = 0; k < 8; ++k) x[k] = op(x[k], v[k]);
         store8(px, dx, j, x);
@@ -361,8 +363,9 @@ __global__ void apply_update_neuron_multi_kernel(const TensorEntry* list, int64_
       for (int64_t j = global_thread(); j < n8; j += grid_threads()) {
         const int64_t i = 8 * j / cols, c0 = 8 * j - i * cols;
         float x[8], v[8];
-        load8(px, dx, j, x);
-        load8(ut, du, j, v);
+        const Raw8 rx = load_raw8(px, dx, j), ru = load_raw8(ut, du, j);
+        cvt8(rx, dx, x);
+        cvt8(ru, du, v);
 #pragma unroll
         for (int k = 0; k < 8; ++k) {
           v[k] = static_cast<float>(v[k] * sc[rows_are_neurons ? i : c0 + k] * rs);

@@ -75,10 +75,12 @@ __global__ void adamw_kernel(const TensorEntry* list, int64_t count, const Group
       const int64_t n8 = n / 8;
       for (int64_t j = global_thread(); j < n8; j += grid_threads()) {
         float g[8], m[8], v[8], x[8];
-        load8(pg, dg, j, g);
-        load8(pm, dm, j, m);
-        load8(pv, dv, j, v);
-        load8(px, dx, j, x);
+        const Raw8 rg = load_raw8(pg, dg, j), rm = load_raw8(pm, dm, j), rv = load_raw8(pv, dv, j),
+                   rx = load_raw8(px, dx, j);
+        cvt8(rg, dg, g);
+        cvt8(rm, dm, m);
+        cvt8(rv, dv, v);
+        cvt8(rx, dx, x);
 #pragma unroll
         for (int k = 0; k < 8; ++k) op(g[k], m[k], v[k], x[k]);
         store8(pm, dm, j, m);
@@ -147,9 +149,10 @@ __global__ void lion_kernel(const TensorEntry* list, int64_t count, const GroupS
       const int64_t n8 = n / 8;
       for (int64_t j = global_thread(); j < n8; j += grid_threads()) {
         float g[8], m[8], x[8];
-        load8(pg, dg, j, g);
-        load8(pm, dm, j, m);
-        load8(px, dx, j, x);
+        const Raw8 rg = load_raw8(pg, dg, j), rm = load_raw8(pm, dm, j), rx = load_raw8(px, dx, j);
+        cvt8(rg, dg, g);
+        cvt8(rm, dm, m);
+        cvt8(rx, dx, x);
 #pragma unroll
         for (int k = 0; k < 8; ++k) op(g[k], m[k], x[k]);
         store8(pm, dm, j, m);

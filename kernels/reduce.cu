@@ -261,8 +261,9 @@ struct MomentumSrc {
         const float mu = 1.0f, g_scale = 1.0f;
         const int64_t c = (base + i * cols + j0) / 8;
         float m[8], g[8];
-        load8(pm, dm, c, m);
-        load8(pg, dg, c, g);
+        const Raw8 rm = load_raw8(pm, dm, c), rg = load_raw8(pg, dg, c);
+        cvt8(rm, dm, m);
+        cvt8(rg, dg, g);
         bool bad = false;
 #pragma unroll
         for (int k = 0; k < 8; ++k) {

@@ -321,13 +321,15 @@ __global__ void __launch_bounds__(kThreads, 5)
     void* px = list[t].ptr[kParam];
     const dion_dtype_t dx = static_cast<dion_dtype_t>(list[t].dtype[kParam]);
     if (cols % 8 == 0 && aligned16(px)) {
-      // u's elements are loaded with the chunk's own (fetch), before the
-      // decay waits for either.
+      // u's elements are loaded with the chunk's own (fetch, after the
+      // chunk's load and before its conversion), before the decay waits
+      // for either.
       for (ChunkWalk w(global_thread(), grid_threads(), rows, cols / 8); w.q < op.per;
            w.next(grid_threads(), rows, cols / 8)) {
         float x[8], v[8];
-        load8(px, dx, w.j, x);
+        const Raw8 rx = load_raw8(px, dx, w.j);
         const uint32_t sel = op.fetch(v, t, w.q, w.r, 8 * w.c);
+        cvt8(rx, dx, x);
         op.apply(x, v, sel);
         store8(px, dx, w.j, x);
       }
@@ -452,8 +454,9 @@ __global__ void __launch_bounds__(kThreads, 6)
       for (ChunkWalk w(global_thread(), grid_threads(), rows, cols / 8); w.q < op.per;
            w.next(grid_threads(), rows, cols / 8)) {
         float m[8], g[8];
-        load8(pm, dm, w.j, m);
-        load8(pg, dg, w.j, g);
+        const Raw8 rm = load_raw8(pm, dm, w.j), rg = load_raw8(pg, dg, w.j);
+        cvt8(rm, dm, m);
+        cvt8(rg, dg, g);
         op.chunk(m, g, t, w.q, w.r, 8 * w.c, ss);
         if (write) store8(pm, dm, w.j, m);
       }
