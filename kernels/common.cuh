@@ -147,10 +147,11 @@ __device__ __forceinline__ uint32_t float_to_half_bits(float v, dion_dtype_t dt)
 // Eight elements' bytes as loaded, before their conversion (load_raw8):
 // two 16-byte words for fp32, one (a) for a 16-bit dtype. A pass that reads
 // several buffers loads them all first and converts after (cvt8), so that
-// every load is in flight at once: with each buffer's conversion between
-// the loads, a thread waits for one load after another (the compiler does
-// not move a load across the dtype's branch), and the passes over several
-// bf16 buffers ran at about 70% of the copy bandwidth on an H200.
+// its loads are issued together. With each buffer's conversion between the
+// loads (load8 after load8) a thread could wait on one load before issuing
+// the next: AdamW's pass over four bf16 buffers ran at 70% of the copy
+// bandwidth on an H200 that way, and at about 85% loading first
+// (docs/benchmarks.md, eighteenth session).
 struct Raw8 {
   uint4 a, b;
 };
