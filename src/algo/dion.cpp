@@ -376,18 +376,18 @@ void inner_fallback(Optimizer& opt, const Dist& d, const Shape& s, ConstMatBatch
 // bf16_comm), which saves rounding P again. (A TF32 product of the fp32 S and P,
 // without P's bf16 copy, was slower: docs/benchmarks.md.)
 // At matmul precision FP32 on a device, with `split` (T a r floats of the
-// workspace that are free until the first solve writes P1 there), the same
-// bf16 S multiplies P split into two bf16 parts (split_bf16: P = hi + lo
-// to 2^-16), two bf16 products accumulated in fp32, at the bf16 tensor-core
-// rate instead of the SIMT fp32 one (the sketch is 0.39 of gpt-1.3b's 5.98 TFLOP at r = 0.25
+// workspace that are free until the first solve writes P1 there), the same bf16
+// S multiplies P split into two bf16 parts (split_bf16: P = hi + lo to 2^-16),
+// two bf16 products accumulated in fp32, at the bf16 tensor-core rate instead
+// of the SIMT fp32 one (the sketch is 0.39 of gpt-1.3b's 5.98 TFLOP at r = 0.25
 // and 5.7 of 36.4 at r = 1.0). Rounding S is no loss: a bf16 S is as much a
-// random sketch independent of P as the fp32 one. Only P's error in the
-// product could matter, by leaving P1 = P R1^-1 less well conditioned
-// (cond(P1) grows with that error times cond(P)) and so Cholesky QR's
-// result less orthonormal; the GPU suite's SketchSplit test asserts P's
-// orthonormal factor to 1e-5 at cond(P) ~ 1e6, where the host measured the
-// split (emulated) at 3.3e-7 against the exact sketch's 2.5e-7, and P
-// rounded to TF32 at 2.9e-3. DION_SKETCH_SPLIT=0 keeps the SGEMM.
+// random sketch independent of P as the fp32 one. Only P's error in the product
+// could matter, by leaving P1 = P R1^-1 less well conditioned (cond(P1) grows
+// with that error times cond(P)) and so Cholesky QR's result less orthonormal;
+// the GPU suite's SketchSplit test asserts P's orthonormal factor to 1e-5 at
+// cond(P) ~ 1e6, where the host measured the split (emulated) at 3.3e-7 against
+// the exact sketch's 2.5e-7, and P rounded to TF32 at 2.9e-3.
+// DION_SKETCH_SPLIT=0 keeps the SGEMM.
 // Workspace: sketch_floats (the fp32 S, or the bf16 S and P).
 void sketch_product(Optimizer& opt, const Group& g, const Shape& s, int iter, ConstMatBatch P, MatBatch SP,
                     dion_matmul_precision_t prec, const void* P16 = nullptr, float* split = nullptr) {
@@ -680,20 +680,20 @@ bool m_in_state(const Backend& be, const Batch& bt, bool lowp, dion_dtype_t mome
 }
 
 // Whether the error feedback is the decay M <- mu M instead of the product
-// M - (1 - mu) P R^T: at full rank, r = min(m, n). There P P^T B = B, so P R^T
-// = P P^T B = B and M - (1 - mu) P R^T = mu M in exact arithmetic. Either P is
-// square (r = a: orthogonal, P P^T = I), or P (a x b, r = b) has orthonormal
-// columns spanning B Q's column space, which is B's (Q is b x b and
-// nonsingular; where B Q is rank deficient and the Cholesky fails,
-// orth_fallback completes an orthonormal basis that still holds B's
-// columns). Under sharding too: a row shard of P P^T B is the shard of B,
-// and R = B^T P is reduced over the meshes first. The product would give mu M plus (1 - mu) (I - P
-// P^T) B, B's part that the rounding errors of P = orth(B Q) leave outside
-// P's span (about eps ||B|| cond(Q)), which exact Dion does not have; the
-// decay is one pass over M instead of a product of 2 a b r FLOPs (a quarter
-// of the step's rank-r products). Compressed sync never applies here ((m +
-// n) r < m n fails). DION_FULL_RANK_EF=0 (read at each step) keeps the
-// product.
+// M - (1 - mu) P R^T: at full rank, r = min(m, n). There P P^T B = B, so
+// P R^T = P P^T B = B and M - (1 - mu) P R^T = mu M in exact arithmetic.
+// Either P is square (r = a: orthogonal, P P^T = I), or P (a x b, r = b) has
+// orthonormal columns spanning B Q's column space, which is B's (Q is b x b
+// and nonsingular; where B Q is rank deficient and the Cholesky fails,
+// orth_fallback completes an orthonormal basis that still holds B's columns).
+// Under sharding too: a row shard of P P^T B is the shard of B, and
+// R = B^T P is reduced over the meshes first. The product would give mu M
+// plus (1 - mu) (I - P P^T) B, B's part that the rounding errors of
+// P = orth(B Q) leave outside P's span (about eps ||B|| cond(Q)), which exact
+// Dion does not have; the decay is one pass over M instead of a product of
+// 2 a b r FLOPs (a quarter of the step's rank-r products). Compressed sync
+// never applies here ((m + n) r < m n fails). DION_FULL_RANK_EF=0 (read at
+// each step) keeps the product.
 bool full_rank_ef(const Tensor& t) {
   return t.rank == std::min(t.geom.m, t.geom.n) && env_on("DION_FULL_RANK_EF");
 }
