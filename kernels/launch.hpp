@@ -243,6 +243,26 @@ size_t orth_fallback_scratch(const Ctx& c, const MatBatch& p);
 void orth_fallback(const Ctx& c, MatBatch p, ConstMatBatch p0, const uint16_t* p0_bf16, const int32_t* info,
                    void* scratch);
 
+// ---- lowrank_tf32x3.cu (sm_90a; built where the architectures include 90) ----
+// Dion's error feedback and update products C_g = alpha A_g B_g^T + beta C_g
+// (lowrank_gemm's operands: A count x (m x k), B count x (n x k) fp32
+// strided batches, C fp32 m x n row-major at cptr[g] with ldc, alpha =
+// coef[0], beta = coef[1] on the device) at FP32 accuracy on Hopper's tensor
+// cores: each factor split into two TF32 parts, three products, their sums
+// promoted to fp32 every 16 of k (the file's comment has the method and the
+// measured error, at most cuBLAS SGEMM's).
+// Whether this build and `device` run it (compute capability 9.0, a driver
+// with tensor maps); sets the kernel's shared-memory size, so it is called
+// at the backend's creation.
+bool lowrank_tf32x3_init(int device);
+// Scratch bytes of the split parts of count products.
+size_t lowrank_tf32x3_scratch(int64_t count, int64_t m, int64_t n, int64_t k);
+// As many products per launch as scratch_bytes holds the parts of (one at
+// least). False, nothing launched, where the kernel cannot take the shapes
+// (k = 0, more than 65535 row tiles, scratch for less than one product).
+bool lowrank_tf32x3(const Ctx& c, ConstMatBatch a, ConstMatBatch b, void* const* cptr, const float* coef,
+                    int64_t ldc, void* scratch, size_t scratch_bytes);
+
 // ---- randn.cu ----
 // Returns the launch status (the file has no dependency on the rest of the
 // backend, so the RNG test can compile it alone).

@@ -10,6 +10,8 @@
 // the difference is ~1e-16 relative, far below one fp32 ulp), except the
 // host's slice_l1, which sums in fp32: n terms give up to n * 2^-24 relative,
 // hence its rtol of 1e-5 for n <= 100.
+#include <cstdio>
+#include <cstdlib>
 #include <numeric>
 #include <tuple>
 #include <utility>
@@ -1092,6 +1094,105 @@ TEST_F(OpsTest, NeuronScalesAndUpdate) {
               for (size_t i = 0; i < ts.t.size(); ++i)
                 EXPECT_TRUE(same_bits(ts.t[i].h[kParam], ts.dev_raw(i, kParam))) << "a skipped step wrote tensor " << i;
           }
+}
+
+// At FP32, Dion's error feedback and update products (accumulate_lowrank,
+// update_lowrank: fp32 factors into fp32 C) are as exact as cuBLAS's SGEMM.
+// On Hopper they run as three TF32 products of the factors' split parts,
+// their sums promoted to fp32 (kernels::lowrank_tf32x3); the error of that
+// path must not exceed twice the error of the same backend's SGEMM path
+// (DION_LOWRANK_3XTF32=0: cublasGemmBatchedEx at CUBLAS_COMPUTE_32F) on the
+// same inputs, both against the float64 product, as max |C - C64| /
+// (|alpha| sum_k |a b| + |beta c|) per element (or 2^-22 where SGEMM's is
+// below it: the split's own representation bound, hi + lo = x to 2^-22).
+// Positive data, where the sums grow with k and an accumulation that does
+// not round to nearest shows (the tensor cores' own gave 5 to 10 times
+// SGEMM's error at k = 512, bench/micro/lowrank_3xtf32.cu), and signed;
+// ranks 68 (a partial stage of 32), 192, 512 and 2048, tiles cut by the
+// matrices' edges. On a device of compute capability 9.0 the two paths'
+// results must differ somewhere: the 3xTF32 one ran.
+TEST_F(OpsTest, LowrankFp32AsExactAsSgemm) {
+  int major = 0, minor = 0;
+  ASSERT_EQ(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, 0), cudaSuccess);
+  ASSERT_EQ(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, 0), cudaSuccess);
+  const bool hopper = major == 9 && minor == 0;
+  const char* was = std::getenv("DION_LOWRANK_3XTF32");
+  const std::string before = was ? was : "";
+  ASSERT_EQ(setenv("DION_LOWRANK_3XTF32", "0", 1), 0);
+  std::unique_ptr<Backend> sgemm(make_cuda_backend(0));
+  ASSERT_EQ(was ? setenv("DION_LOWRANK_3XTF32", before.c_str(), 1) : unsetenv("DION_LOWRANK_3XTF32"), 0);
+  cuda.reset(make_cuda_backend(0));
+  struct Dims {
+    int64_t rows, cols, r, T;
+  };
+  const GroupScalars gs{0.02, 0.1, 0.9, 0.95, 3, 0};
+  Dev<GroupScalars> dgs(std::vector<GroupScalars>{gs});
+  const float lr_mult = 1.7f;
+  const float lr = static_cast<float>(gs.lr), lwd = lr * static_cast<float>(gs.weight_decay);
+  const double decay = 1.0f - lwd, lr_adj = lr * lr_mult;
+  const float alpha = -0.75f;
+  Dev<int32_t> dskip(std::vector<int32_t>{0});
+  for (const Dims dims : {Dims{300, 264, 512, 2}, Dims{257, 129, 192, 3}, Dims{130, 300, 2048, 1},
+                          Dims{200, 136, 68, 2}})
+    for (const float lo : {0.0f, -1.0f})
+      for (const bool acc : {true, false}) {
+        const int64_t rows = dims.rows, cols = dims.cols, r = dims.r, T = dims.T, n = rows * cols;
+        SCOPED_TRACE(::testing::Message() << (acc ? "accumulate_lowrank, " : "update_lowrank, ") << rows << " x "
+                                          << cols << ", rank " << r << ", data from " << lo);
+        const int f = acc ? kState0 : kParam;
+        std::vector<int> dts = {-1, -1, -1, -1};
+        dts[static_cast<size_t>(f)] = DION_DTYPE_FP32;
+        Tensors t3(rng, std::vector<std::vector<int>>(T, dts), std::vector<int64_t>(T, n));
+        Tensors ts(rng, std::vector<std::vector<int>>(T, dts), std::vector<int64_t>(T, n));
+        std::vector<std::vector<float>> c0(T);
+        for (int64_t t = 0; t < T; ++t) {
+          c0[t] = univ(static_cast<size_t>(n), lo, 1.0f);
+          for (Tensors* x : {&t3, &ts})
+            cuda_ok(cudaMemcpy(x->t[t].d[f].p(), c0[t].data(), sizeof(float) * n, cudaMemcpyHostToDevice), "C");
+        }
+        const std::vector<float> fa = univ(static_cast<size_t>(T * rows * r), lo, 1.0f);
+        const std::vector<float> fb = univ(static_cast<size_t>(T * cols * r), lo, 1.0f);
+        Dev<float> da(fa), db(fb);
+        const ConstMatBatch A(da.p(), rows, r, r, rows * r, T), B(db.p(), cols, r, r, cols * r, T);
+        if (acc) {
+          cuda->accumulate_lowrank(t3.dev_table.p(), T, A, B, DION_DTYPE_FP32, DION_DTYPE_FP32, DION_MATMUL_FP32,
+                                   alpha, dskip.p());
+          sgemm->accumulate_lowrank(ts.dev_table.p(), T, A, B, DION_DTYPE_FP32, DION_DTYPE_FP32, DION_MATMUL_FP32,
+                                    alpha, dskip.p());
+        } else {
+          cuda->update_lowrank(t3.dev_table.p(), T, A, B, DION_DTYPE_FP32, DION_DTYPE_FP32, DION_MATMUL_FP32, dgs.p(),
+                               lr_mult, dskip.p());
+          sgemm->update_lowrank(ts.dev_table.p(), T, A, B, DION_DTYPE_FP32, DION_DTYPE_FP32, DION_MATMUL_FP32,
+                                dgs.p(), lr_mult, dskip.p());
+        }
+        const double keep = acc ? 1.0 : decay, coef = acc ? alpha : -lr_adj;
+        double e3 = 0, es = 0;
+        bool differ = false;
+        for (int64_t t = 0; t < T; ++t) {
+          const std::vector<float> g3 = t3.dev_vals(static_cast<size_t>(t), f), gsg = ts.dev_vals(static_cast<size_t>(t), f);
+          differ = differ || !same_bits(g3, gsg);
+          for (int64_t i = 0; i < rows; ++i)
+            for (int64_t j = 0; j < cols; ++j) {
+              double prod = 0, mag = 0;
+              for (int64_t k = 0; k < r; ++k) {
+                const double x = static_cast<double>(fa[(t * rows + i) * r + k]) * fb[(t * cols + j) * r + k];
+                prod += x;
+                mag += std::fabs(x);
+              }
+              const size_t e = static_cast<size_t>(i * cols + j);
+              const double want = keep * c0[t][e] + coef * prod;
+              const double scale = std::fabs(coef) * mag + std::fabs(keep * c0[t][e]);
+              e3 = std::max(e3, std::fabs(g3[e] - want) / scale);
+              es = std::max(es, std::fabs(gsg[e] - want) / scale);
+            }
+        }
+        ASSERT_TRUE(std::isfinite(e3) && std::isfinite(es));
+        EXPECT_LE(e3, std::max(2.0 * es, 0x1p-22)) << "SGEMM's error " << es;
+        if (hopper) EXPECT_TRUE(differ) << "the 3xTF32 path did not run";
+        std::printf("%s %ld x %ld, rank %ld, data [%g, 1): max relative error %.3g (SGEMM %.3g)\n",
+                    acc ? "accumulate" : "update", static_cast<long>(rows), static_cast<long>(cols),
+                    static_cast<long>(r), lo, e3, es);
+      }
 }
 
 // update_lowrank (Dion's update from its factors P and Q): every parameter

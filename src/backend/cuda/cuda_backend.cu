@@ -53,6 +53,10 @@ constexpr int64_t kPotrfBatchedMaxN = 4096;
 // 2048 in the step, docs/benchmarks.md); larger ones keep cuSOLVER's
 // (DION_OWN_CHOLESKY_MAX moves the bound).
 constexpr int64_t kOwnCholeskyMaxN = 2048;
+// The most scratch the split parts of lowrank_gemm's 3xTF32 products take
+// (kSplit): gpt-1.3b's largest batch, 24 products 8192 x 2048 of rank 512,
+// needs 960 MiB and fits; larger batches run a chunk of products at a time.
+constexpr size_t kLowrankSplitBytes = size_t(1) << 30;
 // Streams over which qr_q spreads its matrices (qr_lanes): cuSOLVER's geqrf /
 // orgqr have no batched form at these sizes, and one call on a matrix of a
 // few hundred to a few thousand columns leaves most of the device idle (its
@@ -249,6 +253,7 @@ class CudaBackend final : public Backend {
       // deterministic with its atomics off, the default, and a fixed workspace).
       check(cusolverDnSetDeterministicMode(solver_, CUSOLVER_DETERMINISTIC_RESULTS), "cusolverDnSetDeterministicMode");
       kernels::chol_block_init();
+      lowrank_tf32x3_ = lowrank_tf32x3_ && kernels::lowrank_tf32x3_init(device);
       blas_ws_ = cuda::device_malloc(kCublasWorkspaceBytes, device_, "cuBLAS workspace");
       check(cudaStreamCreateWithFlags(&own_, cudaStreamNonBlocking), "cudaStreamCreateWithFlags");
       check(cudaEventCreateWithFlags(&done_, cudaEventDisableTiming), "cudaEventCreateWithFlags");
@@ -1532,7 +1537,7 @@ class CudaBackend final : public Backend {
  private:
   // Scratch buffers, one per purpose, so that one call can hold several.
   enum Slot {
-    kPtrA, kPtrB, kMat, kTau, kWork, kInfo, kReduce, kDblA, kDblG, kInv, kTmp, kPos, kPtrLevel, kPtrGemm, kGram, kCholInv, kInv16, kKmajor, kSlotCount
+    kPtrA, kPtrB, kMat, kTau, kWork, kInfo, kReduce, kDblA, kDblG, kInv, kTmp, kPos, kPtrLevel, kPtrGemm, kGram, kCholInv, kInv16, kKmajor, kSplit, kSlotCount
   };
   enum LworkOp { kOpGeqrf, kOpOrgqr, kOpPotrf, kOpDpotrf };
   struct Buffer {
@@ -1573,7 +1578,10 @@ class CudaBackend final : public Backend {
   // null), and the skip flag ({0, 1} on a skipped step: C = 1 * C + 0 *
   // (A B^T) leaves C's bits, and A, B are finite: Dion's P and R pass
   // finish_p / finish_r before). A row-major X = A B^T is column-major X^T
-  // = B A^T: B's pointers first, transposed.
+  // = B A^T: B's pointers first, transposed. fp32 factors into fp32 C at
+  // FP32 take kernels::lowrank_tf32x3 where the device runs it (Hopper):
+  // three TF32 products of the factors' split parts promoted to fp32, as
+  // exact as cuBLAS's SGEMM and faster (the kernel file has the figures).
   void lowrank_gemm(ProfScope& ps, const char* what, const TensorEntry* list, int64_t count, Field f, ConstMatBatch a,
                     ConstMatBatch b, dion_dtype_t ab_dtype, dion_dtype_t x_dtype, dion_matmul_precision_t precision,
                     const GroupScalars* gs, float mult, const int32_t* skip) {
@@ -1582,7 +1590,11 @@ class CudaBackend final : public Backend {
                  DION_ERROR_INTERNAL, "cuda %s: bad shapes or dtypes", what);
     if (count <= 0 || rows == 0 || cols == 0) return;
     const bool lowp = ab_dtype == DION_DTYPE_BF16;
-    ps.detail([&] { return gemm_tag(lowp ? "lowrank bf16" : "lowrank fp32", rows, cols, r, false, true, count); });
+    const bool x3 = lowrank_tf32x3_ && !lowp && precision == DION_MATMUL_FP32 && x_dtype == DION_DTYPE_FP32 && r > 0;
+    ps.detail([&] {
+      return gemm_tag(lowp ? "lowrank bf16" : x3 ? "lowrank fp32 3xtf32" : "lowrank fp32", rows, cols, r, false, true,
+                      count);
+    });
     void** ptr = static_cast<void**>(scratch(kPtrGemm, sizeof(void*) * static_cast<size_t>(3 * count) + 64));
     float* coef = reinterpret_cast<float*>(ptr + 3 * count);
     const int64_t es = lowp ? 2 : 4;
@@ -1590,6 +1602,14 @@ class CudaBackend final : public Backend {
         {b.p, b.stride * es, -1}, {a.p, a.stride * es, -1}, {nullptr, 0, static_cast<int>(f)}};
     kernels::gemm_pointers(ctx(), list, count, src, const_cast<const void**>(ptr), gs, mult, skip, coef);
     // bf16 factors are multiplied exactly, with fp32 accumulation
+    if (x3) {
+      // The split parts of the whole batch, or of as many products as
+      // kLowrankSplitBytes holds (one at least): more launches, not more memory.
+      const size_t one = kernels::lowrank_tf32x3_scratch(1, rows, cols, r);
+      const size_t bytes = std::max(one, std::min(kernels::lowrank_tf32x3_scratch(count, rows, cols, r),
+                                                   kLowrankSplitBytes / one * one));
+      if (kernels::lowrank_tf32x3(ctx(), a, b, ptr + 2 * count, coef, cols, scratch(kSplit, bytes), bytes)) return;
+    }
     const cublasComputeType_t compute = lowp ? CUBLAS_COMPUTE_32F : compute_type(precision);
     const cudaDataType_t ab = lowp ? CUDA_R_16BF : CUDA_R_32F;
     if (!lowp && precision == DION_MATMUL_TF32 && lt_lowrank_ &&
@@ -2070,6 +2090,10 @@ class CudaBackend final : public Backend {
   // (lt_matmul): its handle, the switches, the plans per product
   cublasLtHandle_t lt_ = nullptr;
   bool lt_lowrank_ = env_int("DION_LT_LOWRANK", 1) != 0;
+  // Dion's FP32 error feedback and update as three TF32 products of the
+  // factors' split parts, promoted to fp32 (kernels::lowrank_tf32x3) where
+  // the device runs it; DION_LOWRANK_3XTF32=0 keeps cuBLAS's SGEMM.
+  bool lowrank_tf32x3_ = env_int("DION_LOWRANK_3XTF32", 1) != 0;
   bool lt_gemm_ = env_int("DION_LT_GEMM", 1) != 0;
   std::map<std::array<int64_t, 18>, LtPlan> lt_plans_;
 };
