@@ -1,8 +1,9 @@
 // SPDX-License-Identifier: MIT
 // Micro-benchmark and check (not built by CMake; docs/benchmarks.md,
-// nineteenth session, has the figures): Dion's error feedback and update
-// product at exact-fp32 accuracy on Hopper's tensor cores, as a kernel of our
-// own (wgmma, the fifteenth session's TMA pipeline of lowrank_wgmma.cuh):
+// nineteenth session, has the figures) of the library's kernel
+// (kernels/lowrank_tf32x3.cuh, wgmma on the fifteenth session's TMA pipeline
+// of lowrank_wgmma.cuh): Dion's error feedback and update product at
+// exact-fp32 accuracy on Hopper's tensor cores,
 //
 //   C_g (m x n fp32, row-major) = alpha A_g B_g^T + beta C_g,  A m x k, B n x k fp32,
 //
@@ -29,183 +30,38 @@
 // against cuBLAS's pointer-array SGEMM (what the library calls for
 // DION_MATMUL_FP32) and its TF32 product.
 // Build and run on the GPU machine (from the repository root):
-//   nvcc -std=c++17 -O3 -arch=sm_90a -o lowrank_3xtf32 bench/micro/lowrank_3xtf32.cu -lcublas && ./lowrank_3xtf32
+//   nvcc -std=c++17 -O3 -arch=sm_90a -I. -o lowrank_3xtf32 bench/micro/lowrank_3xtf32.cu -lcublas && ./lowrank_3xtf32
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <random>
 
-#include "lowrank_wgmma.cuh"
+#include "kernels/lowrank_tf32x3.cuh"
 #include "micro_util.cuh"
 
-namespace wgmma_micro {
 namespace {
 
-constexpr int kXThreads = 256;  // two warpgroups: rows 0..63 and 64..127 of the tile
-constexpr int kXStages = 3;
-constexpr int kXStageBytes = 4 * kWgTileBytes;  // Ah, Al, Bh, Bl: 64 KiB
-constexpr size_t kXSmemBytes = kXStages * kXStageBytes + 1024 + 8 * kXStages;
+using namespace dion::kernels::x3;
 
-#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
-// D (64 x 128) = (acc ? D : 0) + A B^T over one k-step of 8.
-__device__ __forceinline__ void mma_tf32(float (&d)[64], uint64_t a, uint64_t b, int acc) {
-  asm volatile(
-      "{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\n"
-      "wgmma.mma_async.sync.aligned.m64n128k8.f32.tf32.tf32 {"
-      DION_WG_REGS
-      "}, %64, %65, p, 1, 1;\n}\n"
-      : DION_WG_OPS(d)
-      : "l"(a), "l"(b), "r"(acc));
+void split(cudaStream_t st, const float* x, float* hi, float* lo, int64_t rows, int64_t k, int64_t ld, int64_t count,
+           int64_t kpad) {
+  split_tf32_kernel<false><<<1024, 256, 0, st>>>(x, rows, k, ld, rows * ld, count, kpad, hi, lo);
+  CK(cudaGetLastError());
 }
 
-__device__ __forceinline__ void x_issue(const CUtensorMap* const (&maps)[4], uint32_t sa, uint32_t bar, int kcol,
-                                        int row0, int col0, int g) {
-  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(bar), "n"(kXStageBytes) : "memory");
-#pragma unroll
-  for (int i = 0; i < 4; ++i)
-    asm volatile(
-        "cp.async.bulk.tensor.3d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3, %4}], "
-        "[%5];\n" ::"r"(sa + i * kWgTileBytes),
-        "l"(reinterpret_cast<uint64_t>(maps[i])), "r"(kcol), "r"(i < 2 ? row0 : col0), "r"(g), "r"(bar)
-        : "memory");
-}
-#endif
-
-// Grid: x the column tiles of C, y its row tiles, z the batch (grid-stride).
-// Maps: Ah, Al (k, m, batch), Bh, Bl (k, n, batch).
-template <int kP>
-__global__ void __launch_bounds__(kXThreads, 1)
-    lowrank_3xtf32_kernel(const __grid_constant__ CUtensorMap tah, const __grid_constant__ CUtensorMap tal,
-                          const __grid_constant__ CUtensorMap tbh, const __grid_constant__ CUtensorMap tbl,
-                          void* const* cptr, const float* coef, int64_t count, int64_t m, int64_t n, int64_t k,
-                          int64_t ldc) {
-#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
-  const float alpha = coef[0], beta = coef[1];
-  if (alpha == 0.f && beta == 1.f) return;  // a skipped step: C keeps its bits
-  extern __shared__ __align__(1024) uint8_t x_smem[];
-  const uint32_t base = (smem_addr(x_smem) + 1023u) & ~1023u;
-  const uint32_t bars = base + kXStages * kXStageBytes;
-  const int tid = threadIdx.x, wg = tid >> 7, wtid = tid & 127;
-  const int col0 = static_cast<int>(blockIdx.x) * kWgTile, row0 = static_cast<int>(blockIdx.y) * kWgTile;
-  constexpr int kBk = kWgRowBytes / 4;  // k per stage: 32
-  const int kt_count = static_cast<int>((k + kBk - 1) / kBk);
-  const CUtensorMap* const maps[4] = {&tah, &tal, &tbh, &tbl};
-  if (tid == 0) {
-    for (int s = 0; s < kXStages; ++s) wg_bar_init(bars + 8 * s);
-    asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
-  }
-  __syncthreads();
-  uint32_t loaded = 0, used = 0;
-  for (int64_t g = blockIdx.z; g < count; g += gridDim.z) {
-    float* C = static_cast<float*>(cptr[g]);
-    if (tid == 0)
-      for (int s = 0; s < kXStages - 1 && s < kt_count; ++s, ++loaded) {
-        const uint32_t st = loaded % kXStages;
-        x_issue(maps, base + st * kXStageBytes, bars + 8 * st, s * kBk, row0, col0, static_cast<int>(g));
-      }
-    float d[64], t[64];
-#pragma unroll
-    for (int i = 0; i < 64; ++i) d[i] = t[i] = 0.f;
-    for (int kt = 0; kt < kt_count; ++kt, ++used) {
-      const uint32_t st = used % kXStages;
-      wg_bar_wait(bars + 8 * st, (used / kXStages) & 1u);
-      const uint32_t sah = base + st * kXStageBytes + wg * 64 * kWgRowBytes, sal = sah + kWgTileBytes;
-      const uint32_t sbh = base + st * kXStageBytes + 2 * kWgTileBytes, sbl = sbh + kWgTileBytes;
-      if constexpr (kP == 0) {  // everything accumulated in the tensor cores
-        wg_fence_regs(d);
-        asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
-#pragma unroll
-        for (int kk = 0; kk < 4; ++kk) {
-          mma_tf32(d, wg_desc(sal + 32 * kk), wg_desc(sbh + 32 * kk), 1);
-          mma_tf32(d, wg_desc(sah + 32 * kk), wg_desc(sbl + 32 * kk), 1);
-          mma_tf32(d, wg_desc(sah + 32 * kk), wg_desc(sbh + 32 * kk), 1);
-        }
-        asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
-        asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory");
-        wg_fence_regs(d);
-      } else {
-#pragma unroll
-        for (int c = 0; c < 4 / kP; ++c) {
-          wg_fence_regs(t);
-          asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
-#pragma unroll
-          for (int j = 0; j < kP; ++j) {
-            const int kk = c * kP + j;
-            mma_tf32(t, wg_desc(sal + 32 * kk), wg_desc(sbh + 32 * kk), j > 0);
-            mma_tf32(t, wg_desc(sah + 32 * kk), wg_desc(sbl + 32 * kk), 1);
-            mma_tf32(t, wg_desc(sah + 32 * kk), wg_desc(sbh + 32 * kk), 1);
-          }
-          asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
-          asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory");
-          wg_fence_regs(t);
-#pragma unroll
-          for (int i = 0; i < 64; ++i) d[i] += t[i];
-        }
-      }
-      __syncthreads();  // both warpgroups are done with this stage: the previous one may be refilled
-      const int nk = kt + kXStages - 1;
-      if (tid == 0 && nk < kt_count) {
-        const uint32_t ns = loaded % kXStages;
-        x_issue(maps, base + ns * kXStageBytes, bars + 8 * ns, nk * kBk, row0, col0, static_cast<int>(g));
-        ++loaded;
-      }
-    }
-    const bool pairs = reinterpret_cast<uintptr_t>(C) % 8 == 0 && ldc % 2 == 0;
-    const int r0 = row0 + 64 * wg;
-    if (pairs && r0 + 64 <= m && col0 + kWgTile <= n)
-      wg_store<true>(d, C, ldc, m, n, r0, col0, alpha, beta, pairs, wtid);
-    else
-      wg_store<false>(d, C, ldc, m, n, r0, col0, alpha, beta, pairs, wtid);
-    __syncthreads();
-  }
-#endif
-}
-
-// hi = x rounded to TF32 (to nearest, ties away), lo = (x - hi) rounded the same way.
-__global__ void split_tf32_kernel(const float* x, float* hi, float* lo, int64_t n) {
-  for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x) {
-    const float v = x[i];
-    uint32_t h, l;
-    asm("cvt.rna.tf32.f32 %0, %1;" : "=r"(h) : "f"(v));
-    const float r = v - __uint_as_float(h);
-    asm("cvt.rna.tf32.f32 %0, %1;" : "=r"(l) : "f"(r));
-    hi[i] = __uint_as_float(h);
-    lo[i] = __uint_as_float(l);
-  }
-}
-
-template <int kP>
-void x_set_smem() {
-  check(cudaFuncSetAttribute(lowrank_3xtf32_kernel<kP>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                             static_cast<int>(kXSmemBytes)),
-        "cudaFuncSetAttribute (lowrank_3xtf32)");
-}
-
-}  // namespace
-
-inline void lowrank_3xtf32_init() {
-  x_set_smem<0>();
-  x_set_smem<1>();
-  x_set_smem<2>();
-  x_set_smem<4>();
-}
-
-// The split parts of A and B (the same layout as A and B) and the product.
-inline bool lowrank_3xtf32(const Ctx& c, ConstMatBatch ah, ConstMatBatch al, ConstMatBatch bh, ConstMatBatch bl,
-                           void* const* cptr, const float* coef, int64_t count, int64_t ldc, int promote) {
-  const int64_t m = ah.rows, n = bh.rows, k = ah.cols;
-  if (count <= 0 || m <= 0 || n <= 0) return true;
-  const int64_t tiles_m = (m + kWgTile - 1) / kWgTile, tiles_n = (n + kWgTile - 1) / kWgTile;
+// The parts (packed, rows of kpad) and the product at promotion interval kP.
+bool product3(cudaStream_t st, const float* ah, const float* al, const float* bh, const float* bl, int64_t m,
+              int64_t n, int64_t k, int64_t count, void* const* cptr, const float* coef, int promote) {
+  const int64_t kpad = x3_kpad(k);
   CUtensorMap t[4];
-  if (tiles_m > 65535 || !wg_map(&t[0], ah.p, ah.stride, ah.ld, m, k, count, false) ||
-      !wg_map(&t[1], al.p, al.stride, al.ld, m, k, count, false) ||
-      !wg_map(&t[2], bh.p, bh.stride, bh.ld, n, k, count, false) ||
-      !wg_map(&t[3], bl.p, bl.stride, bl.ld, n, k, count, false))
+  if (!x3_map(&t[0], ah, m, k, kpad, count) || !x3_map(&t[1], al, m, k, kpad, count) ||
+      !x3_map(&t[2], bh, n, k, kpad, count) || !x3_map(&t[3], bl, n, k, kpad, count))
     return false;
-  const dim3 grid(static_cast<unsigned>(tiles_n), static_cast<unsigned>(tiles_m),
-                  static_cast<unsigned>(count < 65535 ? count : 65535));
-#define X_LAUNCH(P)                                                                                        \
-  lowrank_3xtf32_kernel<P><<<grid, kXThreads, kXSmemBytes, c.stream>>>(t[0], t[1], t[2], t[3], cptr, coef, \
-                                                                        count, m, n, k, ldc)
+  const dim3 grid((unsigned)((n + kX3Tile - 1) / kX3Tile), (unsigned)((m + kX3Tile - 1) / kX3Tile),
+                  (unsigned)std::min<int64_t>(count, 65535));
+#define X_LAUNCH(P)                                                                                                 \
+  lowrank_tf32x3_kernel<P><<<grid, kX3Threads, kX3SmemBytes, st>>>(t[0], t[1], t[2], t[3], cptr, coef, count, m, n, \
+                                                                    k, n)
   switch (promote) {
     case 0: X_LAUNCH(0); break;
     case 1: X_LAUNCH(1); break;
@@ -213,16 +69,16 @@ inline bool lowrank_3xtf32(const Ctx& c, ConstMatBatch ah, ConstMatBatch al, Con
     default: X_LAUNCH(4); break;
   }
 #undef X_LAUNCH
-  check(cudaGetLastError(), "lowrank_3xtf32_kernel");
+  CK(cudaGetLastError());
   return true;
 }
 
-inline void split_tf32(const Ctx& c, const float* x, float* hi, float* lo, int64_t n) {
-  split_tf32_kernel<<<4 * c.sms, 256, 0, c.stream>>>(x, hi, lo, n);
-  check(cudaGetLastError(), "split_tf32_kernel");
+template <int P>
+void set_smem() {
+  CK(cudaFuncSetAttribute(lowrank_tf32x3_kernel<P>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)kX3SmemBytes));
 }
 
-}  // namespace wgmma_micro
+}  // namespace
 
 namespace {
 
@@ -241,8 +97,11 @@ struct Batch {
     na = c.m * c.lda * c.count;
     nb = c.n * c.ldb * c.count;
     nc = c.m * c.n * c.count;
-    for (float** p : {&a, &ah, &al}) CK(cudaMalloc(p, 4 * na + 16));
-    for (float** p : {&b, &bh, &bl}) CK(cudaMalloc(p, 4 * nb + 16));
+    const int64_t kpad = x3_kpad(c.k);
+    CK(cudaMalloc(&a, 4 * na + 16));
+    CK(cudaMalloc(&b, 4 * nb + 16));
+    for (float** p : {&ah, &al}) CK(cudaMalloc(p, 4 * c.m * kpad * c.count + 16));
+    for (float** p : {&bh, &bl}) CK(cudaMalloc(p, 4 * c.n * kpad * c.count + 16));
     CK(cudaMalloc(&cm, 4 * nc + 16));
     CK(cudaMalloc(&ptr, sizeof(void*) * 3 * c.count));
     CK(cudaMalloc(&coef, 8));
@@ -271,19 +130,13 @@ struct Batch {
   void put_c(const std::vector<float>& v) { CK(cudaMemcpy(cm, v.data(), nc * 4, cudaMemcpyHostToDevice)); }
   // the split passes and the product
   void own(cudaStream_t st, int promote) {
-    const wgmma_micro::Ctx x{st, 132};
-    wgmma_micro::split_tf32(x, a, ah, al, na);
-    wgmma_micro::split_tf32(x, b, bh, bl, nb);
+    split(st, a, ah, al, c.m, c.k, c.lda, c.count, x3_kpad(c.k));
+    split(st, b, bh, bl, c.n, c.k, c.ldb, c.count, x3_kpad(c.k));
     product(st, promote);
   }
   void product(cudaStream_t st, int promote) {
-    const wgmma_micro::Ctx x{st, 132};
-    auto mat = [&](const float* p, int64_t rows, int64_t ld) {
-      return wgmma_micro::ConstMatBatch{p, rows, c.k, ld, rows * ld, c.count};
-    };
-    if (!wgmma_micro::lowrank_3xtf32(x, mat(ah, c.m, c.lda), mat(al, c.m, c.lda), mat(bh, c.n, c.ldb),
-                                     mat(bl, c.n, c.ldb), ptr + 2 * c.count, coef, c.count, c.n, promote)) {
-      printf("lowrank_3xtf32: no tensor maps\n");
+    if (!product3(st, ah, al, bh, bl, c.m, c.n, c.k, c.count, ptr + 2 * c.count, coef, promote)) {
+      printf("lowrank_tf32x3: no tensor maps\n");
       exit(1);
     }
   }
@@ -405,13 +258,16 @@ int main(int argc, char** argv) {
   cudaDeviceProp prop{};
   CK(cudaGetDevice(&dev));
   CK(cudaGetDeviceProperties(&prop, dev));
-  if (!wgmma_micro::lowrank_sm90a_ok(prop.major, prop.minor)) {
+  if (prop.major != 9 || prop.minor != 0 || !x3_encoder()) {
     printf("needs a device of compute capability 9.0 and a driver with tensor maps (this one: %d.%d)\n", prop.major,
            prop.minor);
     return 1;
   }
   MicroRig rig(32 << 20);
-  wgmma_micro::lowrank_3xtf32_init();
+  set_smem<0>();
+  set_smem<1>();
+  set_smem<2>();
+  set_smem<4>();
   const bool quick = argc > 1 && strcmp(argv[1], "quick") == 0;
   for (float lo : {-1.f, 0.f}) {
     check_case(rig, {128, 128, 32, 1, 32, 32}, 1.f, 0.f, false, lo);

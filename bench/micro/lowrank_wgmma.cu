@@ -14,7 +14,7 @@
 //      result relative to the operands' scale;
 //   `ncu`: one launch of each kernel at C 8192 x 2048, for Nsight Compute.
 // Build and run on the GPU machine (from the repository root):
-//   nvcc -std=c++17 -O3 -arch=sm_90a -o lowrank_wgmma bench/micro/lowrank_wgmma.cu -lcublas && ./lowrank_wgmma
+//   nvcc -std=c++17 -O3 -arch=sm_90a -I. -o lowrank_wgmma bench/micro/lowrank_wgmma.cu -lcublas && ./lowrank_wgmma
 #include <cmath>
 #include <cstring>
 #include <random>

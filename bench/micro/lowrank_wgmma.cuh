@@ -36,6 +36,8 @@
 #include <cstdio>
 #include <cstdlib>
 
+#include "kernels/lowrank_tf32x3.cuh"  // the wgmma and tensor-map primitives
+
 namespace wgmma_micro {
 
 struct Ctx {
@@ -55,6 +57,8 @@ inline void check(cudaError_t e, const char* what) {
 
 namespace {
 
+using namespace dion::kernels::x3;
+
 constexpr int kWgThreads = 128;                    // one warpgroup
 constexpr int kWgTile = 128;                       // output tile rows and columns
 constexpr int kWgRowBytes = 128;                   // k bytes per row and stage: one 128-byte swizzle row
@@ -65,73 +69,27 @@ constexpr int kWgStageBytes = 2 * kWgTileBytes;
 constexpr size_t kWgSmemBytes = kWgStages * kWgStageBytes + 1024 + 8 * kWgStages;
 
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
-#define DION_WG_REGS \
-  "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, " \
-  "%24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, " \
-  "%46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63"
-
-// The 64 accumulators as the asm statements' operands %0 .. %63.
-#define DION_WG_OPS(d) \
-  "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), \
-  "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), \
-  "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), \
-  "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), \
-  "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), \
-  "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]), \
-  "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]), "+f"(d[56]), \
-  "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
-
-__device__ __forceinline__ uint32_t smem_addr(const void* p) {
-  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
-}
-
-// The descriptor of a K-major operand with the 128-byte swizzle: start
-// address (>> 4), leading offset 1 (unused with this swizzle), stride 1024
-// bytes between groups of 8 rows, swizzle mode 1 (128 bytes).
-__device__ __forceinline__ uint64_t wg_desc(uint32_t addr) {
-  return static_cast<uint64_t>((addr & 0x3FFFF) >> 4) | (uint64_t{1} << 16) | (uint64_t{1024 >> 4} << 32) |
-         (uint64_t{1} << 62);
-}
-
 // D (64 x 128, fp32) += A (64 x kstep) B^T (128 x kstep), both from shared
 // memory: kstep 8 for TF32, 16 for bf16 (32 bytes of k either way).
 __device__ __forceinline__ void wg_mma(float (&d)[64], uint64_t a, uint64_t b, float) {
   asm volatile(
       "{\n.reg .pred p;\nsetp.ne.b32 p, 1, 0;\n"
       "wgmma.mma_async.sync.aligned.m64n128k8.f32.tf32.tf32 {"
-      DION_WG_REGS
+      DION_X3_REGS
       "}, %64, %65, p, 1, 1;\n}\n"
-      : DION_WG_OPS(d)
+      : DION_X3_OPS(d)
       : "l"(a), "l"(b));
 }
 __device__ __forceinline__ void wg_mma(float (&d)[64], uint64_t a, uint64_t b, __nv_bfloat16) {
   asm volatile(
       "{\n.reg .pred p;\nsetp.ne.b32 p, 1, 0;\n"
       "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 {"
-      DION_WG_REGS
+      DION_X3_REGS
       "}, %64, %65, p, 1, 1, 0, 0;\n}\n"
-      : DION_WG_OPS(d)
+      : DION_X3_OPS(d)
       : "l"(a), "l"(b));
 }
 
-// Keeps the compiler from moving accesses of the accumulators across the
-// asynchronous MMAs.
-__device__ __forceinline__ void wg_fence_regs(float (&d)[64]) {
-#pragma unroll
-  for (int i = 0; i < 64; ++i) asm volatile("" : "+f"(d[i])::"memory");
-}
-
-__device__ __forceinline__ void wg_bar_init(uint32_t bar) {
-  asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;\n" ::"r"(bar) : "memory");
-}
-__device__ __forceinline__ void wg_bar_wait(uint32_t bar, uint32_t parity) {
-  asm volatile(
-      "{\n.reg .pred p;\nWG_WAIT:\n"
-      "mbarrier.try_wait.parity.shared::cta.b64 p, [%0], %1;\n"
-      "@p bra WG_DONE;\nbra WG_WAIT;\nWG_DONE:\n}\n" ::"r"(bar),
-      "r"(parity)
-      : "memory");
-}
 // Stage `stage` of tile kt: A's rows row0.. and B's rows col0.. of matrix g,
 // by the tensor memory accelerator (128 x 128-byte boxes, the 128-byte
 // swizzle, zeros outside the matrices), completing on the stage's barrier.
@@ -241,14 +199,14 @@ __global__ void __launch_bounds__(kWgThreads, 2)
   const float alpha = coef[0], beta = coef[1];
   if (alpha == 0.f && beta == 1.f) return;  // a skipped step: C keeps its bits
   extern __shared__ __align__(1024) uint8_t wg_smem[];
-  const uint32_t base = (smem_addr(wg_smem) + 1023u) & ~1023u;
+  const uint32_t base = (x3_smem_addr(wg_smem) + 1023u) & ~1023u;
   const uint32_t bars = base + kWgStages * kWgStageBytes;
   const int tid = threadIdx.x;
   const int col0 = static_cast<int>(blockIdx.x) * kWgTile, row0 = static_cast<int>(blockIdx.y) * kWgTile;
   constexpr int kBk = kWgRowBytes / sizeof(T);  // k per stage
   const int kt_count = static_cast<int>((k + kBk - 1) / kBk);
   if (tid == 0) {
-    for (int s = 0; s < kWgStages; ++s) wg_bar_init(bars + 8 * s);
+    for (int s = 0; s < kWgStages; ++s) x3_bar_init(bars + 8 * s);
     asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
   }
   __syncthreads();
@@ -268,21 +226,21 @@ __global__ void __launch_bounds__(kWgThreads, 2)
     for (int i = 0; i < 64; ++i) d0[i] = d1[i] = 0.f;
     for (int kt = 0; kt < kt_count; ++kt, ++used) {
       const uint32_t st = used % kWgStages;
-      wg_bar_wait(bars + 8 * st, (used / kWgStages) & 1u);
+      x3_bar_wait(bars + 8 * st, (used / kWgStages) & 1u);
       const uint32_t sa = base + st * kWgStageBytes, sb = sa + kWgTileBytes;
-      wg_fence_regs(d0);
-      wg_fence_regs(d1);
+      x3_fence(d0);
+      x3_fence(d1);
       asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
 #pragma unroll
       for (int kk = 0; kk < kWgRowBytes / 32; ++kk) {
-        const uint64_t db = wg_desc(sb + 32 * kk);
-        wg_mma(d0, wg_desc(sa + 32 * kk), db, T{});
-        wg_mma(d1, wg_desc(sa + 64 * kWgRowBytes + 32 * kk), db, T{});
+        const uint64_t db = x3_desc(sb + 32 * kk);
+        wg_mma(d0, x3_desc(sa + 32 * kk), db, T{});
+        wg_mma(d1, x3_desc(sa + 64 * kWgRowBytes + 32 * kk), db, T{});
       }
       asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
       asm volatile("wgmma.wait_group.sync.aligned 1;\n" ::: "memory");  // the previous tile's MMAs are done
-      wg_fence_regs(d0);
-      wg_fence_regs(d1);
+      x3_fence(d0);
+      x3_fence(d1);
       __syncthreads();  // in every warp: the previous tile's stage may be refilled
       const int nk = kt + kWgStages - 1;
       if (tid == 0 && nk < kt_count) {
@@ -292,8 +250,8 @@ __global__ void __launch_bounds__(kWgThreads, 2)
       }
     }
     asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory");
-    wg_fence_regs(d0);
-    wg_fence_regs(d1);
+    x3_fence(d0);
+    x3_fence(d1);
     const bool pairs = reinterpret_cast<uintptr_t>(C) % (2 * sizeof(TC)) == 0 && ldc % 2 == 0;
     if (pairs && row0 + kWgTile <= m && col0 + kWgTile <= n) {
       wg_store<true>(d0, C, ldc, m, n, row0, col0, alpha, beta, pairs, tid);
@@ -317,26 +275,12 @@ void wg_set_smem() {
               "cudaFuncSetAttribute (lowrank_sm90a carveout)");
 }
 
-// cuTensorMapEncodeTiled from the driver (through the runtime: no link to
-// libcuda), looked up once; null where the driver has none.
-PFN_cuTensorMapEncodeTiled_v12000 wg_encoder() {
-  static const PFN_cuTensorMapEncodeTiled_v12000 fn = [] {
-    void* f = nullptr;
-    cudaDriverEntryPointQueryResult q{};
-    if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &f, 12000, cudaEnableDefault, &q) != cudaSuccess ||
-        q != cudaDriverEntryPointSuccess)
-      f = nullptr;
-    return reinterpret_cast<PFN_cuTensorMapEncodeTiled_v12000>(f);
-  }();
-  return fn;
-}
-
 // A batch of count rows x k row-major matrices (ld elements apart, stride
 // elements from one to the next) as the 3-D tensor (k, rows, count), boxes
 // of 128 bytes of k by 128 rows.
 bool wg_map(CUtensorMap* map, const void* p, int64_t stride, int64_t ld, int64_t rows, int64_t k, int64_t count,
             bool bf16) {
-  const PFN_cuTensorMapEncodeTiled_v12000 encode = wg_encoder();
+  const PFN_cuTensorMapEncodeTiled_v12000 encode = x3_encoder();
   if (!encode) return false;
   const int64_t es = bf16 ? 2 : 4;
   const cuuint64_t dims[3] = {static_cast<cuuint64_t>(k), static_cast<cuuint64_t>(rows),
@@ -354,7 +298,7 @@ bool wg_map(CUtensorMap* map, const void* p, int64_t stride, int64_t ld, int64_t
 }  // namespace
 
 inline bool lowrank_sm90a_ok(int cc_major, int cc_minor) {
-  return cc_major == 9 && cc_minor == 0 && wg_encoder() != nullptr;
+  return cc_major == 9 && cc_minor == 0 && x3_encoder() != nullptr;
 }
 
 inline void lowrank_sm90a_init() {

@@ -1096,6 +1096,20 @@ TEST_F(OpsTest, NeuronScalesAndUpdate) {
           }
 }
 
+// The float64 product (A_t B_t^T)_ij of the lowrank tests' factors (A_t
+// rows x r, B_t cols x r, row-major, one after another), and the sum of its
+// terms' magnitudes.
+std::pair<double, double> lowrank_ref(const std::vector<float>& fa, const std::vector<float>& fb, int64_t t,
+                                      int64_t i, int64_t j, int64_t rows, int64_t cols, int64_t r) {
+  double prod = 0, mag = 0;
+  for (int64_t k = 0; k < r; ++k) {
+    const double x = static_cast<double>(fa[(t * rows + i) * r + k]) * fb[(t * cols + j) * r + k];
+    prod += x;
+    mag += std::fabs(x);
+  }
+  return {prod, mag};
+}
+
 // At FP32, Dion's error feedback and update products (accumulate_lowrank,
 // update_lowrank: fp32 factors into fp32 C) are as exact as cuBLAS's SGEMM.
 // On Hopper they run as three TF32 products of the factors' split parts,
@@ -1173,12 +1187,7 @@ TEST_F(OpsTest, LowrankFp32AsExactAsSgemm) {
           differ = differ || !same_bits(g3, gsg);
           for (int64_t i = 0; i < rows; ++i)
             for (int64_t j = 0; j < cols; ++j) {
-              double prod = 0, mag = 0;
-              for (int64_t k = 0; k < r; ++k) {
-                const double x = static_cast<double>(fa[(t * rows + i) * r + k]) * fb[(t * cols + j) * r + k];
-                prod += x;
-                mag += std::fabs(x);
-              }
+              const auto [prod, mag] = lowrank_ref(fa, fb, t, i, j, rows, cols, r);
               const size_t e = static_cast<size_t>(i * cols + j);
               const double want = keep * c0[t][e] + coef * prod;
               const double scale = std::fabs(coef) * mag + std::fabs(keep * c0[t][e]);
@@ -1281,12 +1290,7 @@ TEST_F(OpsTest, UpdateAndAccumulateLowrank) {
           EXPECT_FALSE(same_bits(before[t], got)) << "tensor " << t << ": not updated";
           for (int64_t i = 0; i < rows; ++i)
             for (int64_t j = 0; j < cols; ++j) {
-              double prod = 0, mag = 0;
-              for (int64_t k = 0; k < r; ++k) {
-                const double x = static_cast<double>(fa[(t * rows + i) * r + k]) * fb[(t * cols + j) * r + k];
-                prod += x;
-                mag += std::fabs(x);
-              }
+              const auto [prod, mag] = lowrank_ref(fa, fb, t, i, j, rows, cols, r);
               const size_t e = static_cast<size_t>(i * cols + j);
               const double want = keep * before[t][e] + coef * prod;
               double tol = 0x1p-21 * (std::fabs(keep * before[t][e]) + std::fabs(coef) * mag);

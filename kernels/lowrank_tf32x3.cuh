@@ -1,0 +1,316 @@
+// SPDX-License-Identifier: MIT
+// The kernels of kernels/lowrank_tf32x3.cu (its comment has the method and
+// the figures), shared with bench/micro/lowrank_3xtf32.cu, which times them
+// and compares promotion intervals, and bench/micro/lowrank_wgmma.cu (the
+// wgmma and tensor-map primitives): the 3xTF32 product kernel, the split
+// pass, and the packed parts' tensor maps. Device code for sm_90a (the
+// bodies are empty in other images); no dependency on the rest of the
+// library.
+#pragma once
+#include <cuda.h>
+#include <cudaTypedefs.h>
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+namespace dion::kernels::x3 {
+
+
+constexpr int kX3Threads = 256;   // two warpgroups
+constexpr int kX3Tile = 128;      // output tile rows and columns
+constexpr int kX3RowBytes = 128;  // k bytes per row and stage: one 128-byte swizzle row (32 fp32)
+constexpr int kX3Stages = 3;
+constexpr int kX3PartBytes = kX3Tile * kX3RowBytes;  // 16 KiB: one part's tile of a stage
+constexpr int kX3StageBytes = 4 * kX3PartBytes;      // Ah, Al, Bh, Bl
+constexpr size_t kX3SmemBytes = kX3Stages * kX3StageBytes + 1024 + 8 * kX3Stages;  // + alignment, barriers
+constexpr int kX3Promote = 2;  // k-steps of 8 accumulated in the tensor cores before each promotion
+
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+#define DION_X3_REGS \
+  "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, " \
+  "%24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, " \
+  "%46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63"
+#define DION_X3_OPS(d) \
+  "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), \
+  "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), \
+  "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), \
+  "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), \
+  "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), \
+  "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]), \
+  "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]), "+f"(d[56]), \
+  "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
+
+__device__ __forceinline__ uint32_t x3_smem_addr(const void* p) {
+  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
+}
+
+// The descriptor of a K-major operand in the 128-byte swizzle: start address
+// (>> 4), leading offset 1 (unused with this swizzle), 1024 bytes between
+// groups of 8 rows, swizzle mode 1 (128 bytes).
+__device__ __forceinline__ uint64_t x3_desc(uint32_t addr) {
+  return static_cast<uint64_t>((addr & 0x3FFFF) >> 4) | (uint64_t{1} << 16) | (uint64_t{1024 >> 4} << 32) |
+         (uint64_t{1} << 62);
+}
+
+// D (64 x 128) = (acc ? D : 0) + A (64 x 8) B^T (128 x 8), TF32, both from shared memory.
+__device__ __forceinline__ void x3_mma(float (&d)[64], uint64_t a, uint64_t b, int acc) {
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n128k8.f32.tf32.tf32 {" DION_X3_REGS "}, %64, %65, p, 1, 1;\n}\n"
+      : DION_X3_OPS(d)
+      : "l"(a), "l"(b), "r"(acc));
+}
+
+// Keeps the compiler from moving accesses of the accumulators across the
+// asynchronous MMAs.
+__device__ __forceinline__ void x3_fence(float (&d)[64]) {
+#pragma unroll
+  for (int i = 0; i < 64; ++i) asm volatile("" : "+f"(d[i])::"memory");
+}
+
+__device__ __forceinline__ void x3_bar_init(uint32_t bar) {
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;\n" ::"r"(bar) : "memory");
+}
+__device__ __forceinline__ void x3_bar_wait(uint32_t bar, uint32_t parity) {
+  asm volatile(
+      "{\n.reg .pred p;\nX3_WAIT:\n"
+      "mbarrier.try_wait.parity.shared::cta.b64 p, [%0], %1;\n"
+      "@p bra X3_DONE;\nbra X3_WAIT;\nX3_DONE:\n}\n" ::"r"(bar),
+      "r"(parity)
+      : "memory");
+}
+
+// One stage: the k columns kcol.. of Ah, Al (rows row0..) and Bh, Bl (rows
+// col0..) of matrix g, completing on the stage's barrier.
+__device__ __forceinline__ void x3_issue(const CUtensorMap* const (&maps)[4], uint32_t sa, uint32_t bar, int kcol,
+                                         int row0, int col0, int g) {
+  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(bar), "n"(kX3StageBytes) : "memory");
+#pragma unroll
+  for (int i = 0; i < 4; ++i)
+    asm volatile(
+        "cp.async.bulk.tensor.3d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3, %4}], "
+        "[%5];\n" ::"r"(sa + i * kX3PartBytes),
+        "l"(reinterpret_cast<uint64_t>(maps[i])), "r"(kcol), "r"(i < 2 ? row0 : col0), "r"(g), "r"(bar)
+        : "memory");
+}
+
+// The epilogue of one 64 x 128 half: thread (warp w, lane l) holds, for j =
+// 0..15 and h = 0, 1, the elements (row0 + 16 w + l / 4 + 8 h, col0 + 8 j + 2
+// (l % 4) + {0, 1}) in d[4 j + 2 h + {0, 1}]. All of C's loads are issued
+// before the first store. kInside: the whole half lies inside C and pairs of
+// elements are 8-byte aligned, so no element is checked.
+template <bool kInside>
+__device__ __forceinline__ void x3_store(const float (&d)[64], float* C, int64_t ldc, int64_t m, int64_t n,
+                                         int64_t row0, int64_t col0, float alpha, float beta, bool pairs, int tid) {
+  const int w = tid >> 5, l = tid & 31;
+  const int64_t r0 = row0 + 16 * w + (l >> 2), c0 = col0 + 2 * (l & 3);
+  float* const p0 = C + r0 * ldc + c0;
+  float* const p1 = p0 + 8 * ldc;
+  float cv[64];
+  if (beta != 0.f) {
+#pragma unroll
+    for (int j = 0; j < 16; ++j)
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const int i = 4 * j + 2 * h;
+        const float* p = (h ? p1 : p0) + 8 * j;
+        if (kInside) {
+          const float2 v = *reinterpret_cast<const float2*>(p);
+          cv[i] = v.x;
+          cv[i + 1] = v.y;
+          continue;
+        }
+        const int64_t r = r0 + 8 * h, c = c0 + 8 * j;
+        cv[i] = cv[i + 1] = 0.f;
+        if (r < m && c < n) {
+          cv[i] = p[0];
+          if (c + 1 < n) cv[i + 1] = p[1];
+        }
+      }
+  }
+#pragma unroll
+  for (int j = 0; j < 16; ++j)
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const int i = 4 * j + 2 * h;
+      const float x = beta != 0.f ? alpha * d[i] + beta * cv[i] : alpha * d[i];
+      const float y = beta != 0.f ? alpha * d[i + 1] + beta * cv[i + 1] : alpha * d[i + 1];
+      float* p = (h ? p1 : p0) + 8 * j;
+      if (kInside) {
+        *reinterpret_cast<float2*>(p) = make_float2(x, y);
+        continue;
+      }
+      const int64_t r = r0 + 8 * h, c = c0 + 8 * j;
+      if (r >= m || c >= n) continue;
+      if (pairs && c + 1 < n) {
+        *reinterpret_cast<float2*>(p) = make_float2(x, y);
+      } else {
+        p[0] = x;
+        if (c + 1 < n) p[1] = y;
+      }
+    }
+}
+#endif  // __CUDA_ARCH_FEAT_SM90_ALL
+
+// Grid: x the column tiles of C, y its row tiles, z the batch (grid-stride).
+// Maps: Ah, Al as (k, m, count), Bh, Bl as (k, n, count). kP: k-steps of 8
+// whose three products accumulate in the tensor cores before each promotion
+// (the library takes kX3Promote); 0 accumulates all of k there (the form
+// the promotion corrects, for bench/micro/lowrank_3xtf32.cu's comparison).
+template <int kP>
+__global__ void __launch_bounds__(kX3Threads, 1)
+    lowrank_tf32x3_kernel(const __grid_constant__ CUtensorMap tah, const __grid_constant__ CUtensorMap tal,
+                          const __grid_constant__ CUtensorMap tbh, const __grid_constant__ CUtensorMap tbl,
+                          void* const* cptr, const float* coef, int64_t count, int64_t m, int64_t n, int64_t k,
+                          int64_t ldc) {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  const float alpha = coef[0], beta = coef[1];
+  if (alpha == 0.f && beta == 1.f) return;  // a skipped step: C keeps its bits
+  extern __shared__ __align__(1024) uint8_t x3_smem[];
+  const uint32_t base = (x3_smem_addr(x3_smem) + 1023u) & ~1023u;
+  const uint32_t bars = base + kX3Stages * kX3StageBytes;
+  const int tid = threadIdx.x, wg = tid >> 7, wtid = tid & 127;
+  const int col0 = static_cast<int>(blockIdx.x) * kX3Tile, row0 = static_cast<int>(blockIdx.y) * kX3Tile;
+  constexpr int kBk = kX3RowBytes / 4;  // k per stage
+  const int kt_count = static_cast<int>((k + kBk - 1) / kBk);
+  const CUtensorMap* const maps[4] = {&tah, &tal, &tbh, &tbl};
+  if (tid == 0) {
+    for (int s = 0; s < kX3Stages; ++s) x3_bar_init(bars + 8 * s);
+    asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+  }
+  __syncthreads();
+  // Tiles loaded and used so far, over all of this CTA's matrices: tile t
+  // goes to stage t % kX3Stages, whose barrier completes its phase t /
+  // kX3Stages then.
+  uint32_t loaded = 0, used = 0;
+  for (int64_t g = blockIdx.z; g < count; g += gridDim.z) {
+    float* C = static_cast<float*>(cptr[g]);
+    if (tid == 0)
+      for (int s = 0; s < kX3Stages - 1 && s < kt_count; ++s, ++loaded) {
+        const uint32_t st = loaded % kX3Stages;
+        x3_issue(maps, base + st * kX3StageBytes, bars + 8 * st, s * kBk, row0, col0, static_cast<int>(g));
+      }
+    float d[64], t[64];
+#pragma unroll
+    for (int i = 0; i < 64; ++i) d[i] = t[i] = 0.f;
+    for (int kt = 0; kt < kt_count; ++kt, ++used) {
+      const uint32_t st = used % kX3Stages;
+      x3_bar_wait(bars + 8 * st, (used / kX3Stages) & 1u);
+      // this warpgroup's 64 rows of A's parts; all 128 rows of B's
+      const uint32_t sah = base + st * kX3StageBytes + wg * 64 * kX3RowBytes, sal = sah + kX3PartBytes;
+      const uint32_t sbh = base + st * kX3StageBytes + 2 * kX3PartBytes, sbl = sbh + kX3PartBytes;
+      // kP k-steps' products into t (zeroed by the first), then added into d;
+      // with kP = 0 all of the stage's straight into d
+      constexpr int kChunk = kP > 0 ? kP : kBk / 8;
+      float(&acc)[64] = *(kP > 0 ? &t : &d);
+#pragma unroll
+      for (int c = 0; c < kBk / 8 / kChunk; ++c) {
+        x3_fence(acc);
+        asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
+#pragma unroll
+        for (int j = 0; j < kChunk; ++j) {
+          const int kk = c * kChunk + j;  // the k-step of 8: 32 bytes into each row
+          x3_mma(acc, x3_desc(sal + 32 * kk), x3_desc(sbh + 32 * kk), kP == 0 || j > 0);
+          x3_mma(acc, x3_desc(sah + 32 * kk), x3_desc(sbl + 32 * kk), 1);
+          x3_mma(acc, x3_desc(sah + 32 * kk), x3_desc(sbh + 32 * kk), 1);
+        }
+        asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
+        asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory");
+        x3_fence(acc);
+        if constexpr (kP > 0) {
+#pragma unroll
+          for (int i = 0; i < 64; ++i) d[i] += t[i];
+        }
+      }
+      __syncthreads();  // both warpgroups are done with this stage: the previous one may be refilled
+      const int nk = kt + kX3Stages - 1;
+      if (tid == 0 && nk < kt_count) {
+        const uint32_t ns = loaded % kX3Stages;
+        x3_issue(maps, base + ns * kX3StageBytes, bars + 8 * ns, nk * kBk, row0, col0, static_cast<int>(g));
+        ++loaded;
+      }
+    }
+    const bool pairs = reinterpret_cast<uintptr_t>(C) % 8 == 0 && ldc % 2 == 0;
+    const int r0 = row0 + 64 * wg;
+    if (pairs && r0 + 64 <= m && col0 + kX3Tile <= n)
+      x3_store<true>(d, C, ldc, m, n, r0, col0, alpha, beta, pairs, wtid);
+    else
+      x3_store<false>(d, C, ldc, m, n, r0, col0, alpha, beta, pairs, wtid);
+    __syncthreads();  // every warp's MMAs are done before the next matrix's loads
+  }
+#endif
+}
+
+__device__ __forceinline__ void x3_split1(float v, float& hi, float& lo) {
+  uint32_t h, l;
+  asm("cvt.rna.tf32.f32 %0, %1;" : "=r"(h) : "f"(v));
+  const float r = v - __uint_as_float(h);  // exact: v and hi agree in their leading 11 bits
+  asm("cvt.rna.tf32.f32 %0, %1;" : "=r"(l) : "f"(r));
+  hi = __uint_as_float(h);
+  lo = __uint_as_float(l);
+}
+
+// hi, lo (count x rows x kpad, packed) <- the split of a (count rows x k
+// matrices, ld, stride): a warp per row, four elements per lane and access
+// where a's rows are 16-byte aligned (vec4); the padding columns k..kpad-1
+// are not written.
+template <bool kVec4>
+__global__ void split_tf32_kernel(const float* a, int64_t rows, int64_t k, int64_t ld, int64_t stride,
+                                  int64_t count, int64_t kpad, float* hi, float* lo) {
+  const int lane = threadIdx.x & 31;
+  const int64_t warps = static_cast<int64_t>(gridDim.x) * (blockDim.x / 32);
+  for (int64_t R = (blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x) / 32; R < count * rows;
+       R += warps) {
+    const int64_t g = R / rows, r = R - g * rows;
+    const float* src = a + g * stride + r * ld;
+    float* const h = hi + R * kpad;
+    float* const l = lo + R * kpad;
+    if constexpr (kVec4) {
+      for (int64_t c = 4 * lane; c < k; c += 128) {
+        const float4 v = *reinterpret_cast<const float4*>(src + c);
+        float4 vh, vl;
+        x3_split1(v.x, vh.x, vl.x);
+        x3_split1(v.y, vh.y, vl.y);
+        x3_split1(v.z, vh.z, vl.z);
+        x3_split1(v.w, vh.w, vl.w);
+        *reinterpret_cast<float4*>(h + c) = vh;
+        *reinterpret_cast<float4*>(l + c) = vl;
+      }
+    } else {
+      for (int64_t c = lane; c < k; c += 32) x3_split1(src[c], h[c], l[c]);
+    }
+  }
+}
+
+inline int64_t x3_kpad(int64_t k) { return (k + 3) / 4 * 4; }
+
+// cuTensorMapEncodeTiled from the driver (through the runtime: no link to
+// libcuda), looked up once; null where the driver has none.
+inline PFN_cuTensorMapEncodeTiled_v12000 x3_encoder() {
+  static const PFN_cuTensorMapEncodeTiled_v12000 fn = [] {
+    void* f = nullptr;
+    cudaDriverEntryPointQueryResult q{};
+    if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &f, 12000, cudaEnableDefault, &q) != cudaSuccess ||
+        q != cudaDriverEntryPointSuccess)
+      f = nullptr;
+    return reinterpret_cast<PFN_cuTensorMapEncodeTiled_v12000>(f);
+  }();
+  return fn;
+}
+
+// count packed rows x k matrices (row length kpad) at p as the 3-D tensor
+// (k, rows, count), boxes of 32 x 128 with the 128-byte swizzle.
+inline bool x3_map(CUtensorMap* map, const float* p, int64_t rows, int64_t k, int64_t kpad, int64_t count) {
+  const PFN_cuTensorMapEncodeTiled_v12000 encode = x3_encoder();
+  if (!encode) return false;
+  const cuuint64_t dims[3] = {static_cast<cuuint64_t>(k), static_cast<cuuint64_t>(rows),
+                              static_cast<cuuint64_t>(count)};
+  const cuuint64_t strides[2] = {static_cast<cuuint64_t>(kpad * 4), static_cast<cuuint64_t>(rows * kpad * 4)};
+  const cuuint32_t box[3] = {kX3RowBytes / 4, kX3Tile, 1};
+  const cuuint32_t elem[3] = {1, 1, 1};
+  return encode(map, CU_TENSOR_MAP_DATA_TYPE_FLOAT32, 3, const_cast<float*>(p), dims, strides, box, elem,
+                CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+                CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
+}
+
+}  // namespace dion::kernels::x3
