@@ -1220,7 +1220,9 @@ TEST_F(OpsTest, LowrankFp32AsExactAsSgemm) {
 // several 128 x 128 output tiles per matrix, where the TF32 products go
 // through cuBLASLt's algorithm with such tiles (lt_plan; the test
 // runs again with DION_LT_LOWRANK=0, the cuBLAS call, in ctest's
-// ops_elementwise_lt_off).
+// ops_elementwise_lt_off). On Hopper the FP32 products are the 3xTF32
+// kernel's (kernels::lowrank_tf32x3), held to the same bound; ctest's
+// ops_elementwise_sgemm runs the test again on cuBLAS's SGEMM.
 TEST_F(OpsTest, UpdateAndAccumulateLowrank) {
   struct Dims {
     int64_t rows, cols, r, T;

@@ -1601,7 +1601,6 @@ class CudaBackend final : public Backend {
     const kernels::PtrSource src[3] = {
         {b.p, b.stride * es, -1}, {a.p, a.stride * es, -1}, {nullptr, 0, static_cast<int>(f)}};
     kernels::gemm_pointers(ctx(), list, count, src, const_cast<const void**>(ptr), gs, mult, skip, coef);
-    // bf16 factors are multiplied exactly, with fp32 accumulation
     if (x3) {
       // The split parts of the whole batch, or of as many products as
       // kLowrankSplitBytes holds (one at least): more launches, not more memory.
@@ -1610,6 +1609,7 @@ class CudaBackend final : public Backend {
                                                    kLowrankSplitBytes / one * one));
       if (kernels::lowrank_tf32x3(ctx(), a, b, ptr + 2 * count, coef, cols, scratch(kSplit, bytes), bytes)) return;
     }
+    // bf16 factors are multiplied exactly, with fp32 accumulation
     const cublasComputeType_t compute = lowp ? CUBLAS_COMPUTE_32F : compute_type(precision);
     const cudaDataType_t ab = lowp ? CUDA_R_16BF : CUDA_R_32F;
     if (!lowp && precision == DION_MATMUL_TF32 && lt_lowrank_ &&
