@@ -84,11 +84,10 @@ bool lowrank_tf32x3(const Ctx& c, ConstMatBatch a, ConstMatBatch b, void* const*
   const int64_t m = a.rows, n = b.rows, k = a.cols, count = a.batch;
   if (count <= 0 || m <= 0 || n <= 0) return true;
   const int64_t kpad = x3_kpad(k), tiles_m = (m + kX3Tile - 1) / kX3Tile, tiles_n = (n + kX3Tile - 1) / kX3Tile;
+  if (k <= 0 || b.cols != k || tiles_m > 65535 || n > 0x7fffffff) return false;  // tiles_n <= n
   const int64_t chunk = std::min<int64_t>(
       count, std::min<int64_t>(65535, static_cast<int64_t>(scratch_bytes / lowrank_tf32x3_scratch(1, m, n, k))));
-  if (k <= 0 || b.cols != k || chunk < 1 || tiles_m > 65535 || tiles_n > 0x7fffffff || m > 0x7fffffff ||
-      n > 0x7fffffff)
-    return false;
+  if (chunk < 1) return false;
   // The parts of a chunk, packed: Ah, Al (chunk x m x kpad), Bh, Bl (chunk x n x kpad).
   float* ah = static_cast<float*>(scratch);
   float* al = ah + chunk * m * kpad;

@@ -1135,7 +1135,6 @@ TEST_F(OpsTest, LowrankFp32AsExactAsSgemm) {
   ASSERT_EQ(setenv("DION_LOWRANK_3XTF32", "0", 1), 0);
   std::unique_ptr<Backend> sgemm(make_cuda_backend(0));
   ASSERT_EQ(was ? setenv("DION_LOWRANK_3XTF32", before.c_str(), 1) : unsetenv("DION_LOWRANK_3XTF32"), 0);
-  cuda.reset(make_cuda_backend(0));
   struct Dims {
     int64_t rows, cols, r, T;
   };
