@@ -152,8 +152,9 @@ typedef int32_t dion_matmul_precision_t;
 enum {
   DION_MATMUL_FP32 = 0, /* exact fp32 products (default; on CUDA, RCQR's sketch, which only
                           preconditions, is two bf16 products of P's two bf16 parts, and on
-                          Hopper Dion's error feedback and update are three TF32 products of
-                          split parts summed in fp32, as exact as SGEMM: docs/ENV.md) */
+                          Hopper Dion's products P = M Q, R = M^T P and its error feedback
+                          and update are three TF32 products of split parts summed in fp32,
+                          as exact as SGEMM: docs/ENV.md) */
   DION_MATMUL_TF32 = 1, /* tensor-core tf32 (CUDA); same as FP32 on the host */
   DION_MATMUL_BF16 = 2  /* bf16 operands, fp32 accumulation (CUDA); same as FP32 on the host */
 };

@@ -32,6 +32,12 @@
 // written to scratch by split passes (packed, rows of kpad = k rounded up to
 // 4 elements, so every tensor map stride is a multiple of 16 bytes), a
 // chunk of the batch at a time where the whole would not fit the scratch.
+//
+// field_tf32x3 (further down) does Dion's P = M Q and R = M^T P the same
+// way, with M read in place from each tensor and split by the kernel itself
+// (kernels/lowrank_tf32x3.cuh has how); against float64 its error was 0.1 to
+// 0.5 times SGEMM's, and on an H200 gpt-1.3b Dion fp32 ran 101.3 -> 82.8 ms
+// per step (docs/benchmarks.md, twentieth session).
 #include <algorithm>
 
 #include "backend/cuda/cuda_check.hpp"
@@ -72,6 +78,15 @@ bool lowrank_tf32x3_init(int device) {
   cuda::check(cudaFuncSetAttribute(lowrank_tf32x3_kernel<kX3Promote>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                    static_cast<int>(kX3SmemBytes)),
               "cudaFuncSetAttribute (lowrank_tf32x3)");
+  if (static_cast<size_t>(optin) < fx_smem_bytes<128>()) return false;
+  const auto smem = [](auto kernel, size_t bytes) {
+    cuda::check(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(bytes)),
+                "cudaFuncSetAttribute (field_tf32x3)");
+  };
+  smem(field_tf32x3_kernel<false, 128>, fx_smem_bytes<128>());
+  smem(field_tf32x3_kernel<true, 128>, fx_smem_bytes<128>());
+  smem(field_tf32x3_kernel<false, 96>, fx_smem_bytes<96>());
+  smem(field_tf32x3_kernel<true, 96>, fx_smem_bytes<96>());
   return true;
 }
 
@@ -105,6 +120,94 @@ bool lowrank_tf32x3(const Ctx& c, ConstMatBatch a, ConstMatBatch b, void* const*
     lowrank_tf32x3_kernel<kX3Promote>
         <<<grid, kX3Threads, kX3SmemBytes, c.stream>>>(t[0], t[1], t[2], t[3], cptr + g0, coef, cn, m, n, k, ldc);
     cuda::check_launch("lowrank_tf32x3 kernel");
+  }
+  return true;
+}
+
+namespace {
+
+// 96-column tiles where they cover n with fewer columns than 128-column ones.
+int fx_bn(int64_t n) { return (n + 95) / 96 * 96 < (n + 127) / 128 * 128 ? 96 : 128; }
+
+// Splits of the inner dimension (a power of two, at most 8, each at least
+// 8 stages of 32): the one with the least time in units of one unsplit
+// tile's, ceil(waves) / S, the CTAs one per multiprocessor, counting 3% per
+// split for each CTA's pipeline fill and the partial sums' pass. gpt-160m's
+// P = B Q for fc2 (12 products 768 x 3072 by 3072 x 192: 144 tiles on 132
+// multiprocessors, half of the second wave idle) takes 4.
+int64_t fx_splits(const Ctx& c, int64_t count, int64_t m, int64_t n, int64_t k) {
+  const int64_t tiles = count * ((m + kX3Tile - 1) / kX3Tile) * ((n + fx_bn(n) - 1) / fx_bn(n));
+  const int64_t kt = (k + 31) / 32, sms = std::max(1, c.sms);
+  int64_t best = 1;
+  double best_cost = 0;
+  for (int64_t S = 1; S <= 8 && (S == 1 || kt >= 8 * S); S *= 2) {
+    const double cost = static_cast<double>((tiles * S + sms - 1) / sms) / static_cast<double>(S) * (1.0 + 0.03 * S);
+    if (S == 1 || cost < best_cost) {
+      best = S;
+      best_cost = cost;
+    }
+  }
+  return best;
+}
+
+template <bool kTransX, int BN>
+void fx_launch(const Ctx& c, const CUtensorMap (&t)[2], const void* const* xptr, float* cbase, int64_t cstride_g,
+               int64_t cstride_s, int64_t cn, int64_t S, int64_t ksplit, int64_t m, int64_t n, int64_t k, int64_t ldx,
+               int64_t ldc, bool vec_ok) {
+  const dim3 grid(static_cast<unsigned>((n + BN - 1) / BN), static_cast<unsigned>((m + kX3Tile - 1) / kX3Tile),
+                  static_cast<unsigned>(std::min<int64_t>(cn * S, 65535)));
+  field_tf32x3_kernel<kTransX, BN><<<grid, kX3Threads, fx_smem_bytes<BN>(), c.stream>>>(
+      t[0], t[1], xptr, cbase, cstride_g, cstride_s, cn, static_cast<int>(S), ksplit, m, n, k, ldx, ldc, vec_ok);
+}
+
+}  // namespace
+
+size_t field_tf32x3_scratch(const Ctx& c, int64_t count, int64_t m, int64_t n, int64_t k, int64_t products) {
+  const int64_t S = fx_splits(c, count, m, n, k);
+  return sizeof(float) * static_cast<size_t>(products * (2 * n * x3_kpad(k) + (S > 1 ? S * m * n : 0)));
+}
+
+bool field_tf32x3(const Ctx& c, const void* const* bptr, const void* const* xptr, MatBatch out, int64_t k,
+                  int64_t ldb, bool trans_x, int64_t ldx, void* scratch, size_t scratch_bytes) {
+  const int64_t m = out.rows, n = out.cols, count = out.batch;
+  if (count <= 0 || m <= 0 || n <= 0) return true;
+  const int64_t kpad = x3_kpad(k), tiles_m = (m + kX3Tile - 1) / kX3Tile;
+  if (k <= 0 || tiles_m > 65535 || n > 0x7fffffff || k > 0x7fffffff) return false;
+  const int64_t S = fx_splits(c, count, m, n, k);
+  const int64_t chunk = std::min<int64_t>(
+      count, std::min<int64_t>(65535 / S, static_cast<int64_t>(scratch_bytes /
+                                                               field_tf32x3_scratch(c, count, m, n, k, 1))));
+  if (chunk < 1) return false;
+  // B's parts of a chunk, packed: Bh, Bl (chunk x n x kpad); then the
+  // partial sums (chunk x S x m x n) where the inner dimension is split.
+  float* bh = static_cast<float*>(scratch);
+  float* bl = bh + chunk * n * kpad;
+  float* parts = bl + chunk * n * kpad;
+  const int bn = fx_bn(n);
+  CUtensorMap t[2];
+  if (!x3_map(&t[0], bh, n, k, kpad, chunk, bn) || !x3_map(&t[1], bl, n, k, kpad, chunk, bn)) return false;
+  const bool vec_ok = ldx % 4 == 0 && (trans_x ? m : k) % 4 == 0;
+  const int64_t ksplit = ((k + 31) / 32 + S - 1) / S * 32;
+  for (int64_t g0 = 0; g0 < count; g0 += chunk) {
+    const int64_t cn = std::min(chunk, count - g0);
+    const int64_t tiles = cn * ((k + 31) / 32) * ((n + 31) / 32);
+    const unsigned blocks =
+        static_cast<unsigned>(std::max<int64_t>(1, std::min<int64_t>(16 * std::max(1, c.sms), tiles)));
+    split_tf32_t_kernel<<<blocks, dim3(32, 8), 0, c.stream>>>(bptr + g0, k, n, ldb, cn, kpad, bh, bl);
+    cuda::check_launch("split_tf32_t kernel (B)");
+    const MatBatch o{out.p + g0 * out.stride, m, n, out.ld, out.stride, cn};
+    float* cb = S > 1 ? parts : o.p;
+    const int64_t csg = S > 1 ? S * m * n : o.stride, css = S > 1 ? m * n : 0, ldc = S > 1 ? n : o.ld;
+    if (trans_x && bn == 96)
+      fx_launch<true, 96>(c, t, xptr + g0, cb, csg, css, cn, S, ksplit, m, n, k, ldx, ldc, vec_ok);
+    else if (trans_x)
+      fx_launch<true, 128>(c, t, xptr + g0, cb, csg, css, cn, S, ksplit, m, n, k, ldx, ldc, vec_ok);
+    else if (bn == 96)
+      fx_launch<false, 96>(c, t, xptr + g0, cb, csg, css, cn, S, ksplit, m, n, k, ldx, ldc, vec_ok);
+    else
+      fx_launch<false, 128>(c, t, xptr + g0, cb, csg, css, cn, S, ksplit, m, n, k, ldx, ldc, vec_ok);
+    cuda::check_launch("field_tf32x3 kernel");
+    if (S > 1) sum_parts(c, parts, S, o);
   }
   return true;
 }

@@ -3,7 +3,9 @@
 // the figures), shared with bench/micro/lowrank_3xtf32.cu, which times them
 // and compares promotion intervals, and bench/micro/lowrank_wgmma.cu (the
 // wgmma and tensor-map primitives): the 3xTF32 product kernel, the split
-// pass, and the packed parts' tensor maps. Device code for sm_90a (the
+// pass, and the packed parts' tensor maps; and gemm_field's form of the
+// product (field_tf32x3_kernel, A from registers) with its transposing
+// split pass. Device code for sm_90a (the
 // bodies are empty in other images); no dependency on the rest of the
 // library.
 #pragma once
@@ -63,9 +65,10 @@ __device__ __forceinline__ void x3_mma(float (&d)[64], uint64_t a, uint64_t b, i
 
 // Keeps the compiler from moving accesses of the accumulators across the
 // asynchronous MMAs.
-__device__ __forceinline__ void x3_fence(float (&d)[64]) {
+template <int N>
+__device__ __forceinline__ void x3_fence(float (&d)[N]) {
 #pragma unroll
-  for (int i = 0; i < 64; ++i) asm volatile("" : "+f"(d[i])::"memory");
+  for (int i = 0; i < N; ++i) asm volatile("" : "+f"(d[i])::"memory");
 }
 
 __device__ __forceinline__ void x3_bar_init(uint32_t bar) {
@@ -94,22 +97,23 @@ __device__ __forceinline__ void x3_issue(const CUtensorMap* const (&maps)[4], ui
         : "memory");
 }
 
-// The epilogue of one 64 x 128 half: thread (warp w, lane l) holds, for j =
-// 0..15 and h = 0, 1, the elements (row0 + 16 w + l / 4 + 8 h, col0 + 8 j + 2
-// (l % 4) + {0, 1}) in d[4 j + 2 h + {0, 1}]. All of C's loads are issued
-// before the first store. kInside: the whole half lies inside C and pairs of
-// elements are 8-byte aligned, so no element is checked.
-template <bool kInside>
-__device__ __forceinline__ void x3_store(const float (&d)[64], float* C, int64_t ldc, int64_t m, int64_t n,
+// The epilogue of one 64 x 8 NJ block (NJ = 16: half of a 128 x 128 tile):
+// thread (warp w, lane l) holds, for j = 0..NJ-1 and h = 0, 1, the elements
+// (row0 + 16 w + l / 4 + 8 h, col0 + 8 j + 2 (l % 4) + {0, 1}) in d[4 j + 2
+// h + {0, 1}]. All of C's loads are issued before the first store. kInside:
+// the whole block lies inside C and pairs of elements are 8-byte aligned, so
+// no element is checked.
+template <bool kInside, int NJ = 16>
+__device__ __forceinline__ void x3_store(const float (&d)[4 * NJ], float* C, int64_t ldc, int64_t m, int64_t n,
                                          int64_t row0, int64_t col0, float alpha, float beta, bool pairs, int tid) {
   const int w = tid >> 5, l = tid & 31;
   const int64_t r0 = row0 + 16 * w + (l >> 2), c0 = col0 + 2 * (l & 3);
   float* const p0 = C + r0 * ldc + c0;
   float* const p1 = p0 + 8 * ldc;
-  float cv[64];
+  float cv[4 * NJ];
   if (beta != 0.f) {
 #pragma unroll
-    for (int j = 0; j < 16; ++j)
+    for (int j = 0; j < NJ; ++j)
 #pragma unroll
       for (int h = 0; h < 2; ++h) {
         const int i = 4 * j + 2 * h;
@@ -129,7 +133,7 @@ __device__ __forceinline__ void x3_store(const float (&d)[64], float* C, int64_t
       }
   }
 #pragma unroll
-  for (int j = 0; j < 16; ++j)
+  for (int j = 0; j < NJ; ++j)
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
       const int i = 4 * j + 2 * h;
@@ -282,6 +286,305 @@ __global__ void split_tf32_kernel(const float* a, int64_t rows, int64_t k, int64
   }
 }
 
+
+// ---- C_g = op(X_g) B_g at FP32 (gemm_field's path): X read in place ----
+//
+// X_g is a tensor's own buffer (a pointer per matrix: Dion's momentum), so
+// no tensor map covers the batch; and at R = X^T P the inner dimension runs
+// down X's columns, where wgmma's TF32 operands in shared memory must be
+// K-major. So X is the A operand from registers: each stage's X tile (fp32,
+// 128 rows of C by 32 of the inner dimension, either orientation) is copied
+// to shared memory by cp.async in X's own layout, and every thread loads its
+// fragment elements from there and splits them into the TF32 parts itself.
+// B (k x n, small: Q or P) is split, transposed, into packed scratch by a
+// pass, and loaded by the tensor memory accelerator as in the kernel above.
+// Tiles of 128 x BN, BN = 128 or 96 (gpt-160m's rank 192 in two tiles, not
+// two of 128 with a quarter of the second's MMAs wasted).
+
+constexpr int kFxStages = 4;
+// Bh, Bl (BN x 128 bytes each, tensor maps), X (cp.async, 16 KiB)
+template <int BN>
+__host__ __device__ constexpr int fx_stage_bytes() {
+  return 2 * BN * kX3RowBytes + kX3PartBytes;
+}
+template <int BN>
+__host__ __device__ constexpr size_t fx_smem_bytes() {
+  return kFxStages * fx_stage_bytes<BN>() + 1024 + 8 * kFxStages;
+}
+
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+#define DION_X3_REGS48 \
+  "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, " \
+  "%24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, " \
+  "%46, %47"
+#define DION_X3_OPS48(d) \
+  "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), \
+  "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), \
+  "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), \
+  "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), \
+  "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), \
+  "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47])
+
+// D (64 x BN) = (acc ? D : 0) + A (64 x 8, registers) B^T (BN x 8, shared
+// memory), TF32, BN = 128 or 96. Thread (warp w, lane l) holds A's elements
+// (16 w + l / 4 + 8 (i % 2), l % 4 + 4 (i / 2)) in a[i].
+__device__ __forceinline__ void x3_mma_r(float (&d)[64], const uint32_t (&a)[4], uint64_t b, int acc) {
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %69, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n128k8.f32.tf32.tf32 {" DION_X3_REGS "}, {%64, %65, %66, %67}, %68, p, 1, 1;\n}\n"
+      : DION_X3_OPS(d)
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "r"(acc));
+}
+__device__ __forceinline__ void x3_mma_r(float (&d)[48], const uint32_t (&a)[4], uint64_t b, int acc) {
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %53, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n96k8.f32.tf32.tf32 {" DION_X3_REGS48 "}, {%48, %49, %50, %51}, %52, p, 1, 1;\n}\n"
+      : DION_X3_OPS48(d)
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "r"(acc));
+}
+
+// Keeps A's registers (read by the MMAs in flight) live and unchanged until
+// the MMAs are waited for.
+__device__ __forceinline__ void x3_fence_a(uint32_t (&a)[2][4]) {
+#pragma unroll
+  for (int j = 0; j < 2; ++j)
+#pragma unroll
+    for (int i = 0; i < 4; ++i) asm volatile("" : "+r"(a[j][i])::"memory");
+}
+
+__device__ __forceinline__ void x3_cp16(uint32_t dst, const float* src, bool valid) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(valid ? 16 : 0)
+               : "memory");
+}
+__device__ __forceinline__ void x3_cp4(uint32_t dst, const float* src, bool valid) {
+  asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(dst), "l"(src), "r"(valid ? 4 : 0)
+               : "memory");
+}
+
+// The X tile of one stage at sx: A (m x k: X, or X^T with X k x m, ld ldx)
+// rows row0..row0 + 127, columns kk0..kk0 + 31, zeros outside (and from
+// kend on). Row-major A (X): rows of 32 floats, their 16-byte chunks
+// swizzled by the row (chunk c of row i at c ^ (i % 8)); X^T: X's 32 rows of
+// 128 floats, element i of row q at i ^ (8 (q % 4)). Either way a warp's
+// fragment loads meet 32 banks. vec: 16-byte copies (X 16-byte aligned, ldx
+// and A's extent along the copies multiples of 4), else 4-byte ones.
+template <bool kTransX>
+__device__ __forceinline__ void x3_load_x(uint32_t sx, const float* X, int64_t m, int64_t kend, int64_t ldx,
+                                          int64_t row0, int64_t kk0, bool vec, int tid) {
+  if (vec) {
+#pragma unroll
+    for (int it = 0; it < 4; ++it) {
+      const int idx = tid + it * kX3Threads;
+      if constexpr (kTransX) {
+        const int q = idx >> 5, c = idx & 31;
+        const bool ok = kk0 + q < kend && row0 + 4 * c < m;
+        x3_cp16(sx + 4 * (q * 128 + ((c ^ ((q & 3) << 1)) << 2)), ok ? X + (kk0 + q) * ldx + row0 + 4 * c : X, ok);
+      } else {
+        const int i = idx >> 3, c = idx & 7;
+        const bool ok = row0 + i < m && kk0 + 4 * c < kend;
+        x3_cp16(sx + 4 * (i * 32 + ((c ^ (i & 7)) << 2)), ok ? X + (row0 + i) * ldx + kk0 + 4 * c : X, ok);
+      }
+    }
+  } else {
+#pragma unroll 4
+    for (int it = 0; it < 16; ++it) {
+      const int idx = tid + it * kX3Threads;
+      if constexpr (kTransX) {
+        const int q = idx >> 7, i = idx & 127;
+        const bool ok = kk0 + q < kend && row0 + i < m;
+        x3_cp4(sx + 4 * (q * 128 + (i ^ ((q & 3) << 3))), ok ? X + (kk0 + q) * ldx + row0 + i : X, ok);
+      } else {
+        const int i = idx >> 5, q = idx & 31;
+        const bool ok = row0 + i < m && kk0 + q < kend;
+        x3_cp4(sx + 4 * (i * 32 + (((q >> 2) ^ (i & 7)) << 2) + (q & 3)), ok ? X + (row0 + i) * ldx + kk0 + q : X,
+               ok);
+      }
+    }
+  }
+}
+
+// The TF32 parts of this thread's A fragments for k-steps kk and kk + 1 of
+// the stage's X tile xs (layouts as x3_load_x writes them); i0 = the
+// thread's first row in the tile (64 wg + 16 w + l / 4), t = l % 4.
+template <bool kTransX>
+__device__ __forceinline__ void x3_frag(const float* xs, int i0, int t, int kk, uint32_t (&hi)[2][4],
+                                        uint32_t (&lo)[2][4]) {
+#pragma unroll
+  for (int j = 0; j < 2; ++j) {
+    float v[4];
+    if constexpr (kTransX) {
+      const int q = 8 * (kk + j) + t, sw = t << 3;
+      v[0] = xs[q * 128 + (i0 ^ sw)];
+      v[1] = xs[q * 128 + ((i0 + 8) ^ sw)];
+      v[2] = xs[(q + 4) * 128 + (i0 ^ sw)];
+      v[3] = xs[(q + 4) * 128 + ((i0 + 8) ^ sw)];
+    } else {
+      const int g = i0 & 7, c0 = ((2 * (kk + j)) ^ g) << 2, c1 = ((2 * (kk + j) + 1) ^ g) << 2;
+      const float* p = xs + i0 * 32 + t;
+      v[0] = p[c0];
+      v[1] = p[256 + c0];
+      v[2] = p[c1];
+      v[3] = p[256 + c1];
+    }
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      asm("cvt.rna.tf32.f32 %0, %1;" : "=r"(hi[j][i]) : "f"(v[i]));
+      const float r = v[i] - __uint_as_float(hi[j][i]);
+      asm("cvt.rna.tf32.f32 %0, %1;" : "=r"(lo[j][i]) : "f"(r));
+    }
+  }
+}
+
+// One stage: B's parts (tensor maps; thread 0) and X's tile (every thread,
+// one cp.async group committed by the caller).
+template <bool kTransX, int BN>
+__device__ __forceinline__ void x3_issue_fx(const CUtensorMap* tbh, const CUtensorMap* tbl, uint32_t sb, uint32_t bar,
+                                            const float* X, int64_t m, int64_t kend, int64_t ldx, int row0, int col0,
+                                            int kcol, int g, bool vec, int tid) {
+  if (tid == 0) {
+    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(bar), "n"(2 * BN * kX3RowBytes)
+                 : "memory");
+#pragma unroll
+    for (int i = 0; i < 2; ++i)
+      asm volatile(
+          "cp.async.bulk.tensor.3d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3, %4}], "
+          "[%5];\n" ::"r"(sb + i * BN * kX3RowBytes),
+          "l"(reinterpret_cast<uint64_t>(i ? tbl : tbh)), "r"(kcol), "r"(col0), "r"(g), "r"(bar)
+          : "memory");
+  }
+  x3_load_x<kTransX>(sb + 2 * BN * kX3RowBytes, X, m, kend, ldx, row0, kcol, vec, tid);
+}
+#endif  // __CUDA_ARCH_FEAT_SM90_ALL
+
+// C_g (m x n fp32, row-major) = op(X_g) B_g: op(X) = X (X m x k) or X^T (X
+// k x m), ld ldx, at xptr[g]; B's parts Bh, Bl as the maps (k, n, count),
+// boxes of 32 x BN, of the packed split of B^T. Grid: x the column tiles,
+// y the row tiles, z the batch times `splits`, grid-stride: z = g splits +
+// s sums the inner dimension's part s (ksplit of it, a multiple of 32) into
+// C + g cstride_g + s cstride_s (ldc): with splits > 1, partial sums for
+// kernels::sum_parts. vec_ok: ldx and the extent X's rows are copied along
+// (k, or m for X^T) are multiples of 4 (each X's alignment is checked here).
+template <bool kTransX, int BN>
+__global__ void __launch_bounds__(kX3Threads, 1)
+    field_tf32x3_kernel(const __grid_constant__ CUtensorMap tbh, const __grid_constant__ CUtensorMap tbl,
+                        const void* const* xptr, float* cbase, int64_t cstride_g, int64_t cstride_s, int64_t count,
+                        int splits, int64_t ksplit, int64_t m, int64_t n, int64_t k, int64_t ldx, int64_t ldc,
+                        bool vec_ok) {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  constexpr int kStage = fx_stage_bytes<BN>(), kPart = BN * kX3RowBytes, kAcc = BN / 2;
+  extern __shared__ __align__(1024) uint8_t x3_smem[];
+  const uint32_t raw = x3_smem_addr(x3_smem);
+  const uint32_t base = (raw + 1023u) & ~1023u;
+  const float* const xsm = reinterpret_cast<const float*>(x3_smem + (base - raw));
+  const uint32_t bars = base + kFxStages * kStage;
+  const int tid = threadIdx.x, wg = tid >> 7, wtid = tid & 127, lane = tid & 31;
+  const int i0 = 64 * wg + 16 * ((tid >> 5) & 3) + (lane >> 2), t4 = lane & 3;
+  const int col0 = static_cast<int>(blockIdx.x) * BN, row0 = static_cast<int>(blockIdx.y) * kX3Tile;
+  if (tid == 0) {
+    for (int s = 0; s < kFxStages; ++s) x3_bar_init(bars + 8 * s);
+    asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+  }
+  __syncthreads();
+  // Tiles loaded and used so far (all matrices): tile t in stage t %
+  // kFxStages, whose barrier completes its phase t / kFxStages then. One
+  // cp.async group is committed per tile slot, loaded or not, so the wait
+  // for tile kt leaves kFxStages - 2 groups pending.
+  uint32_t loaded = 0, used = 0;
+  for (int64_t z = blockIdx.z; z < count * splits; z += gridDim.z) {
+    const int64_t g = z / splits, s = z - g * splits;
+    const int64_t kbeg = s * ksplit, kend = kbeg + ksplit < k ? kbeg + ksplit : k;
+    const int kt_count = kend > kbeg ? static_cast<int>((kend - kbeg + 31) / 32) : 0;
+    const float* X = static_cast<const float*>(xptr[g]);
+    float* C = cbase + g * cstride_g + s * cstride_s;
+    const bool vec = vec_ok && reinterpret_cast<uintptr_t>(X) % 16 == 0;
+    for (int q = 0; q < kFxStages - 1; ++q) {
+      if (q < kt_count) {
+        const uint32_t st = loaded % kFxStages;
+        x3_issue_fx<kTransX, BN>(&tbh, &tbl, base + st * kStage, bars + 8 * st, X, m, kend, ldx, row0, col0,
+                                 static_cast<int>(kbeg) + 32 * q, static_cast<int>(g), vec, tid);
+        ++loaded;
+      }
+      asm volatile("cp.async.commit_group;\n" ::: "memory");
+    }
+    float d[kAcc], t[kAcc];
+#pragma unroll
+    for (int i = 0; i < kAcc; ++i) d[i] = t[i] = 0.f;
+    for (int kt = 0; kt < kt_count; ++kt, ++used) {
+      const uint32_t st = used % kFxStages;
+      asm volatile("cp.async.wait_group %0;\n" ::"n"(kFxStages - 2) : "memory");
+      x3_bar_wait(bars + 8 * st, (used / kFxStages) & 1u);
+      __syncthreads();  // every thread's X copies have landed; all are done with the previous stage
+      const int nk = kt + kFxStages - 1;
+      if (nk < kt_count) {
+        const uint32_t ns = loaded % kFxStages;
+        x3_issue_fx<kTransX, BN>(&tbh, &tbl, base + ns * kStage, bars + 8 * ns, X, m, kend, ldx, row0, col0,
+                                 static_cast<int>(kbeg) + 32 * nk, static_cast<int>(g), vec, tid);
+        ++loaded;
+      }
+      asm volatile("cp.async.commit_group;\n" ::: "memory");
+      const float* xs = xsm + st * (kStage / 4) + 2 * (kPart / 4);
+      const uint32_t sbh = base + st * kStage, sbl = sbh + kPart;
+      // Two k-steps of 8 per promotion (kX3Promote): the second pair's
+      // fragments are loaded and split while the first pair's MMAs run.
+      uint32_t ah[2][2][4], al[2][2][4];
+      x3_frag<kTransX>(xs, i0, t4, 0, ah[0], al[0]);
+#pragma unroll
+      for (int c = 0; c < 2; ++c) {
+        x3_fence(t);
+        asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
+#pragma unroll
+        for (int j = 0; j < 2; ++j) {
+          const int kk = 2 * c + j;
+          x3_mma_r(t, al[c][j], x3_desc(sbh + 32 * kk), j > 0);
+          x3_mma_r(t, ah[c][j], x3_desc(sbl + 32 * kk), 1);
+          x3_mma_r(t, ah[c][j], x3_desc(sbh + 32 * kk), 1);
+        }
+        asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
+        if (c == 0) x3_frag<kTransX>(xs, i0, t4, 2, ah[1], al[1]);
+        asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory");
+        x3_fence(t);
+        x3_fence_a(ah[c]);
+        x3_fence_a(al[c]);
+#pragma unroll
+        for (int i = 0; i < kAcc; ++i) d[i] += t[i];
+      }
+    }
+    const bool pairs = reinterpret_cast<uintptr_t>(C) % 8 == 0 && ldc % 2 == 0;
+    const int r0 = row0 + 64 * wg;
+    if (pairs && r0 + 64 <= m && col0 + BN <= n)
+      x3_store<true, BN / 8>(d, C, ldc, m, n, r0, col0, 1.f, 0.f, pairs, wtid);
+    else
+      x3_store<false, BN / 8>(d, C, ldc, m, n, r0, col0, 1.f, 0.f, pairs, wtid);
+    __syncthreads();  // every warp is done with the stages before the next matrix's loads
+  }
+#endif
+}
+
+// hi, lo (count x n x kpad, packed) <- the split of B_g^T, B_g k x n
+// (row-major, ld) at bptr[g]: 32 x 32 tiles transposed through shared
+// memory (blocks of 32 x 8 threads); the padding columns are not written.
+__global__ void split_tf32_t_kernel(const void* const* bptr, int64_t k, int64_t n, int64_t ld, int64_t count,
+                                    int64_t kpad, float* hi, float* lo) {
+  __shared__ float tile[32][33];
+  const int64_t tk = (k + 31) / 32, tn = (n + 31) / 32, tiles = count * tk * tn;
+  const int tx = threadIdx.x, ty = threadIdx.y;
+  for (int64_t T = blockIdx.x; T < tiles; T += gridDim.x) {
+    const int64_t g = T / (tk * tn), rem = T - g * tk * tn, k0 = rem / tn * 32, n0 = rem % tn * 32;
+    const float* B = static_cast<const float*>(bptr[g]);
+#pragma unroll
+    for (int j = ty; j < 32; j += 8)
+      tile[j][tx] = k0 + j < k && n0 + tx < n ? B[(k0 + j) * ld + n0 + tx] : 0.f;
+    __syncthreads();
+#pragma unroll
+    for (int j = ty; j < 32; j += 8)
+      if (n0 + j < n && k0 + tx < k) {
+        const int64_t e = (g * n + n0 + j) * kpad + k0 + tx;
+        x3_split1(tile[tx][j], hi[e], lo[e]);
+      }
+    __syncthreads();
+  }
+}
+
 inline int64_t x3_kpad(int64_t k) { return (k + 3) / 4 * 4; }
 
 // cuTensorMapEncodeTiled from the driver (through the runtime: no link to
@@ -299,14 +602,15 @@ inline PFN_cuTensorMapEncodeTiled_v12000 x3_encoder() {
 }
 
 // count packed rows x k matrices (row length kpad) at p as the 3-D tensor
-// (k, rows, count), boxes of 32 x 128 with the 128-byte swizzle.
-inline bool x3_map(CUtensorMap* map, const float* p, int64_t rows, int64_t k, int64_t kpad, int64_t count) {
+// (k, rows, count), boxes of 32 x box_rows with the 128-byte swizzle.
+inline bool x3_map(CUtensorMap* map, const float* p, int64_t rows, int64_t k, int64_t kpad, int64_t count,
+                   int box_rows = kX3Tile) {
   const PFN_cuTensorMapEncodeTiled_v12000 encode = x3_encoder();
   if (!encode) return false;
   const cuuint64_t dims[3] = {static_cast<cuuint64_t>(k), static_cast<cuuint64_t>(rows),
                               static_cast<cuuint64_t>(count)};
   const cuuint64_t strides[2] = {static_cast<cuuint64_t>(kpad * 4), static_cast<cuuint64_t>(rows * kpad * 4)};
-  const cuuint32_t box[3] = {kX3RowBytes / 4, kX3Tile, 1};
+  const cuuint32_t box[3] = {kX3RowBytes / 4, static_cast<cuuint32_t>(box_rows), 1};
   const cuuint32_t elem[3] = {1, 1, 1};
   return encode(map, CU_TENSOR_MAP_DATA_TYPE_FLOAT32, 3, const_cast<float*>(p), dims, strides, box, elem,
                 CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,

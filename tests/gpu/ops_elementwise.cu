@@ -1203,6 +1203,90 @@ TEST_F(OpsTest, LowrankFp32AsExactAsSgemm) {
       }
 }
 
+// At FP32, gemm_field's products (Dion's P = M Q and R = M^T P, M each
+// tensor's momentum read in place) are as exact as cuBLAS's SGEMM. On
+// Hopper they run as kernels::field_tf32x3 (M split into TF32 parts as the
+// kernel reads it, B transposed and split into scratch, three TF32 products
+// promoted to fp32); its error against the float64 product, max |C - C64| /
+// sum_q |x b| per element, must not exceed twice the error of the same
+// backend's SGEMM path (DION_FIELD_3XTF32=0: cublasGemmBatchedEx at
+// CUBLAS_COMPUTE_32F) on the same inputs, or 2^-22 where SGEMM's is below
+// it (the split's representation bound). Both orientations; B dense or from
+// each tensor's kState1 field (Q from its state); positive data (the sums
+// grow with k) and signed; inner dimensions that are multiples of 4 (the
+// kernel's 16-byte copies) and not (4-byte ones), partial stages and tiles,
+// tiles of 96 columns (r <= 192 here) and of 128 (r = 200, 256), a long
+// inner dimension (2048), and small batches with long inner dimensions,
+// which the kernel splits into 2, 4 or 8 partial sums (96 x 2048: one tile,
+// 8 splits; 1100 x 520 transposed: 4). On a device of compute capability
+// 9.0 the two paths' results must differ somewhere: the 3xTF32 one ran.
+TEST_F(OpsTest, FieldProductFp32AsExactAsSgemm) {
+  int major = 0, minor = 0;
+  ASSERT_EQ(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, 0), cudaSuccess);
+  ASSERT_EQ(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, 0), cudaSuccess);
+  const bool hopper = major == 9 && minor == 0;
+  const char* was = std::getenv("DION_FIELD_3XTF32");
+  const std::string before = was ? was : "";
+  ASSERT_EQ(setenv("DION_FIELD_3XTF32", "0", 1), 0);
+  std::unique_ptr<Backend> sgemm(make_cuda_backend(0));
+  ASSERT_EQ(was ? setenv("DION_FIELD_3XTF32", before.c_str(), 1) : unsetenv("DION_FIELD_3XTF32"), 0);
+  struct Dims {
+    int64_t rows, cols, r, T;
+  };
+  // r <= min(rows, cols): Q's k x r values fit in a field of rows x cols
+  for (const Dims dims : {Dims{300, 264, 64, 2}, Dims{257, 129, 40, 3}, Dims{520, 200, 192, 2},
+                          Dims{96, 2048, 72, 1}, Dims{130, 36, 8, 2}, Dims{300, 280, 256, 2},
+                          Dims{1100, 520, 200, 1}})
+    for (const float lo : {0.0f, -1.0f})
+      for (const bool trans : {false, true})
+        for (const bool from_field : {false, true}) {
+          const int64_t rows = dims.rows, cols = dims.cols, r = dims.r, T = dims.T, n = rows * cols;
+          const int64_t k = trans ? rows : cols, m = trans ? cols : rows;
+          SCOPED_TRACE(::testing::Message() << rows << " x " << cols << (trans ? " transposed" : "") << ", r " << r
+                                            << (from_field ? ", B from the fields" : "") << ", data from " << lo);
+          Tensors ts(rng, std::vector<std::vector<int>>(T, {-1, -1, DION_DTYPE_FP32, DION_DTYPE_FP32}),
+                     std::vector<int64_t>(T, n));
+          std::vector<std::vector<float>> X(T);
+          const std::vector<float> B = univ(static_cast<size_t>(T * k * r), lo, 1.0f);
+          for (int64_t t = 0; t < T; ++t) {
+            X[t] = univ(static_cast<size_t>(n), lo, 1.0f);
+            cuda_ok(cudaMemcpy(ts.t[t].d[kState0].p(), X[t].data(), sizeof(float) * n, cudaMemcpyHostToDevice), "M");
+            cuda_ok(cudaMemcpy(ts.t[t].d[kState1].p(), B.data() + t * k * r, sizeof(float) * k * r,
+                               cudaMemcpyHostToDevice),
+                    "Q");
+          }
+          Dev<float> dB(B), dC3(static_cast<size_t>(T * m * r)), dCs(static_cast<size_t>(T * m * r));
+          const ConstMatBatch Bm(from_field ? nullptr : dB.p(), k, r, r, k * r, T);
+          const int bf = from_field ? kState1 : -1;
+          cuda->gemm_field(ts.dev_table.p(), T, kState0, rows, cols, DION_DTYPE_FP32, trans, Bm,
+                           MatBatch{dC3.p(), m, r, r, m * r, T}, DION_MATMUL_FP32, DION_DTYPE_FP32, bf);
+          sgemm->gemm_field(ts.dev_table.p(), T, kState0, rows, cols, DION_DTYPE_FP32, trans, Bm,
+                            MatBatch{dCs.p(), m, r, r, m * r, T}, DION_MATMUL_FP32, DION_DTYPE_FP32, bf);
+          const std::vector<float> c3 = dC3.get(), cs = dCs.get();
+          double e3 = 0, es = 0;
+          for (int64_t t = 0; t < T; ++t)
+            for (int64_t i = 0; i < m; ++i)
+              for (int64_t j = 0; j < r; ++j) {
+                double want = 0, mag = 0;
+                for (int64_t q = 0; q < k; ++q) {
+                  const double x = trans ? X[t][static_cast<size_t>(q * cols + i)] : X[t][static_cast<size_t>(i * cols + q)];
+                  const double v = x * B[static_cast<size_t>((t * k + q) * r + j)];
+                  want += v;
+                  mag += std::fabs(v);
+                }
+                const size_t e = static_cast<size_t>((t * m + i) * r + j);
+                e3 = std::max(e3, std::fabs(c3[e] - want) / mag);
+                es = std::max(es, std::fabs(cs[e] - want) / mag);
+              }
+          ASSERT_TRUE(std::isfinite(e3) && std::isfinite(es));
+          EXPECT_LE(e3, std::max(2.0 * es, 0x1p-22)) << "SGEMM's error " << es;
+          if (hopper) EXPECT_FALSE(same_bits(c3, cs)) << "the 3xTF32 path did not run";
+          std::printf("gemm_field %ld x %ld%s, r %ld%s, data [%g, 1): max relative error %.3g (SGEMM %.3g)\n",
+                      static_cast<long>(rows), static_cast<long>(cols), trans ? " transposed" : "",
+                      static_cast<long>(r), from_field ? ", B from the fields" : "", lo, e3, es);
+        }
+}
+
 // update_lowrank (Dion's update from its factors P and Q): every parameter
 // element against the float64 textbook decay x - lr lr_mult (A B^T)_ij of
 // the same inputs (decay and lr lr_mult as apply_update computes them in

@@ -253,7 +253,9 @@ class CudaBackend final : public Backend {
       // deterministic with its atomics off, the default, and a fixed workspace).
       check(cusolverDnSetDeterministicMode(solver_, CUSOLVER_DETERMINISTIC_RESULTS), "cusolverDnSetDeterministicMode");
       kernels::chol_block_init();
-      lowrank_tf32x3_ = lowrank_tf32x3_ && kernels::lowrank_tf32x3_init(device);
+      const bool x3 = kernels::lowrank_tf32x3_init(device);
+      lowrank_tf32x3_ = lowrank_tf32x3_ && x3;
+      field_tf32x3_ = field_tf32x3_ && x3;
       blas_ws_ = cuda::device_malloc(kCublasWorkspaceBytes, device_, "cuBLAS workspace");
       check(cudaStreamCreateWithFlags(&own_, cudaStreamNonBlocking), "cudaStreamCreateWithFlags");
       check(cudaEventCreateWithFlags(&done_, cudaEventDisableTiming), "cudaEventCreateWithFlags");
@@ -672,7 +674,11 @@ class CudaBackend final : public Backend {
     DeviceScope ds(device_);
     ProfScope ps(prof_, "gemm_field", stream_);
     const bool lowp = x_dtype == DION_DTYPE_BF16;
-    ps.detail([&] { return gemm_tag(lowp ? "gemm_field bf16" : "gemm_field fp32", m, n, k, trans_x, false, count); });
+    const bool x3 = !lowp && !c16 && precision == DION_MATMUL_FP32 && field_tf32x3_;
+    ps.detail([&] {
+      return gemm_tag(lowp ? "gemm_field bf16" : x3 ? "gemm_field fp32 3xtf32" : "gemm_field fp32", m, n, k, trans_x,
+                      false, count);
+    });
     if (k == 0) {  // an empty sum
       if (c16)
         check(cudaMemsetAsync(c.p, 0, 2 * static_cast<size_t>(count * m * n), stream_),
@@ -680,6 +686,21 @@ class CudaBackend final : public Backend {
       else
         kernels::scale_matrix(ctx(), c, 0.0f);
       return;
+    }
+    // FP32 on Hopper (kernels::field_tf32x3): three TF32 products of the
+    // split parts promoted to fp32, X split as the kernel reads it in place
+    // and B transposed into the scratch (kSplit, as lowrank_gemm's).
+    if (x3) {
+      void** ptr = static_cast<void**>(scratch(kPtrGemm, sizeof(void*) * static_cast<size_t>(3 * count) + 64));
+      const kernels::PtrSource src[3] = {{b_field >= 0 ? nullptr : b.p, b.stride * 4, b_field},
+                                         {nullptr, 0, static_cast<int>(f)},
+                                         {c.p, c.stride * 4, -1}};  // C's are not read
+      kernels::gemm_pointers(ctx(), list, count, src, const_cast<const void**>(ptr), nullptr, 0.0f, nullptr, nullptr);
+      const size_t one = kernels::field_tf32x3_scratch(ctx(), count, m, n, k, 1);
+      const size_t bytes = std::max(one, std::min(kernels::field_tf32x3_scratch(ctx(), count, m, n, k, count),
+                                                   kLowrankSplitBytes / one * one));
+      if (kernels::field_tf32x3(ctx(), ptr, ptr + count, c, k, b.ld, trans_x, cols, scratch(kSplit, bytes), bytes))
+        return;
     }
     // At TF32, Q (k <= m: P = B Q) and P (X read transposed: R = B^T P) go
     // K-major (tf32_kmajor); B from the fields (b_field) is transposed from
@@ -2094,6 +2115,9 @@ class CudaBackend final : public Backend {
   // factors' split parts, promoted to fp32 (kernels::lowrank_tf32x3) where
   // the device runs it; DION_LOWRANK_3XTF32=0 keeps cuBLAS's SGEMM.
   bool lowrank_tf32x3_ = env_int("DION_LOWRANK_3XTF32", 1) != 0;
+  // Its form for P = B Q and R = B^T P at FP32 (gemm_field:
+  // kernels::field_tf32x3); DION_FIELD_3XTF32=0 keeps cuBLAS's SGEMM.
+  bool field_tf32x3_ = env_int("DION_FIELD_3XTF32", 1) != 0;
   bool lt_gemm_ = env_int("DION_LT_GEMM", 1) != 0;
   std::map<std::array<int64_t, 18>, LtPlan> lt_plans_;
 };
