@@ -262,18 +262,28 @@ size_t lowrank_tf32x3_scratch(int64_t count, int64_t m, int64_t n, int64_t k);
 // (k = 0, more than 65535 row tiles, scratch for less than one product).
 bool lowrank_tf32x3(const Ctx& c, ConstMatBatch a, ConstMatBatch b, void* const* cptr, const float* coef,
                     int64_t ldc, void* scratch, size_t scratch_bytes);
-// gemm_field's products at FP32 the same way: out_g (m x n fp32, strided)
-// = op(X_g) B_g, X_g at xptr[g] (m x k, or k x m read transposed: trans_x;
-// ld ldx; 16-byte aligned for the fast copies), B_g k x n (ld ldb) at
-// bptr[g]. X is split as the kernel reads it; B, transposed, into the
+// gemm_field's products at FP32 the same way (and the backend's FP32 gemm,
+// from strided batches): out_g (m x n fp32, strided) = op(X_g) B_g, X_g m x
+// k, or k x m read transposed (trans_x; 16-byte aligned for the fast
+// copies), B_g k x n. X is split as the kernel reads it; B, transposed, into the
 // scratch, as many products per launch as scratch_bytes holds (one at
 // least); where the batch's tiles leave the multiprocessors idle, the inner
 // dimension is split and the partial sums (in the scratch too) summed.
 // False, nothing launched, where the kernel cannot take the shapes.
 // field_tf32x3_scratch: the bytes for `products` of a call of `count`.
-size_t field_tf32x3_scratch(const Ctx& c, int64_t count, int64_t m, int64_t n, int64_t k, int64_t products);
-bool field_tf32x3(const Ctx& c, const void* const* bptr, const void* const* xptr, MatBatch out, int64_t k,
-                  int64_t ldb, bool trans_x, int64_t ldx, void* scratch, size_t scratch_bytes);
+// An operand's matrices: ptr[g] (device pointer array), or base + g stride
+// where ptr is null; ld its row stride.
+struct X3Operand {
+  const void* const* ptr;
+  const float* base;
+  int64_t stride, ld;
+};
+// symmetric (m = n, a Gram matrix X^T X): the result's lower triangle is
+// mirrored onto its upper one, so the two agree bit for bit.
+size_t field_tf32x3_scratch(const Ctx& c, int64_t count, int64_t m, int64_t n, int64_t k, int64_t products,
+                            bool symmetric = false);
+bool field_tf32x3(const Ctx& c, X3Operand b, X3Operand x, bool trans_x, MatBatch out, int64_t k, void* scratch,
+                  size_t scratch_bytes, bool symmetric = false);
 
 // ---- randn.cu ----
 // Returns the launch status (the file has no dependency on the rest of the

@@ -35,9 +35,11 @@
 //
 // field_tf32x3 (further down) does Dion's P = M Q and R = M^T P the same
 // way, with M read in place from each tensor and split by the kernel itself
-// (kernels/lowrank_tf32x3.cuh has how); against float64 its error was 0.1 to
-// 0.5 times SGEMM's, and on an H200 gpt-1.3b Dion fp32 ran 101.3 -> 82.8 ms
-// per step (docs/benchmarks.md, twentieth session).
+// (kernels/lowrank_tf32x3.cuh has how), and the backend's other large FP32
+// products (the solves' and the Gram matrices) from strided batches; against
+// float64 its error was 0.07 to 1.3 times SGEMM's (66 cases), and on an H200
+// gpt-1.3b Dion fp32 ran 101.3 -> 81.3 ms per step (docs/benchmarks.md,
+// twentieth session).
 #include <algorithm>
 
 #include "backend/cuda/cuda_check.hpp"
@@ -151,24 +153,28 @@ int64_t fx_splits(const Ctx& c, int64_t count, int64_t m, int64_t n, int64_t k) 
 }
 
 template <bool kTransX, int BN>
-void fx_launch(const Ctx& c, const CUtensorMap (&t)[2], const void* const* xptr, float* cbase, int64_t cstride_g,
+void fx_launch(const Ctx& c, const CUtensorMap (&t)[2], const void* const* xptr, const float* xbase, int64_t xstride,
+               float* cbase, int64_t cstride_g,
                int64_t cstride_s, int64_t cn, int64_t S, int64_t ksplit, int64_t m, int64_t n, int64_t k, int64_t ldx,
                int64_t ldc, bool vec_ok) {
   const dim3 grid(static_cast<unsigned>((n + BN - 1) / BN), static_cast<unsigned>((m + kX3Tile - 1) / kX3Tile),
                   static_cast<unsigned>(std::min<int64_t>(cn * S, 65535)));
   field_tf32x3_kernel<kTransX, BN><<<grid, kX3Threads, fx_smem_bytes<BN>(), c.stream>>>(
-      t[0], t[1], xptr, cbase, cstride_g, cstride_s, cn, static_cast<int>(S), ksplit, m, n, k, ldx, ldc, vec_ok);
+      t[0], t[1], xptr, xbase, xstride, cbase, cstride_g, cstride_s, cn, static_cast<int>(S), ksplit, m, n, k, ldx,
+      ldc, vec_ok);
 }
 
 }  // namespace
 
-size_t field_tf32x3_scratch(const Ctx& c, int64_t count, int64_t m, int64_t n, int64_t k, int64_t products) {
+size_t field_tf32x3_scratch(const Ctx& c, int64_t count, int64_t m, int64_t n, int64_t k, int64_t products,
+                            bool symmetric) {
   const int64_t S = fx_splits(c, count, m, n, k);
-  return sizeof(float) * static_cast<size_t>(products * (2 * n * x3_kpad(k) + (S > 1 ? S * m * n : 0)));
+  return sizeof(float) * static_cast<size_t>(products * (2 * n * x3_kpad(k) + (S > 1 || symmetric ? S * m * n : 0)));
 }
 
-bool field_tf32x3(const Ctx& c, const void* const* bptr, const void* const* xptr, MatBatch out, int64_t k,
-                  int64_t ldb, bool trans_x, int64_t ldx, void* scratch, size_t scratch_bytes) {
+bool field_tf32x3(const Ctx& c, X3Operand b, X3Operand x, bool trans_x, MatBatch out, int64_t k, void* scratch,
+                  size_t scratch_bytes, bool symmetric) {
+  const int64_t ldb = b.ld, ldx = x.ld;
   const int64_t m = out.rows, n = out.cols, count = out.batch;
   if (count <= 0 || m <= 0 || n <= 0) return true;
   const int64_t kpad = x3_kpad(k), tiles_m = (m + kX3Tile - 1) / kX3Tile;
@@ -176,10 +182,14 @@ bool field_tf32x3(const Ctx& c, const void* const* bptr, const void* const* xptr
   const int64_t S = fx_splits(c, count, m, n, k);
   const int64_t chunk = std::min<int64_t>(
       count, std::min<int64_t>(65535 / S, static_cast<int64_t>(scratch_bytes /
-                                                               field_tf32x3_scratch(c, count, m, n, k, 1))));
+                                                               field_tf32x3_scratch(c, count, m, n, k, 1,
+                                                                                    symmetric))));
   if (chunk < 1) return false;
   // B's parts of a chunk, packed: Bh, Bl (chunk x n x kpad); then the
-  // partial sums (chunk x S x m x n) where the inner dimension is split.
+  // partial sums (chunk x S x m x n) where the inner dimension is split or
+  // the result is symmetric (summed then from the lower triangle and
+  // mirrored: the same bits on both sides of the diagonal, which the
+  // products' order of the split parts' terms would not give).
   float* bh = static_cast<float*>(scratch);
   float* bl = bh + chunk * n * kpad;
   float* parts = bl + chunk * n * kpad;
@@ -193,21 +203,25 @@ bool field_tf32x3(const Ctx& c, const void* const* bptr, const void* const* xptr
     const int64_t tiles = cn * ((k + 31) / 32) * ((n + 31) / 32);
     const unsigned blocks =
         static_cast<unsigned>(std::max<int64_t>(1, std::min<int64_t>(16 * std::max(1, c.sms), tiles)));
-    split_tf32_t_kernel<<<blocks, dim3(32, 8), 0, c.stream>>>(bptr + g0, k, n, ldb, cn, kpad, bh, bl);
+    split_tf32_t_kernel<<<blocks, dim3(32, 8), 0, c.stream>>>(b.ptr ? b.ptr + g0 : nullptr, b.base + g0 * b.stride,
+                                                              b.stride, k, n, ldb, cn, kpad, bh, bl);
+    const void* const* xp = x.ptr ? x.ptr + g0 : nullptr;
+    const float* xb = x.base + g0 * x.stride;
     cuda::check_launch("split_tf32_t kernel (B)");
     const MatBatch o{out.p + g0 * out.stride, m, n, out.ld, out.stride, cn};
-    float* cb = S > 1 ? parts : o.p;
-    const int64_t csg = S > 1 ? S * m * n : o.stride, css = S > 1 ? m * n : 0, ldc = S > 1 ? n : o.ld;
+    const bool via_parts = S > 1 || symmetric;
+    float* cb = via_parts ? parts : o.p;
+    const int64_t csg = via_parts ? S * m * n : o.stride, css = via_parts ? m * n : 0, ldc = via_parts ? n : o.ld;
     if (trans_x && bn == 96)
-      fx_launch<true, 96>(c, t, xptr + g0, cb, csg, css, cn, S, ksplit, m, n, k, ldx, ldc, vec_ok);
+      fx_launch<true, 96>(c, t, xp, xb, x.stride, cb, csg, css, cn, S, ksplit, m, n, k, ldx, ldc, vec_ok);
     else if (trans_x)
-      fx_launch<true, 128>(c, t, xptr + g0, cb, csg, css, cn, S, ksplit, m, n, k, ldx, ldc, vec_ok);
+      fx_launch<true, 128>(c, t, xp, xb, x.stride, cb, csg, css, cn, S, ksplit, m, n, k, ldx, ldc, vec_ok);
     else if (bn == 96)
-      fx_launch<false, 96>(c, t, xptr + g0, cb, csg, css, cn, S, ksplit, m, n, k, ldx, ldc, vec_ok);
+      fx_launch<false, 96>(c, t, xp, xb, x.stride, cb, csg, css, cn, S, ksplit, m, n, k, ldx, ldc, vec_ok);
     else
-      fx_launch<false, 128>(c, t, xptr + g0, cb, csg, css, cn, S, ksplit, m, n, k, ldx, ldc, vec_ok);
+      fx_launch<false, 128>(c, t, xp, xb, x.stride, cb, csg, css, cn, S, ksplit, m, n, k, ldx, ldc, vec_ok);
     cuda::check_launch("field_tf32x3 kernel");
-    if (S > 1) sum_parts(c, parts, S, o);
+    if (via_parts) sum_parts(c, parts, S, o, symmetric ? 1 : 0);
   }
   return true;
 }

@@ -457,17 +457,19 @@ __device__ __forceinline__ void x3_issue_fx(const CUtensorMap* tbh, const CUtens
 #endif  // __CUDA_ARCH_FEAT_SM90_ALL
 
 // C_g (m x n fp32, row-major) = op(X_g) B_g: op(X) = X (X m x k) or X^T (X
-// k x m), ld ldx, at xptr[g]; B's parts Bh, Bl as the maps (k, n, count),
-// boxes of 32 x BN, of the packed split of B^T. Grid: x the column tiles,
-// y the row tiles, z the batch times `splits`, grid-stride: z = g splits +
-// s sums the inner dimension's part s (ksplit of it, a multiple of 32) into
-// C + g cstride_g + s cstride_s (ldc): with splits > 1, partial sums for
+// k x m), ld ldx, at xptr[g] (xptr null: xbase + g xstride); B's parts Bh,
+// Bl as the maps (k, n, count), boxes of 32 x BN, of the packed split of
+// B^T. Grid: x the column tiles, y the row tiles, z the batch times
+// `splits`, grid-stride: z = g splits + s sums the inner dimension's part s
+// (ksplit of it, a multiple of 32) into C + g cstride_g + s cstride_s (ldc):
+// with splits > 1 (or a symmetric result), partial sums for
 // kernels::sum_parts. vec_ok: ldx and the extent X's rows are copied along
 // (k, or m for X^T) are multiples of 4 (each X's alignment is checked here).
 template <bool kTransX, int BN>
 __global__ void __launch_bounds__(kX3Threads, 1)
     field_tf32x3_kernel(const __grid_constant__ CUtensorMap tbh, const __grid_constant__ CUtensorMap tbl,
-                        const void* const* xptr, float* cbase, int64_t cstride_g, int64_t cstride_s, int64_t count,
+                        const void* const* xptr, const float* xbase, int64_t xstride, float* cbase,
+                        int64_t cstride_g, int64_t cstride_s, int64_t count,
                         int splits, int64_t ksplit, int64_t m, int64_t n, int64_t k, int64_t ldx, int64_t ldc,
                         bool vec_ok) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
@@ -494,7 +496,7 @@ __global__ void __launch_bounds__(kX3Threads, 1)
     const int64_t g = z / splits, s = z - g * splits;
     const int64_t kbeg = s * ksplit, kend = kbeg + ksplit < k ? kbeg + ksplit : k;
     const int kt_count = kend > kbeg ? static_cast<int>((kend - kbeg + 31) / 32) : 0;
-    const float* X = static_cast<const float*>(xptr[g]);
+    const float* X = xptr ? static_cast<const float*>(xptr[g]) : xbase + g * xstride;
     float* C = cbase + g * cstride_g + s * cstride_s;
     const bool vec = vec_ok && reinterpret_cast<uintptr_t>(X) % 16 == 0;
     for (int q = 0; q < kFxStages - 1; ++q) {
@@ -561,16 +563,17 @@ __global__ void __launch_bounds__(kX3Threads, 1)
 }
 
 // hi, lo (count x n x kpad, packed) <- the split of B_g^T, B_g k x n
-// (row-major, ld) at bptr[g]: 32 x 32 tiles transposed through shared
+// (row-major, ld) at bptr[g] (bptr null: bbase + g bstride; bstride 0: one
+// B for all): 32 x 32 tiles transposed through shared
 // memory (blocks of 32 x 8 threads); the padding columns are not written.
-__global__ void split_tf32_t_kernel(const void* const* bptr, int64_t k, int64_t n, int64_t ld, int64_t count,
-                                    int64_t kpad, float* hi, float* lo) {
+__global__ void split_tf32_t_kernel(const void* const* bptr, const float* bbase, int64_t bstride, int64_t k,
+                                    int64_t n, int64_t ld, int64_t count, int64_t kpad, float* hi, float* lo) {
   __shared__ float tile[32][33];
   const int64_t tk = (k + 31) / 32, tn = (n + 31) / 32, tiles = count * tk * tn;
   const int tx = threadIdx.x, ty = threadIdx.y;
   for (int64_t T = blockIdx.x; T < tiles; T += gridDim.x) {
     const int64_t g = T / (tk * tn), rem = T - g * tk * tn, k0 = rem / tn * 32, n0 = rem % tn * 32;
-    const float* B = static_cast<const float*>(bptr[g]);
+    const float* B = bptr ? static_cast<const float*>(bptr[g]) : bbase + g * bstride;
 #pragma unroll
     for (int j = ty; j < 32; j += 8)
       tile[j][tx] = k0 + j < k && n0 + tx < n ? B[(k0 + j) * ld + n0 + tx] : 0.f;

@@ -57,6 +57,10 @@ constexpr int64_t kOwnCholeskyMaxN = 2048;
 // (kSplit): gpt-1.3b's largest batch, 24 products 8192 x 2048 of rank 512,
 // needs 960 MiB and fits; larger batches run a chunk of products at a time.
 constexpr size_t kLowrankSplitBytes = size_t(1) << 30;
+// The smallest FP32 product (2 m n k times the batch), in MFLOP, gemm takes
+// at 3xTF32 (gemm_x3; DION_GEMM_3XTF32_MIN_MFLOP moves it): gpt-160m's
+// smallest solve product, 12 x 768 x 192 x 192, is 680.
+constexpr int kGemmX3MinMflop = 256;
 // Streams over which qr_q spreads its matrices (qr_lanes): cuSOLVER's geqrf /
 // orgqr have no batched form at these sizes, and one call on a matrix of a
 // few hundred to a few thousand columns leaves most of the device idle (its
@@ -256,6 +260,7 @@ class CudaBackend final : public Backend {
       const bool x3 = kernels::lowrank_tf32x3_init(device);
       lowrank_tf32x3_ = lowrank_tf32x3_ && x3;
       field_tf32x3_ = field_tf32x3_ && x3;
+      gemm_tf32x3_ = gemm_tf32x3_ && x3;
       blas_ws_ = cuda::device_malloc(kCublasWorkspaceBytes, device_, "cuBLAS workspace");
       check(cudaStreamCreateWithFlags(&own_, cudaStreamNonBlocking), "cudaStreamCreateWithFlags");
       check(cudaEventCreateWithFlags(&done_, cudaEventDisableTiming), "cudaEventCreateWithFlags");
@@ -498,6 +503,10 @@ class CudaBackend final : public Backend {
       kernels::scale_matrix(ctx(), c, beta);
       return;
     }
+    if (gemm_x3(precision, tb, alpha, beta, m, n, k, c.batch)) {
+      ps.detail([&] { return gemm_tag("gemm fp32 3xtf32", m, n, k, ta, tb, c.batch); });
+      if (run_gemm_x3(ta, a, b, c, false)) return;
+    }
     const cublasComputeType_t compute = compute_type(precision);
     // A small B (k <= m: the inverse of a triangular solve) is given K-major
     // to TF32 products (tf32_kmajor).
@@ -527,6 +536,31 @@ class CudaBackend final : public Backend {
                                      CUDA_R_32F, ldc, c.stride, to_int(c.batch, "gemm batch"), compute,
                                      CUBLAS_GEMM_DEFAULT),
           "cublasGemmStridedBatchedEx");
+  }
+
+  // Whether gemm takes kernels::field_tf32x3 (3xTF32 promoted to fp32, as
+  // exact as SGEMM) for a product at FP32: on Hopper, C = op(A) B (B as
+  // stored), alpha 1 and beta 0 (RCQR's triangular solves' products and
+  // Gram matrices), of at least gemm_x3_min_flop_ a batch (smaller ones keep
+  // cuBLAS's SGEMM, where the split pass and launches would outweigh the
+  // product). DION_GEMM_3XTF32=0: SGEMM for all.
+  bool gemm_x3(dion_matmul_precision_t precision, bool tb, float alpha, float beta, int64_t m, int64_t n, int64_t k,
+               int64_t batch) const {
+    return gemm_tf32x3_ && precision == DION_MATMUL_FP32 && !tb && alpha == 1.0f && beta == 0.0f && k > 0 &&
+           2.0 * static_cast<double>(m) * static_cast<double>(n) * static_cast<double>(k) *
+                   static_cast<double>(batch) >= gemm_x3_min_flop_;
+  }
+
+  // C = op(A) B through kernels::field_tf32x3 (gemm_x3 said yes); false
+  // where the kernel cannot take the shapes. symmetric: A^T A (gram).
+  bool run_gemm_x3(bool ta, ConstMatBatch a, ConstMatBatch b, MatBatch c, bool symmetric) {
+    const int64_t m = c.rows, n = c.cols, k = ta ? a.rows : a.cols;
+    const size_t one = kernels::field_tf32x3_scratch(ctx(), c.batch, m, n, k, 1, symmetric);
+    const size_t bytes =
+        std::max(one, std::min(kernels::field_tf32x3_scratch(ctx(), c.batch, m, n, k, c.batch, symmetric),
+                               kLowrankSplitBytes / one * one));
+    return kernels::field_tf32x3(ctx(), {nullptr, b.p, b.stride, b.ld}, {nullptr, a.p, a.stride, a.ld}, ta, c, k,
+                                 scratch(kSplit, bytes), bytes, symmetric);
   }
 
   // TF32 products want their operands K-major (the inner dimension
@@ -579,6 +613,17 @@ class CudaBackend final : public Backend {
   // gpt-1.3b r = 1.0 tf32 (r = 2048) 305.8 -> 300.5.
   void gram(ConstMatBatch a, MatBatch c, dion_matmul_precision_t precision) override {
     const int64_t p = a.rows, r = a.cols, T = c.batch;
+    // At FP32 on Hopper the whole product at 3xTF32 (gemm_x3; it splits the
+    // inner dimension itself where the tiles are few), its lower triangle
+    // mirrored: faster than the blocks' 5/8 of the FLOPs at cuBLAS's SIMT
+    // rate (gpt-1.3b Dion r = 1.0 fp32, with the solves' products: 528.8 ->
+    // 500.1 ms per step on an H200).
+    if (p > 0 && gemm_x3(precision, false, 1.0f, 0.0f, r, r, p, T)) {
+      DeviceScope ds(device_);
+      ProfScope ps(prof_, "gram", stream_);
+      ps.detail([&] { return gemm_tag("gram fp32 3xtf32", r, r, p, true, false, T); });
+      if (run_gemm_x3(true, a, a, c, true)) return;
+    }
     const int64_t S = gram_split_ ? gram_splits(p, r, T) : 1;
     const int64_t nb = p > 0 ? triangle_blocks(r, gram_blocks_, 128) : 1;
     if ((S <= 1 && nb <= 1) || a.ld != r || a.stride != p * r || c.rows != r || c.cols != r) {
@@ -699,7 +744,8 @@ class CudaBackend final : public Backend {
       const size_t one = kernels::field_tf32x3_scratch(ctx(), count, m, n, k, 1);
       const size_t bytes = std::max(one, std::min(kernels::field_tf32x3_scratch(ctx(), count, m, n, k, count),
                                                    kLowrankSplitBytes / one * one));
-      if (kernels::field_tf32x3(ctx(), ptr, ptr + count, c, k, b.ld, trans_x, cols, scratch(kSplit, bytes), bytes))
+      if (kernels::field_tf32x3(ctx(), {ptr, nullptr, 0, b.ld}, {ptr + count, nullptr, 0, cols}, trans_x, c, k,
+                                scratch(kSplit, bytes), bytes))
         return;
     }
     // At TF32, Q (k <= m: P = B Q) and P (X read transposed: R = B^T P) go
@@ -2118,6 +2164,9 @@ class CudaBackend final : public Backend {
   // Its form for P = B Q and R = B^T P at FP32 (gemm_field:
   // kernels::field_tf32x3); DION_FIELD_3XTF32=0 keeps cuBLAS's SGEMM.
   bool field_tf32x3_ = env_int("DION_FIELD_3XTF32", 1) != 0;
+  // And for gemm's FP32 products (gemm_x3); DION_GEMM_3XTF32=0 keeps SGEMM.
+  bool gemm_tf32x3_ = env_int("DION_GEMM_3XTF32", 1) != 0;
+  double gemm_x3_min_flop_ = 1e6 * static_cast<double>(env_int("DION_GEMM_3XTF32_MIN_MFLOP", kGemmX3MinMflop));
   bool lt_gemm_ = env_int("DION_LT_GEMM", 1) != 0;
   std::map<std::array<int64_t, 18>, LtPlan> lt_plans_;
 };
