@@ -138,7 +138,8 @@ int fx_bn(int64_t n) { return (n + 95) / 96 * 96 < (n + 127) / 128 * 128 ? 96 : 
 // P = B Q for fc2 (12 products 768 x 3072 by 3072 x 192: 144 tiles on 132
 // multiprocessors, half of the second wave idle) takes 4.
 int64_t fx_splits(const Ctx& c, int64_t count, int64_t m, int64_t n, int64_t k) {
-  const int64_t tiles = count * ((m + kX3Tile - 1) / kX3Tile) * ((n + fx_bn(n) - 1) / fx_bn(n));
+  const int bn = fx_bn(n);
+  const int64_t tiles = count * ((m + kX3Tile - 1) / kX3Tile) * ((n + bn - 1) / bn);
   const int64_t kt = (k + 31) / 32, sms = std::max(1, c.sms);
   int64_t best = 1;
   double best_cost = 0;
@@ -154,9 +155,8 @@ int64_t fx_splits(const Ctx& c, int64_t count, int64_t m, int64_t n, int64_t k) 
 
 template <bool kTransX, int BN>
 void fx_launch(const Ctx& c, const CUtensorMap (&t)[2], const void* const* xptr, const float* xbase, int64_t xstride,
-               float* cbase, int64_t cstride_g,
-               int64_t cstride_s, int64_t cn, int64_t S, int64_t ksplit, int64_t m, int64_t n, int64_t k, int64_t ldx,
-               int64_t ldc, bool vec_ok) {
+               float* cbase, int64_t cstride_g, int64_t cstride_s, int64_t cn, int64_t S, int64_t ksplit, int64_t m,
+               int64_t n, int64_t k, int64_t ldx, int64_t ldc, bool vec_ok) {
   const dim3 grid(static_cast<unsigned>((n + BN - 1) / BN), static_cast<unsigned>((m + kX3Tile - 1) / kX3Tile),
                   static_cast<unsigned>(std::min<int64_t>(cn * S, 65535)));
   field_tf32x3_kernel<kTransX, BN><<<grid, kX3Threads, fx_smem_bytes<BN>(), c.stream>>>(
@@ -164,12 +164,17 @@ void fx_launch(const Ctx& c, const CUtensorMap (&t)[2], const void* const* xptr,
       ldc, vec_ok);
 }
 
+// Scratch bytes per product with S splits: B's two parts, and the partial
+// sums where they are summed apart (S > 1 or a symmetric result).
+size_t fx_product_bytes(int64_t S, int64_t m, int64_t n, int64_t k, bool symmetric) {
+  return sizeof(float) * static_cast<size_t>(2 * n * x3_kpad(k) + (S > 1 || symmetric ? S * m * n : 0));
+}
+
 }  // namespace
 
 size_t field_tf32x3_scratch(const Ctx& c, int64_t count, int64_t m, int64_t n, int64_t k, int64_t products,
                             bool symmetric) {
-  const int64_t S = fx_splits(c, count, m, n, k);
-  return sizeof(float) * static_cast<size_t>(products * (2 * n * x3_kpad(k) + (S > 1 || symmetric ? S * m * n : 0)));
+  return static_cast<size_t>(products) * fx_product_bytes(fx_splits(c, count, m, n, k), m, n, k, symmetric);
 }
 
 bool field_tf32x3(const Ctx& c, X3Operand b, X3Operand x, bool trans_x, MatBatch out, int64_t k, void* scratch,
@@ -181,9 +186,8 @@ bool field_tf32x3(const Ctx& c, X3Operand b, X3Operand x, bool trans_x, MatBatch
   if (k <= 0 || tiles_m > 65535 || n > 0x7fffffff || k > 0x7fffffff) return false;
   const int64_t S = fx_splits(c, count, m, n, k);
   const int64_t chunk = std::min<int64_t>(
-      count, std::min<int64_t>(65535 / S, static_cast<int64_t>(scratch_bytes /
-                                                               field_tf32x3_scratch(c, count, m, n, k, 1,
-                                                                                    symmetric))));
+      count,
+      std::min<int64_t>(65535 / S, static_cast<int64_t>(scratch_bytes / fx_product_bytes(S, m, n, k, symmetric))));
   if (chunk < 1) return false;
   // B's parts of a chunk, packed: Bh, Bl (chunk x n x kpad); then the
   // partial sums (chunk x S x m x n) where the inner dimension is split or
@@ -197,6 +201,8 @@ bool field_tf32x3(const Ctx& c, X3Operand b, X3Operand x, bool trans_x, MatBatch
   CUtensorMap t[2];
   if (!x3_map(&t[0], bh, n, k, kpad, chunk, bn) || !x3_map(&t[1], bl, n, k, kpad, chunk, bn)) return false;
   const bool vec_ok = ldx % 4 == 0 && (trans_x ? m : k) % 4 == 0;
+  const auto launch = trans_x ? (bn == 96 ? fx_launch<true, 96> : fx_launch<true, 128>)
+                              : (bn == 96 ? fx_launch<false, 96> : fx_launch<false, 128>);
   const int64_t ksplit = ((k + 31) / 32 + S - 1) / S * 32;
   for (int64_t g0 = 0; g0 < count; g0 += chunk) {
     const int64_t cn = std::min(chunk, count - g0);
@@ -205,21 +211,13 @@ bool field_tf32x3(const Ctx& c, X3Operand b, X3Operand x, bool trans_x, MatBatch
         static_cast<unsigned>(std::max<int64_t>(1, std::min<int64_t>(16 * std::max(1, c.sms), tiles)));
     split_tf32_t_kernel<<<blocks, dim3(32, 8), 0, c.stream>>>(b.ptr ? b.ptr + g0 : nullptr, b.base + g0 * b.stride,
                                                               b.stride, k, n, ldb, cn, kpad, bh, bl);
-    const void* const* xp = x.ptr ? x.ptr + g0 : nullptr;
-    const float* xb = x.base + g0 * x.stride;
     cuda::check_launch("split_tf32_t kernel (B)");
     const MatBatch o{out.p + g0 * out.stride, m, n, out.ld, out.stride, cn};
-    const bool via_parts = S > 1 || symmetric;
+    const bool via_parts = S > 1 || symmetric;  // as fx_product_bytes counts the partial sums
     float* cb = via_parts ? parts : o.p;
     const int64_t csg = via_parts ? S * m * n : o.stride, css = via_parts ? m * n : 0, ldc = via_parts ? n : o.ld;
-    if (trans_x && bn == 96)
-      fx_launch<true, 96>(c, t, xp, xb, x.stride, cb, csg, css, cn, S, ksplit, m, n, k, ldx, ldc, vec_ok);
-    else if (trans_x)
-      fx_launch<true, 128>(c, t, xp, xb, x.stride, cb, csg, css, cn, S, ksplit, m, n, k, ldx, ldc, vec_ok);
-    else if (bn == 96)
-      fx_launch<false, 96>(c, t, xp, xb, x.stride, cb, csg, css, cn, S, ksplit, m, n, k, ldx, ldc, vec_ok);
-    else
-      fx_launch<false, 128>(c, t, xp, xb, x.stride, cb, csg, css, cn, S, ksplit, m, n, k, ldx, ldc, vec_ok);
+    launch(c, t, x.ptr ? x.ptr + g0 : nullptr, x.base + g0 * x.stride, x.stride, cb, csg, css, cn, S, ksplit, m, n, k,
+           ldx, ldc, vec_ok);
     cuda::check_launch("field_tf32x3 kernel");
     if (via_parts) sum_parts(c, parts, S, o, symmetric ? 1 : 0);
   }

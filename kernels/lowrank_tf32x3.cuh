@@ -154,6 +154,19 @@ __device__ __forceinline__ void x3_store(const float (&d)[4 * NJ], float* C, int
       }
     }
 }
+
+// A warpgroup's 64 x 2 N block of C at (row0, col0) from its N
+// accumulators: x3_store without element checks where the block lies
+// inside C and C's pairs of elements are 8-byte aligned.
+template <int N>
+__device__ __forceinline__ void x3_store_block(const float (&d)[N], float* C, int64_t ldc, int64_t m, int64_t n,
+                                               int row0, int col0, float alpha, float beta, int tid) {
+  const bool pairs = reinterpret_cast<uintptr_t>(C) % 8 == 0 && ldc % 2 == 0;
+  if (pairs && row0 + 64 <= m && col0 + 2 * N <= n)
+    x3_store<true, N / 4>(d, C, ldc, m, n, row0, col0, alpha, beta, pairs, tid);
+  else
+    x3_store<false, N / 4>(d, C, ldc, m, n, row0, col0, alpha, beta, pairs, tid);
+}
 #endif  // __CUDA_ARCH_FEAT_SM90_ALL
 
 // Grid: x the column tiles of C, y its row tiles, z the batch (grid-stride).
@@ -234,12 +247,7 @@ __global__ void __launch_bounds__(kX3Threads, 1)
         ++loaded;
       }
     }
-    const bool pairs = reinterpret_cast<uintptr_t>(C) % 8 == 0 && ldc % 2 == 0;
-    const int r0 = row0 + 64 * wg;
-    if (pairs && r0 + 64 <= m && col0 + kX3Tile <= n)
-      x3_store<true>(d, C, ldc, m, n, r0, col0, alpha, beta, pairs, wtid);
-    else
-      x3_store<false>(d, C, ldc, m, n, r0, col0, alpha, beta, pairs, wtid);
+    x3_store_block(d, C, ldc, m, n, row0 + 64 * wg, col0, alpha, beta, wtid);
     __syncthreads();  // every warp's MMAs are done before the next matrix's loads
   }
 #endif
@@ -551,12 +559,7 @@ __global__ void __launch_bounds__(kX3Threads, 1)
         for (int i = 0; i < kAcc; ++i) d[i] += t[i];
       }
     }
-    const bool pairs = reinterpret_cast<uintptr_t>(C) % 8 == 0 && ldc % 2 == 0;
-    const int r0 = row0 + 64 * wg;
-    if (pairs && r0 + 64 <= m && col0 + BN <= n)
-      x3_store<true, BN / 8>(d, C, ldc, m, n, r0, col0, 1.f, 0.f, pairs, wtid);
-    else
-      x3_store<false, BN / 8>(d, C, ldc, m, n, r0, col0, 1.f, 0.f, pairs, wtid);
+    x3_store_block(d, C, ldc, m, n, row0 + 64 * wg, col0, 1.f, 0.f, wtid);
     __syncthreads();  // every warp is done with the stages before the next matrix's loads
   }
 #endif

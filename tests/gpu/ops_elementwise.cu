@@ -1096,6 +1096,24 @@ TEST_F(OpsTest, NeuronScalesAndUpdate) {
           }
 }
 
+// The 3xTF32 tests' helpers: whether device 0 is of compute capability 9.0
+// (where the kernels run, so their results must differ from SGEMM's), and a
+// CUDA backend created with one environment variable set (the backend reads
+// its switches at creation), the variable restored after.
+void compute_capability_90(bool* yes) {
+  int major = 0, minor = 0;
+  ASSERT_EQ(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, 0), cudaSuccess);
+  ASSERT_EQ(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, 0), cudaSuccess);
+  *yes = major == 9 && minor == 0;
+}
+void cuda_backend_with(const char* name, const char* value, std::unique_ptr<Backend>* be) {
+  const char* was = std::getenv(name);
+  const std::string before = was ? was : "";
+  ASSERT_EQ(setenv(name, value, 1), 0);
+  be->reset(make_cuda_backend(0));
+  ASSERT_EQ(was ? setenv(name, before.c_str(), 1) : unsetenv(name), 0);
+}
+
 // The float64 product (A_t B_t^T)_ij of the lowrank tests' factors (A_t
 // rows x r, B_t cols x r, row-major, one after another), and the sum of its
 // terms' magnitudes.
@@ -1126,15 +1144,10 @@ std::pair<double, double> lowrank_ref(const std::vector<float>& fa, const std::v
 // matrices' edges. On a device of compute capability 9.0 the two paths'
 // results must differ somewhere: the 3xTF32 one ran.
 TEST_F(OpsTest, LowrankFp32AsExactAsSgemm) {
-  int major = 0, minor = 0;
-  ASSERT_EQ(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, 0), cudaSuccess);
-  ASSERT_EQ(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, 0), cudaSuccess);
-  const bool hopper = major == 9 && minor == 0;
-  const char* was = std::getenv("DION_LOWRANK_3XTF32");
-  const std::string before = was ? was : "";
-  ASSERT_EQ(setenv("DION_LOWRANK_3XTF32", "0", 1), 0);
-  std::unique_ptr<Backend> sgemm(make_cuda_backend(0));
-  ASSERT_EQ(was ? setenv("DION_LOWRANK_3XTF32", before.c_str(), 1) : unsetenv("DION_LOWRANK_3XTF32"), 0);
+  bool hopper = false;
+  ASSERT_NO_FATAL_FAILURE(compute_capability_90(&hopper));
+  std::unique_ptr<Backend> sgemm;
+  ASSERT_NO_FATAL_FAILURE(cuda_backend_with("DION_LOWRANK_3XTF32", "0", &sgemm));
   struct Dims {
     int64_t rows, cols, r, T;
   };
@@ -1221,15 +1234,10 @@ TEST_F(OpsTest, LowrankFp32AsExactAsSgemm) {
 // 8 splits; 1100 x 520 transposed: 4). On a device of compute capability
 // 9.0 the two paths' results must differ somewhere: the 3xTF32 one ran.
 TEST_F(OpsTest, FieldProductFp32AsExactAsSgemm) {
-  int major = 0, minor = 0;
-  ASSERT_EQ(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, 0), cudaSuccess);
-  ASSERT_EQ(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, 0), cudaSuccess);
-  const bool hopper = major == 9 && minor == 0;
-  const char* was = std::getenv("DION_FIELD_3XTF32");
-  const std::string before = was ? was : "";
-  ASSERT_EQ(setenv("DION_FIELD_3XTF32", "0", 1), 0);
-  std::unique_ptr<Backend> sgemm(make_cuda_backend(0));
-  ASSERT_EQ(was ? setenv("DION_FIELD_3XTF32", before.c_str(), 1) : unsetenv("DION_FIELD_3XTF32"), 0);
+  bool hopper = false;
+  ASSERT_NO_FATAL_FAILURE(compute_capability_90(&hopper));
+  std::unique_ptr<Backend> sgemm;
+  ASSERT_NO_FATAL_FAILURE(cuda_backend_with("DION_FIELD_3XTF32", "0", &sgemm));
   struct Dims {
     int64_t rows, cols, r, T;
   };
@@ -1300,20 +1308,11 @@ TEST_F(OpsTest, FieldProductFp32AsExactAsSgemm) {
 // enough for the inner dimension to be split; positive and signed data. On
 // compute capability 9.0 the two results must differ: the 3xTF32 path ran.
 TEST_F(OpsTest, GemmFp32AsExactAsSgemm) {
-  int major = 0, minor = 0;
-  ASSERT_EQ(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, 0), cudaSuccess);
-  ASSERT_EQ(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, 0), cudaSuccess);
-  const bool hopper = major == 9 && minor == 0;
-  const auto make = [](const char* name, const char* value) {
-    const char* was = std::getenv(name);
-    const std::string before = was ? was : "";
-    EXPECT_EQ(setenv(name, value, 1), 0);
-    std::unique_ptr<Backend> be(make_cuda_backend(0));
-    EXPECT_EQ(was ? setenv(name, before.c_str(), 1) : unsetenv(name), 0);
-    return be;
-  };
-  std::unique_ptr<Backend> x3 = make("DION_GEMM_3XTF32_MIN_MFLOP", "0");
-  std::unique_ptr<Backend> sgemm = make("DION_GEMM_3XTF32", "0");
+  bool hopper = false;
+  ASSERT_NO_FATAL_FAILURE(compute_capability_90(&hopper));
+  std::unique_ptr<Backend> x3, sgemm;
+  ASSERT_NO_FATAL_FAILURE(cuda_backend_with("DION_GEMM_3XTF32_MIN_MFLOP", "0", &x3));
+  ASSERT_NO_FATAL_FAILURE(cuda_backend_with("DION_GEMM_3XTF32", "0", &sgemm));
   struct Case {
     int64_t m, n, k, T;
     bool ta;

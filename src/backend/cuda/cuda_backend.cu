@@ -53,10 +53,11 @@ constexpr int64_t kPotrfBatchedMaxN = 4096;
 // 2048 in the step, docs/benchmarks.md); larger ones keep cuSOLVER's
 // (DION_OWN_CHOLESKY_MAX moves the bound).
 constexpr int64_t kOwnCholeskyMaxN = 2048;
-// The most scratch the split parts of lowrank_gemm's 3xTF32 products take
-// (kSplit): gpt-1.3b's largest batch, 24 products 8192 x 2048 of rank 512,
-// needs 960 MiB and fits; larger batches run a chunk of products at a time.
-constexpr size_t kLowrankSplitBytes = size_t(1) << 30;
+// The most scratch the 3xTF32 products' split parts (and partial sums) take
+// (kSplit, split_bytes): gpt-1.3b's largest batch of lowrank_gemm, 24
+// products 8192 x 2048 of rank 512, needs 960 MiB and fits; larger batches
+// run a chunk of products at a time.
+constexpr size_t kSplitBytes = size_t(1) << 30;
 // The smallest FP32 product (2 m n k times the batch), in MFLOP, gemm takes
 // at 3xTF32 (gemm_x3; DION_GEMM_3XTF32_MIN_MFLOP moves it): gpt-160m's
 // smallest solve product, 12 x 768 x 192 x 192, is 680.
@@ -493,8 +494,10 @@ class CudaBackend final : public Backend {
     if (m == 0 || n == 0 || c.batch <= 0) return;
     DeviceScope ds(device_);
     ProfScope ps(prof_, "gemm", stream_);
+    const bool x3 = gemm_x3(precision, tb, alpha, beta, m, n, k, c.batch);
     ps.detail([&] {
-      const char* kind = precision == DION_MATMUL_FP32   ? "gemm fp32"
+      const char* kind = x3                              ? "gemm fp32 3xtf32"
+                         : precision == DION_MATMUL_FP32 ? "gemm fp32"
                          : precision == DION_MATMUL_TF32 ? "gemm tf32"
                                                          : "gemm bf16";
       return gemm_tag(kind, m, n, k, ta, tb, c.batch);
@@ -503,10 +506,7 @@ class CudaBackend final : public Backend {
       kernels::scale_matrix(ctx(), c, beta);
       return;
     }
-    if (gemm_x3(precision, tb, alpha, beta, m, n, k, c.batch)) {
-      ps.detail([&] { return gemm_tag("gemm fp32 3xtf32", m, n, k, ta, tb, c.batch); });
-      if (run_gemm_x3(ta, a, b, c, false)) return;
-    }
+    if (x3 && field_x3({nullptr, b.p, b.stride, b.ld}, {nullptr, a.p, a.stride, a.ld}, ta, c, k, false)) return;
     const cublasComputeType_t compute = compute_type(precision);
     // A small B (k <= m: the inverse of a triangular solve) is given K-major
     // to TF32 products (tf32_kmajor).
@@ -551,16 +551,21 @@ class CudaBackend final : public Backend {
                    static_cast<double>(batch) >= gemm_x3_min_flop_;
   }
 
-  // C = op(A) B through kernels::field_tf32x3 (gemm_x3 said yes); false
-  // where the kernel cannot take the shapes. symmetric: A^T A (gram).
-  bool run_gemm_x3(bool ta, ConstMatBatch a, ConstMatBatch b, MatBatch c, bool symmetric) {
-    const int64_t m = c.rows, n = c.cols, k = ta ? a.rows : a.cols;
-    const size_t one = kernels::field_tf32x3_scratch(ctx(), c.batch, m, n, k, 1, symmetric);
-    const size_t bytes =
-        std::max(one, std::min(kernels::field_tf32x3_scratch(ctx(), c.batch, m, n, k, c.batch, symmetric),
-                               kLowrankSplitBytes / one * one));
-    return kernels::field_tf32x3(ctx(), {nullptr, b.p, b.stride, b.ld}, {nullptr, a.p, a.stride, a.ld}, ta, c, k,
-                                 scratch(kSplit, bytes), bytes, symmetric);
+  // C = op(X) B through kernels::field_tf32x3 with its scratch (kSplit):
+  // gemm_field's products (pointer arrays) and gemm's and gram's (strided
+  // batches; symmetric: A^T A). False where the kernel cannot take the
+  // shapes.
+  bool field_x3(kernels::X3Operand b, kernels::X3Operand x, bool trans_x, MatBatch c, int64_t k, bool symmetric) {
+    const size_t bytes = split_bytes(kernels::field_tf32x3_scratch(ctx(), c.batch, c.rows, c.cols, k, 1, symmetric),
+                                     c.batch);
+    return kernels::field_tf32x3(ctx(), b, x, trans_x, c, k, scratch(kSplit, bytes), bytes, symmetric);
+  }
+  // The split scratch (kSplit) for `count` products of `one` bytes each: the
+  // whole batch, or as many products as kSplitBytes holds (one at
+  // least; the launchers run a chunk at a time): more launches, not more
+  // memory.
+  static size_t split_bytes(size_t one, int64_t count) {
+    return std::max(one, std::min(one * static_cast<size_t>(count), kSplitBytes / one * one));
   }
 
   // TF32 products want their operands K-major (the inner dimension
@@ -618,11 +623,11 @@ class CudaBackend final : public Backend {
     // mirrored: faster than the blocks' 5/8 of the FLOPs at cuBLAS's SIMT
     // rate (gpt-1.3b Dion r = 1.0 fp32, with the solves' products: 528.8 ->
     // 500.1 ms per step on an H200).
-    if (p > 0 && gemm_x3(precision, false, 1.0f, 0.0f, r, r, p, T)) {
+    if (gemm_x3(precision, false, 1.0f, 0.0f, r, r, p, T)) {
       DeviceScope ds(device_);
       ProfScope ps(prof_, "gram", stream_);
       ps.detail([&] { return gemm_tag("gram fp32 3xtf32", r, r, p, true, false, T); });
-      if (run_gemm_x3(true, a, a, c, true)) return;
+      if (field_x3({nullptr, a.p, a.stride, a.ld}, {nullptr, a.p, a.stride, a.ld}, true, c, p, true)) return;
     }
     const int64_t S = gram_split_ ? gram_splits(p, r, T) : 1;
     const int64_t nb = p > 0 ? triangle_blocks(r, gram_blocks_, 128) : 1;
@@ -741,12 +746,7 @@ class CudaBackend final : public Backend {
                                          {nullptr, 0, static_cast<int>(f)},
                                          {c.p, c.stride * 4, -1}};  // C's are not read
       kernels::gemm_pointers(ctx(), list, count, src, const_cast<const void**>(ptr), nullptr, 0.0f, nullptr, nullptr);
-      const size_t one = kernels::field_tf32x3_scratch(ctx(), count, m, n, k, 1);
-      const size_t bytes = std::max(one, std::min(kernels::field_tf32x3_scratch(ctx(), count, m, n, k, count),
-                                                   kLowrankSplitBytes / one * one));
-      if (kernels::field_tf32x3(ctx(), {ptr, nullptr, 0, b.ld}, {ptr + count, nullptr, 0, cols}, trans_x, c, k,
-                                scratch(kSplit, bytes), bytes))
-        return;
+      if (field_x3({ptr, nullptr, 0, b.ld}, {ptr + count, nullptr, 0, cols}, trans_x, c, k, false)) return;
     }
     // At TF32, Q (k <= m: P = B Q) and P (X read transposed: R = B^T P) go
     // K-major (tf32_kmajor); B from the fields (b_field) is transposed from
@@ -1669,11 +1669,7 @@ class CudaBackend final : public Backend {
         {b.p, b.stride * es, -1}, {a.p, a.stride * es, -1}, {nullptr, 0, static_cast<int>(f)}};
     kernels::gemm_pointers(ctx(), list, count, src, const_cast<const void**>(ptr), gs, mult, skip, coef);
     if (x3) {
-      // The split parts of the whole batch, or of as many products as
-      // kLowrankSplitBytes holds (one at least): more launches, not more memory.
-      const size_t one = kernels::lowrank_tf32x3_scratch(1, rows, cols, r);
-      const size_t bytes = std::max(one, std::min(kernels::lowrank_tf32x3_scratch(count, rows, cols, r),
-                                                   kLowrankSplitBytes / one * one));
+      const size_t bytes = split_bytes(kernels::lowrank_tf32x3_scratch(1, rows, cols, r), count);
       if (kernels::lowrank_tf32x3(ctx(), a, b, ptr + 2 * count, coef, cols, scratch(kSplit, bytes), bytes)) return;
     }
     // bf16 factors are multiplied exactly, with fp32 accumulation
