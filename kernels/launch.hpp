@@ -272,18 +272,19 @@ struct X3Operand {
 // gemm_field's products at FP32 the same way (and the backend's FP32 gemm,
 // from strided batches): out_g (m x n fp32, strided) = op(X_g) B_g, X_g m x
 // k, or k x m read transposed (trans_x; 16-byte aligned for the fast
-// copies), B_g k x n. X is split as the kernel reads it; B, transposed,
+// copies), B_g k x n, times alpha. X is split as the kernel reads it; B, transposed,
 // into the scratch, as many products per launch as scratch_bytes holds (one
 // at least); where the batch's tiles leave the multiprocessors idle, the
 // inner dimension is split and the partial sums (in the scratch too)
-// summed. symmetric (m = n, a Gram matrix X^T X): the result's lower
-// triangle is mirrored onto its upper one, so the two agree bit for bit.
+// summed. symmetric (m = n, a Gram matrix X^T X): only the tiles that hold
+// the result's lower triangle are formed, and that triangle is mirrored onto
+// the upper one, so the two agree bit for bit.
 // False, nothing launched, where the kernel cannot take the shapes.
 // field_tf32x3_scratch: the bytes for `products` of a call of `count`.
 size_t field_tf32x3_scratch(const Ctx& c, int64_t count, int64_t m, int64_t n, int64_t k, int64_t products,
                             bool symmetric);
-bool field_tf32x3(const Ctx& c, X3Operand b, X3Operand x, bool trans_x, MatBatch out, int64_t k, void* scratch,
-                  size_t scratch_bytes, bool symmetric);
+bool field_tf32x3(const Ctx& c, X3Operand b, X3Operand x, bool trans_x, MatBatch out, int64_t k, float alpha,
+                  void* scratch, size_t scratch_bytes, bool symmetric);
 
 // ---- randn.cu ----
 // Returns the launch status (the file has no dependency on the rest of the

@@ -137,9 +137,14 @@ int fx_bn(int64_t n) { return (n + 95) / 96 * 96 < (n + 127) / 128 * 128 ? 96 : 
 // split for each CTA's pipeline fill and the partial sums' pass. gpt-160m's
 // P = B Q for fc2 (12 products 768 x 3072 by 3072 x 192: 144 tiles on 132
 // multiprocessors, half of the second wave idle) takes 4.
-int64_t fx_splits(const Ctx& c, int64_t count, int64_t m, int64_t n, int64_t k) {
+// lower: only the tiles that hold an element on or below the diagonal (a
+// symmetric result) are formed.
+int64_t fx_splits(const Ctx& c, int64_t count, int64_t m, int64_t n, int64_t k, bool lower) {
   const int bn = fx_bn(n);
-  const int64_t tiles = count * ((m + kX3Tile - 1) / kX3Tile) * ((n + bn - 1) / bn);
+  int64_t per = 0;
+  for (int64_t i = 0; i < (m + kX3Tile - 1) / kX3Tile; ++i)
+    per += lower ? std::min<int64_t>((n + bn - 1) / bn, (i * kX3Tile + kX3Tile - 1) / bn + 1) : (n + bn - 1) / bn;
+  const int64_t tiles = count * per;
   const int64_t kt = (k + 31) / 32, sms = std::max(1, c.sms);
   int64_t best = 1;
   double best_cost = 0;
@@ -156,12 +161,12 @@ int64_t fx_splits(const Ctx& c, int64_t count, int64_t m, int64_t n, int64_t k) 
 template <bool kTransX, int BN>
 void fx_launch(const Ctx& c, const CUtensorMap (&t)[2], const void* const* xptr, const float* xbase, int64_t xstride,
                float* cbase, int64_t cstride_g, int64_t cstride_s, int64_t cn, int64_t S, int64_t ksplit, int64_t m,
-               int64_t n, int64_t k, int64_t ldx, int64_t ldc, bool vec_ok) {
+               int64_t n, int64_t k, int64_t ldx, int64_t ldc, bool vec_ok, bool lower, float alpha) {
   const dim3 grid(static_cast<unsigned>((n + BN - 1) / BN), static_cast<unsigned>((m + kX3Tile - 1) / kX3Tile),
                   static_cast<unsigned>(std::min<int64_t>(cn * S, 65535)));
   field_tf32x3_kernel<kTransX, BN><<<grid, kX3Threads, fx_smem_bytes<BN>(), c.stream>>>(
       t[0], t[1], xptr, xbase, xstride, cbase, cstride_g, cstride_s, cn, static_cast<int>(S), ksplit, m, n, k, ldx,
-      ldc, vec_ok);
+      ldc, vec_ok, lower, alpha);
 }
 
 // Scratch bytes per product with S splits: B's two parts, and the partial
@@ -174,17 +179,17 @@ size_t fx_product_bytes(int64_t S, int64_t m, int64_t n, int64_t k, bool symmetr
 
 size_t field_tf32x3_scratch(const Ctx& c, int64_t count, int64_t m, int64_t n, int64_t k, int64_t products,
                             bool symmetric) {
-  return static_cast<size_t>(products) * fx_product_bytes(fx_splits(c, count, m, n, k), m, n, k, symmetric);
+  return static_cast<size_t>(products) * fx_product_bytes(fx_splits(c, count, m, n, k, symmetric), m, n, k, symmetric);
 }
 
-bool field_tf32x3(const Ctx& c, X3Operand b, X3Operand x, bool trans_x, MatBatch out, int64_t k, void* scratch,
-                  size_t scratch_bytes, bool symmetric) {
+bool field_tf32x3(const Ctx& c, X3Operand b, X3Operand x, bool trans_x, MatBatch out, int64_t k, float alpha,
+                  void* scratch, size_t scratch_bytes, bool symmetric) {
   const int64_t ldb = b.ld, ldx = x.ld;
   const int64_t m = out.rows, n = out.cols, count = out.batch;
   if (count <= 0 || m <= 0 || n <= 0) return true;
   const int64_t kpad = x3_kpad(k), tiles_m = (m + kX3Tile - 1) / kX3Tile;
   if (k <= 0 || tiles_m > 65535 || n > 0x7fffffff || k > 0x7fffffff) return false;
-  const int64_t S = fx_splits(c, count, m, n, k);
+  const int64_t S = fx_splits(c, count, m, n, k, symmetric);
   const int64_t chunk = std::min<int64_t>(
       count,
       std::min<int64_t>(65535 / S, static_cast<int64_t>(scratch_bytes / fx_product_bytes(S, m, n, k, symmetric))));
@@ -217,7 +222,7 @@ bool field_tf32x3(const Ctx& c, X3Operand b, X3Operand x, bool trans_x, MatBatch
     float* cb = via_parts ? parts : o.p;
     const int64_t csg = via_parts ? S * m * n : o.stride, css = via_parts ? m * n : 0, ldc = via_parts ? n : o.ld;
     launch(c, t, x.ptr ? x.ptr + g0 : nullptr, x.base + g0 * x.stride, x.stride, cb, csg, css, cn, S, ksplit, m, n, k,
-           ldx, ldc, vec_ok);
+           ldx, ldc, vec_ok, symmetric, alpha);
     cuda::check_launch("field_tf32x3 kernel");
     if (via_parts) sum_parts(c, parts, S, o, symmetric ? 1 : 0);
   }

@@ -473,14 +473,19 @@ __device__ __forceinline__ void x3_issue_fx(const CUtensorMap* tbh, const CUtens
 // with splits > 1 (or a symmetric result), partial sums for
 // kernels::sum_parts. vec_ok: ldx and the extent X's rows are copied along
 // (k, or m for X^T) are multiples of 4 (each X's alignment is checked here).
+// lower: only the tiles holding an element on or below the diagonal. Each
+// result (or partial sum) is stored times alpha.
 template <bool kTransX, int BN>
 __global__ void __launch_bounds__(kX3Threads, 1)
     field_tf32x3_kernel(const __grid_constant__ CUtensorMap tbh, const __grid_constant__ CUtensorMap tbl,
                         const void* const* xptr, const float* xbase, int64_t xstride, float* cbase,
                         int64_t cstride_g, int64_t cstride_s, int64_t count,
                         int splits, int64_t ksplit, int64_t m, int64_t n, int64_t k, int64_t ldx, int64_t ldc,
-                        bool vec_ok) {
+                        bool vec_ok, bool lower, float alpha) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  // lower: only C's lower triangle is read (a symmetric result mirrored by
+  // sum_parts), so a tile wholly above the diagonal is not formed.
+  if (lower && static_cast<int64_t>(blockIdx.y) * kX3Tile + kX3Tile - 1 < static_cast<int64_t>(blockIdx.x) * BN) return;
   constexpr int kStage = fx_stage_bytes<BN>(), kPart = BN * kX3RowBytes, kAcc = BN / 2;
   extern __shared__ __align__(1024) uint8_t x3_smem[];
   const uint32_t raw = x3_smem_addr(x3_smem);
@@ -559,7 +564,7 @@ __global__ void __launch_bounds__(kX3Threads, 1)
         for (int i = 0; i < kAcc; ++i) d[i] += t[i];
       }
     }
-    x3_store_block(d, C, ldc, m, n, row0 + 64 * wg, col0, 1.f, 0.f, wtid);
+    x3_store_block(d, C, ldc, m, n, row0 + 64 * wg, col0, alpha, 0.f, wtid);
     __syncthreads();  // every warp is done with the stages before the next matrix's loads
   }
 #endif

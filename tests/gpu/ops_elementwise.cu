@@ -1296,8 +1296,9 @@ TEST_F(OpsTest, FieldProductFp32AsExactAsSgemm) {
         }
 }
 
-// At FP32 on Hopper, gemm's products C = op(A) B (alpha 1, beta 0, B as
-// stored: RCQR's triangular solves' products and Gram matrices) go through
+// At FP32 on Hopper, gemm's products C = alpha op(A) B (beta 0, B as
+// stored: RCQR's triangular solves' products, the triangular inverses' (alpha
+// -1) and the Gram matrices) go through
 // the same kernel from strided batches (gemm_x3). A backend created with
 // DION_GEMM_3XTF32_MIN_MFLOP=0 takes it for every such shape here; its
 // error against the float64 product, max |C - C64| / sum_q |a b|, must not
@@ -1305,7 +1306,8 @@ TEST_F(OpsTest, FieldProductFp32AsExactAsSgemm) {
 // 2^-22. A and B as sub-blocks of wider matrices (ld > cols, as the solves'
 // block columns are), A transposed (the Gram form), B shared by the batch
 // (stride 0), inner dimensions with and without 16-byte rows, batches small
-// enough for the inner dimension to be split; positive and signed data. On
+// enough for the inner dimension to be split; alpha 1, -1 and 0.37 (the
+// error relative to |alpha| sum_q |a b|); positive and signed data. On
 // compute capability 9.0 the two results must differ: the 3xTF32 path ran.
 TEST_F(OpsTest, GemmFp32AsExactAsSgemm) {
   bool hopper = false;
@@ -1318,23 +1320,26 @@ TEST_F(OpsTest, GemmFp32AsExactAsSgemm) {
     bool ta;
     int64_t pad_a, pad_b;  // extra columns of A's and B's storage (ld = cols + pad)
     bool shared_b;
+    float alpha;
   };
-  for (const Case cs : {Case{640, 128, 384, 3, false, 128, 0, false}, Case{257, 96, 130, 2, false, 6, 32, true},
-                        Case{192, 192, 3072, 2, true, 0, 0, false}, Case{200, 136, 515, 1, true, 3, 5, false},
-                        Case{1030, 256, 1024, 1, false, 0, 256, true}})
+  for (const Case cs : {Case{640, 128, 384, 3, false, 128, 0, false, 1.0f},
+                        Case{257, 96, 130, 2, false, 6, 32, true, -1.0f},
+                        Case{192, 192, 3072, 2, true, 0, 0, false, 0.37f},
+                        Case{200, 136, 515, 1, true, 3, 5, false, 1.0f},
+                        Case{1030, 256, 1024, 1, false, 0, 256, true, -1.0f}})
     for (const float lo : {0.0f, -1.0f}) {
       const int64_t m = cs.m, n = cs.n, k = cs.k, T = cs.T;
       const int64_t ar = cs.ta ? k : m, ac = cs.ta ? m : k, lda = ac + cs.pad_a, ldb = n + cs.pad_b;
       SCOPED_TRACE(::testing::Message() << "C " << m << " x " << n << " x " << k << (cs.ta ? ", A transposed" : "")
                                         << ", lda " << lda << ", ldb " << ldb << (cs.shared_b ? ", B shared" : "")
-                                        << ", batch " << T << ", data from " << lo);
+                                        << ", batch " << T << ", alpha " << cs.alpha << ", data from " << lo);
       const int64_t sa = ar * lda, sb = cs.shared_b ? 0 : k * ldb;
       const std::vector<float> A = univ(static_cast<size_t>(T * sa), lo, 1.0f);
       const std::vector<float> B = univ(static_cast<size_t>(cs.shared_b ? k * ldb : T * sb), lo, 1.0f);
       Dev<float> dA(A), dB(B), dC3(static_cast<size_t>(T * m * n)), dCs(static_cast<size_t>(T * m * n));
       const ConstMatBatch a(dA.p(), ar, ac, lda, sa, T), b(dB.p(), k, n, ldb, sb, T);
-      x3->gemm(cs.ta, false, 1.0f, a, b, 0.0f, MatBatch{dC3.p(), m, n, n, m * n, T}, DION_MATMUL_FP32);
-      sgemm->gemm(cs.ta, false, 1.0f, a, b, 0.0f, MatBatch{dCs.p(), m, n, n, m * n, T}, DION_MATMUL_FP32);
+      x3->gemm(cs.ta, false, cs.alpha, a, b, 0.0f, MatBatch{dC3.p(), m, n, n, m * n, T}, DION_MATMUL_FP32);
+      sgemm->gemm(cs.ta, false, cs.alpha, a, b, 0.0f, MatBatch{dCs.p(), m, n, n, m * n, T}, DION_MATMUL_FP32);
       const std::vector<float> c3 = dC3.get(), cg = dCs.get();
       double e3 = 0, es = 0;
       for (int64_t t = 0; t < T; ++t)
@@ -1344,7 +1349,7 @@ TEST_F(OpsTest, GemmFp32AsExactAsSgemm) {
             for (int64_t q = 0; q < k; ++q) {
               const double x = cs.ta ? A[static_cast<size_t>(t * sa + q * lda + i)]
                                      : A[static_cast<size_t>(t * sa + i * lda + q)];
-              const double v = x * B[static_cast<size_t>(t * sb + q * ldb + j)];
+              const double v = cs.alpha * x * B[static_cast<size_t>(t * sb + q * ldb + j)];
               want += v;
               mag += std::fabs(v);
             }
@@ -1355,9 +1360,9 @@ TEST_F(OpsTest, GemmFp32AsExactAsSgemm) {
       ASSERT_TRUE(std::isfinite(e3) && std::isfinite(es));
       EXPECT_LE(e3, std::max(2.0 * es, 0x1p-22)) << "SGEMM's error " << es;
       if (hopper) EXPECT_FALSE(same_bits(c3, cg)) << "the 3xTF32 path did not run";
-      std::printf("gemm %ld x %ld x %ld%s, batch %ld, data [%g, 1): max relative error %.3g (SGEMM %.3g)\n",
+      std::printf("gemm %ld x %ld x %ld%s, batch %ld, alpha %g, data [%g, 1): max relative error %.3g (SGEMM %.3g)\n",
                   static_cast<long>(m), static_cast<long>(n), static_cast<long>(k), cs.ta ? " tA" : "",
-                  static_cast<long>(T), lo, e3, es);
+                  static_cast<long>(T), cs.alpha, lo, e3, es);
     }
 }
 

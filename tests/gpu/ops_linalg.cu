@@ -600,8 +600,11 @@ TEST_F(OpsTest, QrQStreamsSameBits) {
 // for 1000 x 40 on an H100); a padded A is one product. From r = 256 on only
 // the blocks on and below the block diagonal are formed, and the sum writes
 // the others as their mirrors (4 x 4 blocks and S = 4 for 2048 x 512, 2 x 2
-// blocks and S = 1 for 256 x 256; ops_linalg_triangle_blocks runs the
-// smaller ones with 2 x 2 blocks where r is a multiple of 16). Each
+// blocks and S = 1 for 256 x 256, 2 x 2 and S = 2 for 1000 x 384;
+// ops_linalg_triangle_blocks runs the smaller ones with 2 x 2 blocks where r
+// is a multiple of 16). At FP32 on Hopper the 3xTF32 kernel forms only its
+// output tiles that hold the lower triangle (6 of 9 at r = 384, 10 of 16 at
+// r = 512) and the sum mirrors it. Each
 // against the host's A^T A (one fp32 GEMM), relative to the largest entry
 // (a diagonal one, about p): fp32 sums of p terms (the split only reorders
 // them), whose rounding in sequential order is about eps sqrt(p) of the
@@ -613,7 +616,7 @@ TEST_F(OpsTest, GramMatchesHost) {
     int64_t p, r, B;
     bool padded;
   } shapes[] = {{4096, 64, 2, false}, {1000, 40, 3, false}, {300, 40, 2, true}, {2048, 512, 1, false},
-                {256, 256, 2, false}};
+                {256, 256, 2, false}, {1000, 384, 2, false}};
   for (const Shape& s : shapes) {
     SCOPED_TRACE(testing::Message() << s.p << " x " << s.r << " batch " << s.B << (s.padded ? " padded" : ""));
     Mat a = s.padded ? Mat::padded(s.p, s.r, s.B) : Mat(s.p, s.r, s.r, s.p * s.r, s.B);
@@ -761,14 +764,17 @@ TEST_F(OpsTest, TrsmRightUpper) {
 // n that is a multiple of 16 and every precision). n = L 2^k with L <= 64 runs by levels (one
 // batched call per depth): n = 64 is a single block, 96 is 2 x 48, 200 is
 // 4 x 50, 192 is 4 x 48 and 512 is 8 x 64 (Dion's r for gpt-1.3b); 150 is not
-// of that form (150 -> 75 + 75 -> 37 + 38) and takes the recursion. U's strictly lower part holds NaN:
+// of that form (150 -> 75 + 75 -> 37 + 38) and takes the recursion, as
+// does 1100 (275 x 4), which at FP32 takes the inverse below 4 n rows only
+// where the products run at 3xTF32 (on Hopper; elsewhere cuBLAS's trsm,
+// the same bound). U's strictly lower part holds NaN:
 // neither backend may read it. U = 2 I + an upper part of norm about 0.3, so
 // cond(U) is below 2 and the normwise error of X = B U^{-1} is that of the
 // products: fp32 (relative 2^-24 per operation, n terms) within 1e-5, and
 // TF32 (operands rounded to 2^-11) within 4 * 2^-11 * cond(U) < 4e-3.
 TEST_F(OpsTest, TrsmRightUpperByInverse) {
   const int64_t B = 3;
-  for (int64_t n : {64, 96, 150, 192, 200, 512}) {
+  for (int64_t n : {64, 96, 150, 192, 200, 512, 1100}) {
     for (int64_t rows : {n, 2 * n + 5, 4 * n + 5}) {
       for (bool shared_u : {false, true}) {
         for (dion_matmul_precision_t prec : {DION_MATMUL_FP32, DION_MATMUL_TF32, DION_MATMUL_BF16}) {

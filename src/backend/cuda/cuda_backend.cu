@@ -20,6 +20,7 @@
 #include <chrono>
 #include <thread>
 #include <climits>
+#include <limits>
 #include <vector>
 #include <string>
 #include <cstring>
@@ -506,7 +507,7 @@ class CudaBackend final : public Backend {
       kernels::scale_matrix(ctx(), c, beta);
       return;
     }
-    if (x3 && field_x3({nullptr, b.p, b.stride, b.ld}, {nullptr, a.p, a.stride, a.ld}, ta, c, k, false)) return;
+    if (x3 && field_x3({nullptr, b.p, b.stride, b.ld}, {nullptr, a.p, a.stride, a.ld}, ta, c, k, false, alpha)) return;
     const cublasComputeType_t compute = compute_type(precision);
     // A small B (k <= m: the inverse of a triangular solve) is given K-major
     // to TF32 products (tf32_kmajor).
@@ -539,26 +540,28 @@ class CudaBackend final : public Backend {
   }
 
   // Whether gemm takes kernels::field_tf32x3 (3xTF32 promoted to fp32, as
-  // exact as SGEMM) for a product at FP32: on Hopper, C = op(A) B (B as
-  // stored), alpha 1 and beta 0 (RCQR's triangular solves' products and
-  // Gram matrices), of at least gemm_x3_min_flop_ a batch (smaller ones keep
+  // exact as SGEMM) for a product at FP32: on Hopper, C = alpha op(A) B (B as
+  // stored, beta 0: RCQR's triangular solves' products, the triangular
+  // inverses' and the Gram matrices), of at least gemm_x3_min_flop_ a batch (smaller ones keep
   // cuBLAS's SGEMM, where the split pass and launches would outweigh the
   // product). DION_GEMM_3XTF32=0: SGEMM for all.
   bool gemm_x3(dion_matmul_precision_t precision, bool tb, float alpha, float beta, int64_t m, int64_t n, int64_t k,
                int64_t batch) const {
-    return gemm_tf32x3_ && precision == DION_MATMUL_FP32 && !tb && alpha == 1.0f && beta == 0.0f && k > 0 &&
+    (void)alpha;  // any: the kernel's stores scale by it
+    return gemm_tf32x3_ && precision == DION_MATMUL_FP32 && !tb && beta == 0.0f && k > 0 &&
            2.0 * static_cast<double>(m) * static_cast<double>(n) * static_cast<double>(k) *
                    static_cast<double>(batch) >= gemm_x3_min_flop_;
   }
 
-  // C = op(X) B through kernels::field_tf32x3 with its scratch (kSplit):
+  // C = alpha op(X) B through kernels::field_tf32x3 with its scratch (kSplit):
   // gemm_field's products (pointer arrays) and gemm's and gram's (strided
   // batches; symmetric: A^T A). False where the kernel cannot take the
   // shapes.
-  bool field_x3(kernels::X3Operand b, kernels::X3Operand x, bool trans_x, MatBatch c, int64_t k, bool symmetric) {
+  bool field_x3(kernels::X3Operand b, kernels::X3Operand x, bool trans_x, MatBatch c, int64_t k, bool symmetric,
+                float alpha = 1.0f) {
     const size_t bytes = split_bytes(kernels::field_tf32x3_scratch(ctx(), c.batch, c.rows, c.cols, k, 1, symmetric),
                                      c.batch);
-    return kernels::field_tf32x3(ctx(), b, x, trans_x, c, k, scratch(kSplit, bytes), bytes, symmetric);
+    return kernels::field_tf32x3(ctx(), b, x, trans_x, c, k, alpha, scratch(kSplit, bytes), bytes, symmetric);
   }
   // The split scratch (kSplit) for `count` products of `one` bytes each: the
   // whole batch, or as many products as kSplitBytes holds (one at
@@ -618,11 +621,12 @@ class CudaBackend final : public Backend {
   // gpt-1.3b r = 1.0 tf32 (r = 2048) 305.8 -> 300.5.
   void gram(ConstMatBatch a, MatBatch c, dion_matmul_precision_t precision) override {
     const int64_t p = a.rows, r = a.cols, T = c.batch;
-    // At FP32 on Hopper the whole product at 3xTF32 (gemm_x3; it splits the
-    // inner dimension itself where the tiles are few), its lower triangle
-    // mirrored: faster than the blocks' 5/8 of the FLOPs at cuBLAS's SIMT
-    // rate (gpt-1.3b Dion r = 1.0 fp32, with the solves' products: 528.8 ->
-    // 500.1 ms per step on an H200).
+    // At FP32 on Hopper the product at 3xTF32 (gemm_x3; it splits the
+    // inner dimension itself where the tiles are few), only its tiles that
+    // hold the lower triangle formed and that triangle mirrored: faster than
+    // the blocks' 5/8 of the FLOPs at cuBLAS's SIMT rate (gpt-1.3b Dion r =
+    // 1.0 fp32, with the solves' products: 528.8 -> 500.1 ms per step on an
+    // H200, the whole product formed then).
     if (gemm_x3(precision, false, 1.0f, 0.0f, r, r, p, T)) {
       DeviceScope ds(device_);
       ProfScope ps(prof_, "gram", stream_);
@@ -1036,15 +1040,23 @@ class CudaBackend final : public Backend {
   // least 4 n tall (RCQR's P at rank fraction 1/4 or less), or at least n
   // tall (DION_TRSM_INVERSE_ROWS: that many times n) where cuBLAS's trsm is
   // the slower: at TF32 and BF16 (the product then runs on tensor cores,
-  // cublasStrsmBatched in fp32) and at FP32 for n <= 1024. On an H100,
+  // cublasStrsmBatched in fp32), and at FP32 for n <= 1024, or for every n
+  // where the FP32 products run at 3xTF32 (gemm_x3, Hopper). On an H100,
   // full-rank Dion's 3d x d factors (qkv) by the inverse: gpt-160m fp32
   // (n = 768) 40.0 -> 38.9 ms per step, gpt-1.3b tf32 (n = 2048) 364.8 ->
-  // 328.9; but gpt-1.3b fp32 952.3 -> 959.0, the inverse's extra n^3 / 3
-  // against a trsm already at the SIMT GEMM rate, so FP32 keeps trsm there.
+  // 328.9; but gpt-1.3b fp32 952.3 -> 959.0 with SGEMM products, the
+  // inverse's extra n^3 / 3 against a trsm already at the SIMT GEMM rate.
+  // With the inverse's and the product's GEMMs at 3xTF32, on an H200
+  // (2026-11-29, A/B in one binary): gpt-1.3b Dion r = 1.0 fp32 (n = 2048)
+  // 474.2 / 473.7 -> 450.1 / 450.8 ms per step.
+  // DION_TRSM_INVERSE_FP32_MAX_N (>= 0) sets the FP32 bound on n instead.
   bool via_inverse(int64_t rows, int64_t n, dion_matmul_precision_t precision) const {
     if (!trsm_via_inverse_ || n < 32) return false;
     if (rows >= 4 * n) return true;
-    return (precision != DION_MATMUL_FP32 || n <= 1024) && rows >= trsm_inverse_rows_ * n;
+    const int64_t fp32_max_n = trsm_inverse_fp32_max_n_ >= 0 ? trsm_inverse_fp32_max_n_
+                               : gemm_tf32x3_                ? std::numeric_limits<int64_t>::max()
+                                                             : 1024;
+    return (precision != DION_MATMUL_FP32 || n <= fp32_max_n) && rows >= trsm_inverse_rows_ * n;
   }
 
   // B U^-1 as the product of B (rows x n) with the inverse, which is upper
@@ -1293,6 +1305,23 @@ class CudaBackend final : public Backend {
     // h); T = A^{-1} B into tmp, then inv(off, off + h) = -T C^{-1}.
     for (int64_t h = L; h < n; h *= 2) {
       const int64_t nodes = n / (2 * h), cnt = B * nodes;
+      // At FP32, levels whose products gemm takes at 3xTF32 (gemm_x3: on
+      // Hopper, of at least DION_GEMM_3XTF32_MIN_MFLOP) go node by node,
+      // each node's two products one strided batch over the matrices (the
+      // kernel takes no pointer array for C): n / (2 h) nodes, at most 4 in
+      // the levels of h >= n / 8, which hold 98% of the FLOPs. T of node j
+      // at tmp + j B h^2 (tmp holds B n^2 / 4 floats).
+      if (prec == DION_MATMUL_FP32 && gemm_x3(prec, false, 1.0f, 0.0f, h, h, h, B)) {
+        for (int64_t j = 0; j < nodes; ++j) {
+          const int64_t off = 2 * h * j;
+          const MatBatch t{tmp + j * B * h * h, h, h, h, h * h, B};
+          gemm(false, false, 1.0f, ConstMatBatch(inv.p + off * ldi + off, h, h, ldi, inv.stride, B),
+               ConstMatBatch(u.p + off * ldu + off + h, h, h, ldu, u.stride, B), 0.0f, t, prec);
+          gemm(false, false, -1.0f, t, ConstMatBatch(inv.p + (off + h) * ldi + off + h, h, h, ldi, inv.stride, B),
+               0.0f, MatBatch{inv.p + off * ldi + off + h, h, h, ldi, inv.stride, B}, prec);
+        }
+        continue;
+      }
       const int H = to_int(h, "inverse level");
       const kernels::BlockPointers lv[5] = {
           {inv.p, inv.stride, 2 * h * (ldi + 1)},                // A^{-1}
@@ -2133,6 +2162,9 @@ class CudaBackend final : public Backend {
   int64_t tri_blocks_ = env_int("DION_TRI_BLOCKS", 0);    // tri_product's block count (0: triangle_blocks' choice)
   int64_t gram_blocks_ = env_int("DION_GRAM_BLOCKS", 0);  // gram's block count (0: triangle_blocks' choice)
   int64_t trsm_inverse_rows_ = std::max<int64_t>(1, env_int("DION_TRSM_INVERSE_ROWS", 1));
+  // via_inverse's largest n at FP32 below 4 n rows (DION_TRSM_INVERSE_FP32_MAX_N;
+  // -1: none where gemm takes 3xTF32, else 1024).
+  int64_t trsm_inverse_fp32_max_n_ = env_int("DION_TRSM_INVERSE_FP32_MAX_N", -1);
   // Largest n for the backend's own blocked Cholesky (blocked_cholesky;
   // cuSOLVER's potrf(Batched) above it): DION_OWN_CHOLESKY_MAX, default
   // kOwnCholeskyMaxN; DION_OWN_CHOLESKY=0 makes it 0 (cuSOLVER's for all).
