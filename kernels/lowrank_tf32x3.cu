@@ -141,9 +141,10 @@ int fx_bn(int64_t n) { return (n + 95) / 96 * 96 < (n + 127) / 128 * 128 ? 96 : 
 // symmetric result) are formed.
 int64_t fx_splits(const Ctx& c, int64_t count, int64_t m, int64_t n, int64_t k, bool lower) {
   const int bn = fx_bn(n);
-  int64_t per = 0;
-  for (int64_t i = 0; i < (m + kX3Tile - 1) / kX3Tile; ++i)
-    per += lower ? std::min<int64_t>((n + bn - 1) / bn, (i * kX3Tile + kX3Tile - 1) / bn + 1) : (n + bn - 1) / bn;
+  const int64_t tm = (m + kX3Tile - 1) / kX3Tile, tn = (n + bn - 1) / bn;
+  int64_t per = lower ? 0 : tm * tn;
+  for (int64_t i = 0; lower && i < tm; ++i)
+    for (int64_t j = 0; j < tn; ++j) per += x3_tile_lower(i, j, bn);
   const int64_t tiles = count * per;
   const int64_t kt = (k + 31) / 32, sms = std::max(1, c.sms);
   int64_t best = 1;

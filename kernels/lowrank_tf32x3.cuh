@@ -27,6 +27,13 @@ constexpr int kX3StageBytes = 4 * kX3PartBytes;      // Ah, Al, Bh, Bl
 constexpr size_t kX3SmemBytes = kX3Stages * kX3StageBytes + 1024 + 8 * kX3Stages;  // + alignment, barriers
 constexpr int kX3Promote = 2;  // k-steps of 8 accumulated in the tensor cores before each promotion
 
+// Whether output tile (tile_row, tile_col), of kX3Tile rows and bn columns,
+// holds an element on or below the diagonal: the tiles a symmetric result
+// forms (field_tf32x3_kernel's `lower`, counted by its launcher).
+__host__ __device__ constexpr bool x3_tile_lower(int64_t tile_row, int64_t tile_col, int bn) {
+  return tile_row * kX3Tile + kX3Tile - 1 >= tile_col * bn;
+}
+
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
 #define DION_X3_REGS \
   "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, " \
@@ -485,7 +492,7 @@ __global__ void __launch_bounds__(kX3Threads, 1)
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
   // lower: only C's lower triangle is read (a symmetric result mirrored by
   // sum_parts), so a tile wholly above the diagonal is not formed.
-  if (lower && static_cast<int64_t>(blockIdx.y) * kX3Tile + kX3Tile - 1 < static_cast<int64_t>(blockIdx.x) * BN) return;
+  if (lower && !x3_tile_lower(blockIdx.y, blockIdx.x, BN)) return;
   constexpr int kStage = fx_stage_bytes<BN>(), kPart = BN * kX3RowBytes, kAcc = BN / 2;
   extern __shared__ __align__(1024) uint8_t x3_smem[];
   const uint32_t raw = x3_smem_addr(x3_smem);

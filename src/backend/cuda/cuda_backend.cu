@@ -495,7 +495,7 @@ class CudaBackend final : public Backend {
     if (m == 0 || n == 0 || c.batch <= 0) return;
     DeviceScope ds(device_);
     ProfScope ps(prof_, "gemm", stream_);
-    const bool x3 = gemm_x3(precision, tb, alpha, beta, m, n, k, c.batch);
+    const bool x3 = gemm_x3(precision, tb, beta, m, n, k, c.batch);
     ps.detail([&] {
       const char* kind = x3                              ? "gemm fp32 3xtf32"
                          : precision == DION_MATMUL_FP32 ? "gemm fp32"
@@ -544,10 +544,10 @@ class CudaBackend final : public Backend {
   // stored, beta 0: RCQR's triangular solves' products, the triangular
   // inverses' and the Gram matrices), of at least gemm_x3_min_flop_ a batch (smaller ones keep
   // cuBLAS's SGEMM, where the split pass and launches would outweigh the
-  // product). DION_GEMM_3XTF32=0: SGEMM for all.
-  bool gemm_x3(dion_matmul_precision_t precision, bool tb, float alpha, float beta, int64_t m, int64_t n, int64_t k,
+  // product). Any alpha: the kernel's stores scale by it. DION_GEMM_3XTF32=0:
+  // SGEMM for all.
+  bool gemm_x3(dion_matmul_precision_t precision, bool tb, float beta, int64_t m, int64_t n, int64_t k,
                int64_t batch) const {
-    (void)alpha;  // any: the kernel's stores scale by it
     return gemm_tf32x3_ && precision == DION_MATMUL_FP32 && !tb && beta == 0.0f && k > 0 &&
            2.0 * static_cast<double>(m) * static_cast<double>(n) * static_cast<double>(k) *
                    static_cast<double>(batch) >= gemm_x3_min_flop_;
@@ -627,7 +627,7 @@ class CudaBackend final : public Backend {
     // the blocks' 5/8 of the FLOPs at cuBLAS's SIMT rate (gpt-1.3b Dion r =
     // 1.0 fp32, with the solves' products: 528.8 -> 500.1 ms per step on an
     // H200, the whole product formed then).
-    if (gemm_x3(precision, false, 1.0f, 0.0f, r, r, p, T)) {
+    if (gemm_x3(precision, false, 0.0f, r, r, p, T)) {
       DeviceScope ds(device_);
       ProfScope ps(prof_, "gram", stream_);
       ps.detail([&] { return gemm_tag("gram fp32 3xtf32", r, r, p, true, false, T); });
@@ -1311,7 +1311,7 @@ class CudaBackend final : public Backend {
       // kernel takes no pointer array for C): n / (2 h) nodes, at most 4 in
       // the levels of h >= n / 8, which hold 98% of the FLOPs. T of node j
       // at tmp + j B h^2 (tmp holds B n^2 / 4 floats).
-      if (prec == DION_MATMUL_FP32 && gemm_x3(prec, false, 1.0f, 0.0f, h, h, h, B)) {
+      if (gemm_x3(prec, false, 0.0f, h, h, h, B)) {
         for (int64_t j = 0; j < nodes; ++j) {
           const int64_t off = 2 * h * j;
           const MatBatch t{tmp + j * B * h * h, h, h, h, h * h, B};
