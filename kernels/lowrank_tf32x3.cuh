@@ -214,21 +214,29 @@ __global__ void __launch_bounds__(kX3Threads, 1)
         const uint32_t st = loaded % kX3Stages;
         x3_issue(maps, base + st * kX3StageBytes, bars + 8 * st, s * kBk, row0, col0, static_cast<int>(g));
       }
-    float d[64], t[64];
+    // kP k-steps' products go into a scratch accumulator (zeroed by the
+    // first), which is then added into d; with kP = 0 all of the stage's
+    // straight into d. kPairs (an even count of chunks per stage): the
+    // chunks go by pairs, the first into t and the second into u, whose
+    // MMAs are issued before t's sum is waited for: t is added into d while
+    // u's run (wait_group 1), so the tensor cores drain once per pair, not
+    // per chunk. (Keeping u's MMAs in flight across the stage's barrier
+    // made ptxas serialize every wgmma.) The same additions into d in the
+    // same order either way: the same bits.
+    constexpr int kChunk = kP > 0 ? kP : kBk / 8, kChunks = kBk / 8 / kChunk;
+    constexpr bool kPairs = kP > 0 && kChunks % 2 == 0;
+    float d[64], t[64], u[64];
 #pragma unroll
-    for (int i = 0; i < 64; ++i) d[i] = t[i] = 0.f;
+    for (int i = 0; i < 64; ++i) d[i] = t[i] = u[i] = 0.f;
     for (int kt = 0; kt < kt_count; ++kt, ++used) {
       const uint32_t st = used % kX3Stages;
       x3_bar_wait(bars + 8 * st, (used / kX3Stages) & 1u);
       // this warpgroup's 64 rows of A's parts; all 128 rows of B's
       const uint32_t sah = base + st * kX3StageBytes + wg * 64 * kX3RowBytes, sal = sah + kX3PartBytes;
       const uint32_t sbh = base + st * kX3StageBytes + 2 * kX3PartBytes, sbl = sbh + kX3PartBytes;
-      // kP k-steps' products into t (zeroed by the first), then added into d;
-      // with kP = 0 all of the stage's straight into d
-      constexpr int kChunk = kP > 0 ? kP : kBk / 8;
-      float(&acc)[64] = *(kP > 0 ? &t : &d);
 #pragma unroll
-      for (int c = 0; c < kBk / 8 / kChunk; ++c) {
+      for (int c = 0; c < kChunks; ++c) {
+        float(&acc)[64] = *(kP == 0 ? &d : kPairs && c % 2 ? &u : &t);
         x3_fence(acc);
         asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
 #pragma unroll
@@ -239,11 +247,18 @@ __global__ void __launch_bounds__(kX3Threads, 1)
           x3_mma(acc, x3_desc(sah + 32 * kk), x3_desc(sbh + 32 * kk), 1);
         }
         asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
+        if constexpr (kPairs) {
+          if (c % 2 == 0) continue;  // u's MMAs first
+          asm volatile("wgmma.wait_group.sync.aligned 1;\n" ::: "memory");
+          x3_fence(t);
+#pragma unroll
+          for (int i = 0; i < 64; ++i) d[i] += t[i];
+        }
         asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory");
         x3_fence(acc);
         if constexpr (kP > 0) {
 #pragma unroll
-          for (int i = 0; i < 64; ++i) d[i] += t[i];
+          for (int i = 0; i < 64; ++i) d[i] += acc[i];
         }
       }
       __syncthreads();  // both warpgroups are done with this stage: the previous one may be refilled
@@ -528,9 +543,9 @@ __global__ void __launch_bounds__(kX3Threads, 1)
       }
       asm volatile("cp.async.commit_group;\n" ::: "memory");
     }
-    float d[kAcc], t[kAcc];
+    float d[kAcc], t[kAcc], u[kAcc];
 #pragma unroll
-    for (int i = 0; i < kAcc; ++i) d[i] = t[i] = 0.f;
+    for (int i = 0; i < kAcc; ++i) d[i] = t[i] = u[i] = 0.f;
     for (int kt = 0; kt < kt_count; ++kt, ++used) {
       const uint32_t st = used % kFxStages;
       asm volatile("cp.async.wait_group %0;\n" ::"n"(kFxStages - 2) : "memory");
@@ -546,30 +561,39 @@ __global__ void __launch_bounds__(kX3Threads, 1)
       asm volatile("cp.async.commit_group;\n" ::: "memory");
       const float* xs = xsm + st * (kStage / 4) + 2 * (kPart / 4);
       const uint32_t sbh = base + st * kStage, sbl = sbh + kPart;
-      // Two k-steps of 8 per promotion (kX3Promote): the second pair's
-      // fragments are loaded and split while the first pair's MMAs run.
+      // Two k-steps of 8 per promotion (kX3Promote), two promotions per
+      // stage, by pairs as in lowrank_tf32x3_kernel: the first's products
+      // into t, the second's into u (its fragments loaded and split while
+      // the first's MMAs run), then t added into d while u's MMAs run.
       uint32_t ah[2][2][4], al[2][2][4];
       x3_frag<kTransX>(xs, i0, t4, 0, ah[0], al[0]);
 #pragma unroll
       for (int c = 0; c < 2; ++c) {
-        x3_fence(t);
+        float(&acc)[kAcc] = *(c ? &u : &t);
+        x3_fence(acc);
         asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
 #pragma unroll
         for (int j = 0; j < 2; ++j) {
           const int kk = 2 * c + j;
-          x3_mma_r(t, al[c][j], x3_desc(sbh + 32 * kk), j > 0);
-          x3_mma_r(t, ah[c][j], x3_desc(sbl + 32 * kk), 1);
-          x3_mma_r(t, ah[c][j], x3_desc(sbh + 32 * kk), 1);
+          x3_mma_r(acc, al[c][j], x3_desc(sbh + 32 * kk), j > 0);
+          x3_mma_r(acc, ah[c][j], x3_desc(sbl + 32 * kk), 1);
+          x3_mma_r(acc, ah[c][j], x3_desc(sbh + 32 * kk), 1);
         }
         asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
         if (c == 0) x3_frag<kTransX>(xs, i0, t4, 2, ah[1], al[1]);
-        asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory");
-        x3_fence(t);
-        x3_fence_a(ah[c]);
-        x3_fence_a(al[c]);
-#pragma unroll
-        for (int i = 0; i < kAcc; ++i) d[i] += t[i];
       }
+      asm volatile("wgmma.wait_group.sync.aligned 1;\n" ::: "memory");
+      x3_fence(t);
+      x3_fence_a(ah[0]);
+      x3_fence_a(al[0]);
+#pragma unroll
+      for (int i = 0; i < kAcc; ++i) d[i] += t[i];
+      asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory");
+      x3_fence(u);
+      x3_fence_a(ah[1]);
+      x3_fence_a(al[1]);
+#pragma unroll
+      for (int i = 0; i < kAcc; ++i) d[i] += u[i];
     }
     x3_store_block(d, C, ldc, m, n, row0 + 64 * wg, col0, alpha, 0.f, wtid);
     __syncthreads();  // every warp is done with the stages before the next matrix's loads
