@@ -382,6 +382,20 @@ __device__ __forceinline__ void x3_fence_a(uint32_t (&a)[2][4]) {
     for (int i = 0; i < 4; ++i) asm volatile("" : "+r"(a[j][i])::"memory");
 }
 
+// A promotion of the field kernel: once at most kPending of this
+// warpgroup's MMA groups are in flight (those before have read their A
+// fragments ah, al and written t), d += t.
+template <int kPending, int N>
+__device__ __forceinline__ void x3_promote(float (&d)[N], float (&t)[N], uint32_t (&ah)[2][4],
+                                           uint32_t (&al)[2][4]) {
+  asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(kPending) : "memory");
+  x3_fence(t);
+  x3_fence_a(ah);
+  x3_fence_a(al);
+#pragma unroll
+  for (int i = 0; i < N; ++i) d[i] += t[i];
+}
+
 __device__ __forceinline__ void x3_cp16(uint32_t dst, const float* src, bool valid) {
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(valid ? 16 : 0)
                : "memory");
@@ -582,18 +596,8 @@ __global__ void __launch_bounds__(kX3Threads, 1)
         asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
         if (c == 0) x3_frag<kTransX>(xs, i0, t4, 2, ah[1], al[1]);
       }
-      asm volatile("wgmma.wait_group.sync.aligned 1;\n" ::: "memory");
-      x3_fence(t);
-      x3_fence_a(ah[0]);
-      x3_fence_a(al[0]);
-#pragma unroll
-      for (int i = 0; i < kAcc; ++i) d[i] += t[i];
-      asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory");
-      x3_fence(u);
-      x3_fence_a(ah[1]);
-      x3_fence_a(al[1]);
-#pragma unroll
-      for (int i = 0; i < kAcc; ++i) d[i] += u[i];
+      x3_promote<1>(d, t, ah[0], al[0]);  // u's MMAs run on
+      x3_promote<0>(d, u, ah[1], al[1]);
     }
     x3_store_block(d, C, ldc, m, n, row0 + 64 * wg, col0, alpha, 0.f, wtid);
     __syncthreads();  // every warp is done with the stages before the next matrix's loads
