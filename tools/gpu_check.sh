@@ -50,7 +50,23 @@ echo "build: $(( $(date +%s) - t0 )) s"
 rc=0
 if [ "$what" = all ] || [ "$what" = test ]; then
   t0=$(date +%s)
-  ctest --test-dir "$build" -L gpu --output-on-failure --timeout 300 > "$out/ctest-gpu.log" 2>&1 || rc=1
+  # On a machine of n >= 2 GPUs the suites are dealt round-robin over them,
+  # one ctest per GPU in parallel (19 suites: 171 s on 2 H200s against 314 s
+  # on one); GPU_SPLIT=0 keeps one ctest on the first GPU.
+  ngpu=$(nvidia-smi -L 2>/dev/null | grep -c "^GPU")
+  if [ "${GPU_SPLIT:-1}" != 0 ] && [ "$ngpu" -ge 2 ]; then
+    pids=()
+    for ((i = 0; i < ngpu; ++i)); do
+      CUDA_VISIBLE_DEVICES=$i ctest --test-dir "$build" -L gpu -I "$((i + 1)),,$ngpu" --output-on-failure \
+        --timeout 300 > "$out/ctest-gpu.$i.log" 2>&1 &
+      pids+=($!)
+    done
+    for p in "${pids[@]}"; do wait "$p" || rc=1; done
+    for ((i = 0; i < ngpu; ++i)); do echo "== GPU $i"; cat "$out/ctest-gpu.$i.log"; done > "$out/ctest-gpu.log"
+    rm -f "$out"/ctest-gpu.[0-9]*.log
+  else
+    ctest --test-dir "$build" -L gpu --output-on-failure --timeout 300 > "$out/ctest-gpu.log" 2>&1 || rc=1
+  fi
   grep -E "tests passed|tests failed|\(Failed\)|\(Timeout\)|Exception" "$out/ctest-gpu.log" | head -60
   echo "gpu suites: $(( $(date +%s) - t0 )) s"
   t0=$(date +%s)
