@@ -174,10 +174,15 @@ void fx_launch(const Ctx& c, const CUtensorMap (&t)[2], const void* const* xptr,
       ldc, vec_ok, lower, alpha);
 }
 
+// Whether the kernel writes partial sums that sum_parts then adds into the
+// result: with S > 1 splits, or a symmetric result (summed from its lower
+// triangle and mirrored).
+bool fx_via_parts(int64_t S, bool symmetric) { return S > 1 || symmetric; }
+
 // Scratch bytes per product with S splits: B's two parts, and the partial
-// sums where they are summed apart (S > 1 or a symmetric result).
+// sums where there are (fx_via_parts).
 size_t fx_product_bytes(int64_t S, int64_t m, int64_t n, int64_t k, bool symmetric) {
-  return sizeof(float) * static_cast<size_t>(2 * n * x3_kpad(k) + (S > 1 || symmetric ? S * m * n : 0));
+  return sizeof(float) * static_cast<size_t>(2 * n * x3_kpad(k) + (fx_via_parts(S, symmetric) ? S * m * n : 0));
 }
 
 }  // namespace
@@ -214,6 +219,7 @@ bool field_tf32x3(const Ctx& c, X3Operand b, X3Operand x, bool trans_x, MatBatch
   const auto launch = trans_x ? (bn == 96 ? fx_launch<true, 96> : fx_launch<true, 128>)
                               : (bn == 96 ? fx_launch<false, 96> : fx_launch<false, 128>);
   const int64_t ksplit = ((k + 31) / 32 + S - 1) / S * 32;
+  const bool via_parts = fx_via_parts(S, symmetric);
   for (int64_t g0 = 0; g0 < count; g0 += chunk) {
     const int64_t cn = std::min(chunk, count - g0);
     const int64_t tiles = cn * ((k + 31) / 32) * ((n + 31) / 32);
@@ -223,7 +229,6 @@ bool field_tf32x3(const Ctx& c, X3Operand b, X3Operand x, bool trans_x, MatBatch
                                                               b.stride, k, n, ldb, cn, kpad, bh, bl);
     cuda::check_launch("split_tf32_t kernel (B)");
     const MatBatch o{out.p + g0 * out.stride, m, n, out.ld, out.stride, cn};
-    const bool via_parts = S > 1 || symmetric;  // as fx_product_bytes counts the partial sums
     float* cb = via_parts ? parts : o.p;
     const int64_t csg = via_parts ? S * m * n : o.stride, css = via_parts ? m * n : 0, ldc = via_parts ? n : o.ld;
     launch(c, t, x.ptr ? x.ptr + g0 : nullptr, x.base + g0 * x.stride, x.stride, cb, csg, css, cn, S, ksplit, m, n, k,

@@ -78,6 +78,30 @@ __device__ __forceinline__ void x3_fence(float (&d)[N]) {
   for (int i = 0; i < N; ++i) asm volatile("" : "+f"(d[i])::"memory");
 }
 
+// Keeps A's registers (read by the MMAs in flight, field_tf32x3_kernel's)
+// live and unchanged until the MMAs are waited for.
+__device__ __forceinline__ void x3_fence_a(uint32_t (&a)[2][4]) {
+#pragma unroll
+  for (int j = 0; j < 2; ++j)
+#pragma unroll
+    for (int i = 0; i < 4; ++i) asm volatile("" : "+r"(a[j][i])::"memory");
+}
+
+// A promotion: once at most kPending of this warpgroup's MMA groups are in
+// flight (those before have written t and, with A from registers, read
+// their fragments ah, al), d += t; add false: only the wait.
+template <int kPending, int N>
+__device__ __forceinline__ void x3_promote(float (&d)[N], float (&t)[N], uint32_t (*ah)[2][4] = nullptr,
+                                           uint32_t (*al)[2][4] = nullptr, bool add = true) {
+  asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(kPending) : "memory");
+  x3_fence(t);
+  if (ah) x3_fence_a(*ah);
+  if (al) x3_fence_a(*al);
+  if (!add) return;
+#pragma unroll
+  for (int i = 0; i < N; ++i) d[i] += t[i];
+}
+
 __device__ __forceinline__ void x3_bar_init(uint32_t bar) {
   asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;\n" ::"r"(bar) : "memory");
 }
@@ -249,17 +273,9 @@ __global__ void __launch_bounds__(kX3Threads, 1)
         asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
         if constexpr (kPairs) {
           if (c % 2 == 0) continue;  // u's MMAs first
-          asm volatile("wgmma.wait_group.sync.aligned 1;\n" ::: "memory");
-          x3_fence(t);
-#pragma unroll
-          for (int i = 0; i < 64; ++i) d[i] += t[i];
+          x3_promote<1>(d, t);
         }
-        asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory");
-        x3_fence(acc);
-        if constexpr (kP > 0) {
-#pragma unroll
-          for (int i = 0; i < 64; ++i) d[i] += acc[i];
-        }
+        x3_promote<0>(d, acc, nullptr, nullptr, kP > 0);  // kP = 0: acc is d
       }
       __syncthreads();  // both warpgroups are done with this stage: the previous one may be refilled
       const int nk = kt + kX3Stages - 1;
@@ -371,29 +387,6 @@ __device__ __forceinline__ void x3_mma_r(float (&d)[48], const uint32_t (&a)[4],
       "wgmma.mma_async.sync.aligned.m64n96k8.f32.tf32.tf32 {" DION_X3_REGS48 "}, {%48, %49, %50, %51}, %52, p, 1, 1;\n}\n"
       : DION_X3_OPS48(d)
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "r"(acc));
-}
-
-// Keeps A's registers (read by the MMAs in flight) live and unchanged until
-// the MMAs are waited for.
-__device__ __forceinline__ void x3_fence_a(uint32_t (&a)[2][4]) {
-#pragma unroll
-  for (int j = 0; j < 2; ++j)
-#pragma unroll
-    for (int i = 0; i < 4; ++i) asm volatile("" : "+r"(a[j][i])::"memory");
-}
-
-// A promotion of the field kernel: once at most kPending of this
-// warpgroup's MMA groups are in flight (those before have read their A
-// fragments ah, al and written t), d += t.
-template <int kPending, int N>
-__device__ __forceinline__ void x3_promote(float (&d)[N], float (&t)[N], uint32_t (&ah)[2][4],
-                                           uint32_t (&al)[2][4]) {
-  asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(kPending) : "memory");
-  x3_fence(t);
-  x3_fence_a(ah);
-  x3_fence_a(al);
-#pragma unroll
-  for (int i = 0; i < N; ++i) d[i] += t[i];
 }
 
 __device__ __forceinline__ void x3_cp16(uint32_t dst, const float* src, bool valid) {
@@ -596,8 +589,8 @@ __global__ void __launch_bounds__(kX3Threads, 1)
         asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
         if (c == 0) x3_frag<kTransX>(xs, i0, t4, 2, ah[1], al[1]);
       }
-      x3_promote<1>(d, t, ah[0], al[0]);  // u's MMAs run on
-      x3_promote<0>(d, u, ah[1], al[1]);
+      x3_promote<1>(d, t, &ah[0], &al[0]);  // u's MMAs run on
+      x3_promote<0>(d, u, &ah[1], &al[1]);
     }
     x3_store_block(d, C, ldc, m, n, row0 + 64 * wg, col0, alpha, 0.f, wtid);
     __syncthreads();  // every warp is done with the stages before the next matrix's loads
