@@ -238,6 +238,34 @@ void chol_mirror_panels(const Ctx& c, T* a, int64_t n, int64_t ld, int64_t strid
 // Sets chol_block's shared-memory size on the current device (at the
 // backend's creation: before any launch or capture).
 void chol_block_init();
+// ---- householder.cu ----
+// Backend::qr_q by blocks for a whole batch (the backend's qr_q_batched
+// drives these with batched SGEMMs): the matrices are column-major p x r
+// (ld p, stride p r), the reflectors follow LAPACK's larfg (the same Q as
+// sgeqrf + sorgqr, to rounding).
+// The outer blocks' width: the trailing updates are products of this inner
+// dimension, and an outer block's T is at most this square.
+constexpr int kHouseholderBlock = 128;
+// Sets the kernels' shared-memory sizes on `device` (current; at the
+// backend's creation) and returns the device's opt-in limit per block.
+int householder_init(int device);
+// The panel width for p rows (32 or 16: the panel, in shared memory,
+// within smem_optin bytes), or 0 where not even 16 columns fit (narrower
+// panels would make the panel updates' products too thin to pay: qr_q then
+// takes cuSOLVER's path).
+int householder_panel_width(int64_t p, int smem_optin);
+// Panel j0 .. j0 + b - 1 (b <= nb, nb householder_panel_width's) of the
+// outer block that starts at J0: factored, its explicit V written over its
+// columns from row J0 (zeros above the unit diagonal), tau (r per matrix)
+// and its T (nb x nb, ld nb, stride nb^2) written.
+void householder_panel(const Ctx& c, float* cm, int64_t p, int64_t r, int64_t J0, int64_t j0, int64_t b, int nb,
+                       float* tau, float* t, int64_t batch);
+// T (n x n, n <= kHouseholderBlock; ld ldt, stride st) of the n reflectors
+// from J0 on, from S = V^T V (n x n, lds, ss; above its diagonal read) and tau.
+void householder_block_t(const Ctx& c, const float* s, int64_t lds, int64_t ss, const float* tau, int64_t r,
+                         int64_t J0, int64_t n, float* t, int64_t ldt, int64_t st, int64_t batch);
+// a[b](i, j) <- (i == j): the first a.cols columns of I, row-major.
+void identity(const Ctx& c, MatBatch a);
 size_t orth_fallback_scratch(const Ctx& c, const MatBatch& p);
 // p0_bf16 given: P0's elements are bf16 there (dense, p0's shape; p0.p not read).
 void orth_fallback(const Ctx& c, MatBatch p, ConstMatBatch p0, const uint16_t* p0_bf16, const int32_t* info,

@@ -20,8 +20,10 @@
 #include <array>
 #include <cstdlib>
 #include <cstring>
+#include <set>
 
 #include "../reference/ref_linalg.h"
+#include "kernels/launch.hpp"
 #include "ops_util.h"
 
 namespace dion_ops_test {
@@ -570,6 +572,9 @@ TEST_F(OpsTest, QrQAndR) {
 TEST_F(OpsTest, QrQStreamsSameBits) {
   const char* was = std::getenv("DION_QR_STREAMS");
   const std::string before = was ? was : "";
+  const char* batched_was = std::getenv("DION_QR_BATCHED");  // the lanes serve cuSOLVER's path only
+  const std::string batched_before = batched_was ? batched_was : "";
+  ASSERT_EQ(setenv("DION_QR_BATCHED", "0", 1), 0);
   const int64_t p = 300, r = 120, B = 11;
   Mat a = Mat::padded(p, r, B);
   a.fill([&] { return gauss(); });
@@ -590,9 +595,120 @@ TEST_F(OpsTest, QrQStreamsSameBits) {
   }
   ASSERT_EQ(cudaStreamDestroy(st), cudaSuccess);
   ASSERT_EQ(was ? setenv("DION_QR_STREAMS", before.c_str(), 1) : unsetenv("DION_QR_STREAMS"), 0);
+  ASSERT_EQ(batched_was ? setenv("DION_QR_BATCHED", batched_before.c_str(), 1) : unsetenv("DION_QR_BATCHED"), 0);
   ASSERT_EQ(q[0].size(), q[1].size());
   EXPECT_EQ(0, std::memcmp(q[0].data(), q[1].data(), q[0].size() * sizeof(float))) << "8 streams against 1";
   EXPECT_EQ(0, std::memcmp(q[0].data(), q[2].data(), q[0].size() * sizeof(float))) << "on a caller's stream";
+}
+
+// A CUDA backend made with DION_QR_BATCHED=0: qr_q by cuSOLVER's geqrf /
+// orgqr matrix by matrix (the variable is left as it was).
+std::unique_ptr<Backend> cusolver_qr_backend() {
+  const char* was = std::getenv("DION_QR_BATCHED");
+  const std::string before = was ? was : "";
+  setenv("DION_QR_BATCHED", "0", 1);
+  std::unique_ptr<Backend> be(make_cuda_backend(0));
+  if (was)
+    setenv("DION_QR_BATCHED", before.c_str(), 1);
+  else
+    unsetenv("DION_QR_BATCHED");
+  return be;
+}
+
+// qr_q's batched Householder QR (kernels/householder.cu, the default where
+// a panel of 16 or 32 columns fits in shared memory) against the host's
+// LAPACK-convention Householder QR and against cuSOLVER's geqrf / orgqr
+// (DION_QR_BATCHED=0): the same reflectors, so the same Q with the same
+// column signs, compared without aligning them. The shapes take one and
+// several outer blocks of 128 columns, partial panels and outer blocks (200
+// = 128 + 2 x 32 + 8), both panel widths (32 up to about 1660 rows on
+// Hopper, 16 above), tall and square matrices, padded rows and batches of
+// 1 to 3. The inputs are well conditioned (Gaussian, p >= 2.5 r, or square
+// with a shifted diagonal: singular values within a factor of about 3), so
+// fp32 QRs agree to about n eps cond, and 1e-4 bounds entries of at most 1.
+TEST_F(OpsTest, QrQBatchedMatchesHostAndCusolver) {
+  std::unique_ptr<Backend> ref = cusolver_qr_backend();
+  int optin = 0;
+  ASSERT_EQ(cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, 0), cudaSuccess);
+  struct Shape {
+    int64_t p, r, B;
+  } shapes[] = {{16, 16, 2}, {60, 20, 3}, {200, 200, 2}, {700, 260, 2}, {768, 768, 1}, {1800, 150, 2}, {3000, 130, 1}};
+  std::set<int> widths;
+  for (const Shape& s : shapes) {
+    const int nb = kernels::householder_panel_width(s.p, optin);
+    SCOPED_TRACE(testing::Message() << s.p << " x " << s.r << " batch " << s.B << ", panel width " << nb);
+    widths.insert(nb);
+    Mat a = Mat::padded(s.p, s.r, s.B);
+    a.fill([&] { return gauss(); });
+    if (s.p < 2 * s.r)
+      for (int64_t b = 0; b < s.B; ++b)
+        for (int64_t i = 0; i < s.r; ++i) a.at(b, i, i) += 3.0f * std::sqrt(static_cast<float>(s.r));
+    a.sync();
+    Mat c = Mat::padded(s.p, s.r, s.B);
+    c.h = a.h;
+    c.sync();
+    cuda->qr_q(a.D());
+    ref->qr_q(c.D());
+    host->qr_q(a.H());
+    const std::vector<float> q = a.dev(), qc = c.dev();
+    EXPECT_LT(orthonormality_error(q, a), 1e-5);
+    EXPECT_TRUE(close(a.h, q, 0.0, 1e-4)) << "against the host";
+    EXPECT_TRUE(close(qc, q, 0.0, 1e-4)) << "against cuSOLVER";
+  }
+  if (optin >= 200 * 1024) EXPECT_TRUE(widths.count(32) && widths.count(16)) << "both panel widths were meant to run";
+}
+
+// Degenerate columns: where x below the diagonal is zero, larfg's tau is 0
+// and the reflector is I (a zero matrix gives Q = I exactly; a first column
+// 4 e_1 gives tau_1 = 0 in an otherwise full-rank matrix); a matrix of rank
+// 100 of 256 still gives an orthonormal Q (its last columns are rounding
+// in any implementation: only orthogonality is compared). Batched with
+// full-rank neighbours: each matrix is factored on its own. And the same
+// input gives the same bits twice.
+TEST_F(OpsTest, QrQBatchedDegenerateAndDeterministic) {
+  std::unique_ptr<Backend> ref = cusolver_qr_backend();
+  const int64_t p = 300, r = 140;
+  Mat a = Mat::padded(p, r, 3);
+  a.fill([&] { return gauss(); });
+  for (int64_t i = 0; i < p; ++i)
+    for (int64_t j = 0; j < r; ++j) a.at(0, i, j) = 0.0f;  // matrix 0: zeros
+  for (int64_t i = 0; i < p; ++i) a.at(1, i, 0) = i == 0 ? 4.0f : 0.0f;  // matrix 1: first column 4 e_1
+  a.sync();
+  Mat c = Mat::padded(p, r, 3), again = Mat::padded(p, r, 3);
+  c.h = again.h = a.h;
+  c.sync();
+  again.sync();
+  cuda->qr_q(a.D());
+  cuda->qr_q(again.D());
+  ref->qr_q(c.D());
+  host->qr_q(a.H());
+  const std::vector<float> q = a.dev();
+  for (int64_t i = 0; i < p; ++i)
+    for (int64_t j = 0; j < r; ++j)
+      ASSERT_EQ(q[static_cast<size_t>(a.stride * 0 + i * a.ld + j)], i == j ? 1.0f : 0.0f) << i << ", " << j;
+  EXPECT_LT(orthonormality_error(q, a), 1e-5);
+  EXPECT_TRUE(close(a.h, q, 0.0, 1e-4)) << "against the host";
+  EXPECT_TRUE(close(c.dev(), q, 0.0, 1e-4)) << "against cuSOLVER";
+  const std::vector<float> q2 = again.dev();
+  EXPECT_EQ(0, std::memcmp(q.data(), q2.data(), q.size() * sizeof(float))) << "two runs";
+
+  // Rank 100 of 256: A = X Y.
+  const int64_t n = 256, k = 100;
+  Mat d = Mat::padded(n, n, 2);
+  for (int64_t b = 0; b < 2; ++b) {
+    std::vector<float> x(static_cast<size_t>(n * k)), y(static_cast<size_t>(k * n));
+    for (auto& v : x) v = gauss();
+    for (auto& v : y) v = gauss();
+    for (int64_t i = 0; i < n; ++i)
+      for (int64_t j = 0; j < n; ++j) {
+        double acc = 0;
+        for (int64_t l = 0; l < k; ++l) acc += static_cast<double>(x[i * k + l]) * y[l * n + j];
+        d.at(b, i, j) = static_cast<float>(acc);
+      }
+  }
+  d.sync();
+  cuda->qr_q(d.D());
+  EXPECT_LT(orthonormality_error(d.dev(), d), 1e-5) << "rank 100 of 256";
 }
 
 // Backend::gram: the CUDA backend sums S products over row chunks when the

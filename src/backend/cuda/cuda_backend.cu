@@ -238,6 +238,24 @@ class ProfScope {
   Profiler* p_;
 };
 
+// DION_PROFILE=2 only: the calls made in this scope's lifetime, within one
+// backend call, timed on their own under `name` (as a nested call, so
+// counted a second time in the report's total).
+class DetailScope {
+ public:
+  DetailScope(Profiler& p, const char* name, cudaStream_t s) : p_(p.detail() ? &p : nullptr) {
+    if (p_) p_->begin(name, s);
+  }
+  ~DetailScope() {
+    if (p_) p_->end();
+  }
+  DetailScope(const DetailScope&) = delete;
+  DetailScope& operator=(const DetailScope&) = delete;
+
+ private:
+  Profiler* p_;
+};
+
 class CudaBackend final : public Backend {
  public:
   explicit CudaBackend(int device) : device_(device) {
@@ -259,6 +277,7 @@ class CudaBackend final : public Backend {
       // deterministic with its atomics off, the default, and a fixed workspace).
       check(cusolverDnSetDeterministicMode(solver_, CUSOLVER_DETERMINISTIC_RESULTS), "cusolverDnSetDeterministicMode");
       kernels::chol_block_init();
+      smem_optin_ = kernels::householder_init(device);
       const bool x3 = kernels::lowrank_tf32x3_init(device);
       lowrank_tf32x3_ = lowrank_tf32x3_ && x3;
       field_tf32x3_ = field_tf32x3_ && x3;
@@ -829,6 +848,10 @@ class CudaBackend final : public Backend {
     ProfScope ps(prof_, "qr_q", stream_);
     const int P = to_int(p, "qr rows"), R = to_int(r, "qr cols");
     to_int(a.batch, "qr batch");
+    if (const int nb = qr_batched_ ? kernels::householder_panel_width(p, smem_optin_) : 0) {
+      qr_q_batched(a, nb);
+      return;
+    }
     const int lanes = qr_lanes(a.batch);
     float* cm = static_cast<float*>(scratch(kMat, sizeof(float) * static_cast<size_t>(a.batch * p * r)));
     float* tau = static_cast<float*>(scratch(kTau, sizeof(float) * static_cast<size_t>(a.batch * r)));
@@ -856,6 +879,93 @@ class CudaBackend final : public Backend {
     }
     check(qr_join(lanes), "joining the qr streams (event record / wait)");
     kernels::transpose(ctx(), cm, r, p, p, p * r, a.p, a.ld, a.stride, a.batch);
+  }
+
+  // qr_q for the whole batch in the same launches (kernels/householder.cu),
+  // where a panel of nb >= 16 columns fits in shared memory (p up to about
+  // 3400 on Hopper; nb = 32 up to about 1660): blocked Householder QR of the column-major copy cm, in
+  // outer blocks of NO = kHouseholderBlock columns, each factored by panels
+  // of nb columns (one CTA per matrix; the rest of the outer block updated
+  // with the panel's V and T by three batched SGEMMs); the outer block's T
+  // from S = V^T V, and the columns to its right updated as C -= V T^T (V^T
+  // C) in three batched SGEMMs of inner dimension NO. Then Q, backward, as
+  // LAPACK's sorgqr forms it: Q = I, and Q[J0:, J0:] -= V T (V^T Q[J0:,
+  // J0:]) per outer block, formed transposed straight into a (row-major a
+  // is column-major Q^T), so no transpose back. The reflectors are those of
+  // cuSOLVER's path below (larfg's convention), so Q agrees with it and the
+  // host's to rounding. Products in fp32 (CUBLAS_COMPUTE_32F, no TF32).
+  void qr_q_batched(MatBatch a, int nb) {
+    const int64_t p = a.rows, r = a.cols, B = a.batch;
+    const int64_t NO = std::clamp<int64_t>(qr_block_ / nb * nb, nb, kernels::kHouseholderBlock);
+    const int64_t K = (r + NO - 1) / NO, sA = p * r, sW = NO * r, sT = NO * NO;
+    const auto pad = [](int64_t n) { return (n + 63) / 64 * 64; };  // 256-byte aligned sections
+    const int64_t n_tau = pad(B * r), n_tin = pad(B * nb * nb), n_s = pad(B * sT), n_t = pad(K * B * sT),
+                  n_w = pad(B * sW);
+    float* cm = static_cast<float*>(scratch(kMat, sizeof(float) * static_cast<size_t>(B * p * r)));
+    float* tau = static_cast<float*>(
+        scratch(kWork, sizeof(float) * static_cast<size_t>(n_tau + n_tin + n_s + n_t + 2 * n_w)));
+    float *tin = tau + n_tau, *S = tin + n_tin, *TJ = S + n_s, *W = TJ + n_t, *W2 = W + n_w;
+    const int Bn = to_int(B, "qr batch");
+    // C (m x n, ldc, sc) = alpha op(A) op(B) + beta C over the batch, in fp32.
+    const auto gemm = [&](bool ta, bool tb, int64_t m, int64_t n, int64_t k, float alpha, const float* A, int64_t lda,
+                          int64_t sa, const float* Bm, int64_t ldb, int64_t sb, float beta, float* C, int64_t ldc,
+                          int64_t sc, const char* what) {
+      if (m == 0 || n == 0) return;
+      check(cublasGemmStridedBatchedEx(blas_, ta ? CUBLAS_OP_T : CUBLAS_OP_N, tb ? CUBLAS_OP_T : CUBLAS_OP_N,
+                                       to_int(m, "qr m"), to_int(n, "qr n"), to_int(k, "qr k"), &alpha, A, CUDA_R_32F,
+                                       to_int(lda, "qr lda"), sa, Bm, CUDA_R_32F, to_int(ldb, "qr ldb"), sb, &beta, C,
+                                       CUDA_R_32F, to_int(ldc, "qr ldc"), sc, Bn, CUBLAS_COMPUTE_32F,
+                                       CUBLAS_GEMM_DEFAULT),
+            what);
+    };
+    kernels::transpose(ctx(), a.p, p, r, a.ld, a.stride, cm, p, sA, B);
+    for (int64_t J0 = 0; J0 < r; J0 += NO) {
+      const int64_t bo = std::min(NO, r - J0);
+      for (int64_t j0 = J0; j0 < J0 + bo; j0 += nb) {
+        const int64_t b = std::min<int64_t>(nb, J0 + bo - j0), m = p - j0, n = J0 + bo - j0 - b;
+        {
+          DetailScope d(prof_, "qr_q: panels", stream_);
+          kernels::householder_panel(ctx(), cm, p, r, J0, j0, b, nb, tau, tin, B);
+        }
+        DetailScope d(prof_, "qr_q: panel updates", stream_);
+        const float* V = cm + j0 * p + j0;
+        float* C = cm + (j0 + b) * p + j0;
+        gemm(true, false, b, n, m, 1.f, V, p, sA, C, p, sA, 0.f, W, NO, sW, "cublasGemmStridedBatchedEx (qr panel V^T C)");
+        gemm(true, false, b, n, b, 1.f, tin, nb, nb * nb, W, NO, sW, 0.f, W2, NO, sW,
+             "cublasGemmStridedBatchedEx (qr panel T^T W)");
+        gemm(false, false, m, n, b, -1.f, V, p, sA, W2, NO, sW, 1.f, C, p, sA,
+             "cublasGemmStridedBatchedEx (qr panel update)");
+      }
+      const int64_t m = p - J0, n = r - J0 - bo;
+      const float* V = cm + J0 * p + J0;
+      float* T = TJ + J0 / NO * B * sT;
+      {
+        DetailScope d(prof_, "qr_q: block T", stream_);
+        gemm(true, false, bo, bo, m, 1.f, V, p, sA, V, p, sA, 0.f, S, NO, sT, "cublasGemmStridedBatchedEx (qr V^T V)");
+        kernels::householder_block_t(ctx(), S, NO, sT, tau, r, J0, bo, T, NO, sT, B);
+      }
+      DetailScope d(prof_, "qr_q: trailing updates", stream_);
+      float* C = cm + (J0 + bo) * p + J0;
+      gemm(true, false, bo, n, m, 1.f, V, p, sA, C, p, sA, 0.f, W, NO, sW, "cublasGemmStridedBatchedEx (qr V^T C)");
+      gemm(true, false, bo, n, bo, 1.f, T, NO, sT, W, NO, sW, 0.f, W2, NO, sW,
+           "cublasGemmStridedBatchedEx (qr T^T W)");
+      gemm(false, false, m, n, bo, -1.f, V, p, sA, W2, NO, sW, 1.f, C, p, sA,
+           "cublasGemmStridedBatchedEx (qr trailing update)");
+    }
+    // Q^T (column-major r x p, ld a.ld): Q^T[J0:, J0:] -= ((Q^T[J0:, J0:] V) T^T) V^T.
+    DetailScope d(prof_, "qr_q: forming Q", stream_);
+    kernels::identity(ctx(), a);
+    for (int64_t J0 = (K - 1) * NO; J0 >= 0; J0 -= NO) {
+      const int64_t bo = std::min(NO, r - J0), m = p - J0, n = r - J0;
+      const float* V = cm + J0 * p + J0;
+      const float* T = TJ + J0 / NO * B * sT;
+      float* Qt = a.p + J0 * a.ld + J0;
+      gemm(false, false, n, bo, m, 1.f, Qt, a.ld, a.stride, V, p, sA, 0.f, W, r, sW,
+           "cublasGemmStridedBatchedEx (qr Q^T V)");
+      gemm(false, true, n, bo, bo, 1.f, W, r, sW, T, NO, sT, 0.f, W2, r, sW, "cublasGemmStridedBatchedEx (qr W T^T)");
+      gemm(false, true, n, m, bo, -1.f, W2, r, sW, V, p, sA, 1.f, Qt, a.ld, a.stride,
+           "cublasGemmStridedBatchedEx (qr Q update)");
+    }
   }
 
   // R of A's QR from the Cholesky factor of A^T A computed in fp64: for the
@@ -2146,6 +2256,12 @@ class CudaBackend final : public Backend {
   cudaEvent_t qr_fork_ = nullptr;           // current stream -> the lanes
   int qr_made_ = 0;                         // lanes 0 .. qr_made_ - 1 exist
   int64_t qr_lanes_max_ = env_int("DION_QR_STREAMS", kQrLanesMax);
+  // qr_q's batched Householder QR (qr_q_batched) where its panels fit;
+  // DION_QR_BATCHED=0: cuSOLVER's geqrf / orgqr matrix by matrix everywhere.
+  bool qr_batched_ = env_int("DION_QR_BATCHED", 1) != 0;
+  int smem_optin_ = 0;  // shared memory per block, opt-in (householder_init)
+  // qr_q_batched's outer block width (DION_QR_BLOCK; a multiple of the panel width, at most kHouseholderBlock).
+  int64_t qr_block_ = env_int("DION_QR_BLOCK", kernels::kHouseholderBlock);
   WaitGuard* guard_ = nullptr;
   int32_t poke_ = 0;
   Profiler prof_;

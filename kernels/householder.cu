@@ -1,0 +1,289 @@
+// SPDX-License-Identifier: MIT
+// The kernels of the batched blocked Householder QR with explicit Q
+// (Backend::qr_q; the backend's qr_q_batched drives them with its batched
+// SGEMMs). Every matrix of the batch goes through the same launches, so a
+// batch of 12 or 24 square factors costs one chain of launches instead of
+// one cuSOLVER geqrf + orgqr per matrix.
+//
+// The matrices are column-major p x r (ld p, stride p r), p >= r. A panel of
+// nb <= 32 columns at column j0 is factored by one CTA per matrix in shared
+// memory, reflector by reflector, with LAPACK's larfg convention (beta =
+// -sign(alpha) |(alpha, x)|, tau = (beta - alpha) / beta, v = x / (alpha -
+// beta) below a unit diagonal, tau = 0 and H = I where x is zero), so that
+// the reflectors, and Q's column signs, are those of LAPACK's sgeqrf /
+// sorgqr and cuSOLVER's (to rounding). R is not kept: qr_q wants Q only.
+//
+// Thread (k, g) of a panel's CTA owns the panel's column k and the rows g, g
+// + G, g + 2G, ... (G = threads / nb row groups). For reflector c, one pass
+// over the rows both applies H_c to the columns k > c and forms, for the
+// next reflector c + 1, the dots of its column with every other column of
+// the panel (the new column's values reach the other lanes by a shuffle):
+// with k > c + 1 they give the next update's w_k, with k = c + 1 the norm,
+// and with k < c + 1 the entries S(k, c + 1) of S = V^T V. So a reflector
+// costs one pass and two barriers, and the panel's T of the compact WY form
+// (H_0 ... H_{b-1} = I - V T V^T) comes from S without another pass over V.
+// Sums run in float64, in a fixed order (no atomics): the same bits on
+// every run.
+#include <cmath>
+
+#include "core/error.hpp"
+#include "kernels/common.cuh"
+
+namespace dion::kernels {
+
+namespace {
+
+constexpr int kHhThreads = 1024;
+constexpr int kUnroll = 4;  // rows per thread in flight in a panel's pass
+constexpr int kHhBlock = kHouseholderBlock;  // the outer blocks' width (T of the trailing updates)
+
+// The shared-memory leading dimension of a panel column of m rows: m rounded
+// up to 32, plus 32 / nb. A warp's lanes read nb columns at 32 / nb
+// consecutive rows; with ld = 32 / nb (mod 32) those 32 words fall in 32
+// different banks.
+__host__ __device__ inline int panel_ld(int m, int nb) { return (m + 31) / 32 * 32 + 32 / nb; }
+
+// T (n x n, column-major, ld ldt; zeros below the diagonal) of the compact
+// WY form H_0 ... H_{n-1} = I - V T V^T, from tau and S = V^T V (only its
+// entries above the diagonal are read), by doubling: adjacent blocks A = [a,
+// a + s) and B = [a + s, a + s + sb), each already merged, give T_AB =
+// -T_AA S_AB T_BB (the product of the two blocks' forms). Every thread of the
+// block calls it; X holds N^2 / 4 floats for the power of two N >= n (4096
+// for n <= 128), scratch for the levels' T_AA S_AB.
+__device__ void form_t(float* T, int ldt, const float* S, int lds, const float* tau, int n, float* X) {
+  const int t = threadIdx.x, nt = blockDim.x;
+  for (int e = t; e < n * n; e += nt) {
+    const int i = e % n, j = e / n;
+    T[i + j * ldt] = i == j ? tau[i] : 0.f;
+  }
+  __syncthreads();
+  for (int s = 1; s < n; s *= 2) {
+    const int pairs = (n + 2 * s - 1) / (2 * s), ss = s * s;
+    for (int e = t; e < pairs * ss; e += nt) {
+      const int q = e / ss, i = e % ss % s, j = e % ss / s, a = 2 * q * s, bb = a + s;
+      if (bb + j >= n) continue;
+      float acc = 0.f;
+      for (int l = i; l < s; ++l) acc += T[(a + i) + (a + l) * ldt] * S[(a + l) + (bb + j) * lds];
+      X[q * ss + i + j * s] = acc;
+    }
+    __syncthreads();
+    for (int e = t; e < pairs * ss; e += nt) {
+      const int q = e / ss, i = e % ss % s, j = e % ss / s, a = 2 * q * s, bb = a + s;
+      if (bb + j >= n) continue;
+      float acc = 0.f;
+      for (int l = 0; l <= j; ++l) acc += X[q * ss + i + l * s] * T[(bb + l) + (bb + j) * ldt];
+      T[(a + i) + (bb + j) * ldt] = -acc;
+    }
+    __syncthreads();
+  }
+}
+
+// The panel of matrix blockIdx.x: columns j0 .. j0 + b - 1 (b <= NB), rows j0
+// .. p - 1 (m of them). Writes the explicit reflectors V into the panel's
+// columns (unit diagonal, v below it, zeros above it from row J0, the outer
+// block's first row, so that the outer block's V is explicit too), tau (r
+// per matrix) and the panel's T (NB x NB, ld NB, per matrix).
+template <int NB>
+__global__ void __launch_bounds__(kHhThreads) panel_kernel(float* cm, int p, int r, int J0, int j0, int b, float* tau,
+                                                           float* tp) {
+  constexpr int G = kHhThreads / NB;
+  extern __shared__ float sh[];
+  __shared__ double part[G][NB];
+  __shared__ float w_s[NB], ws_s[NB], tau_s[NB], s_s[NB], S[NB * NB], T[NB * NB], X[NB * NB / 4];
+  const int m = p - j0, ld = panel_ld(m, NB);
+  const int t = threadIdx.x, k = t % NB, g = t / NB, lane = t & 31, base = lane - k;
+  float* const A = cm + static_cast<int64_t>(blockIdx.x) * p * r + static_cast<int64_t>(j0) * p;  // row 0 of column j0
+  for (int c = 0; c < b; ++c)
+    for (int i = t; i < m; i += kHhThreads) sh[c * ld + i] = A[static_cast<int64_t>(c) * p + j0 + i];
+  __syncthreads();
+
+  // Applies H_c (c >= 0) to the columns k > c, and sums this thread's part
+  // of column c1 = c + 1's dots with column k (rows below c1) into part.
+  const auto pass = [&](int c) {
+    const int c1 = c + 1, start = c < 0 ? 0 : c;
+    const bool upd = c >= 0 && k > c && k < b, mine = k < b;
+    const float w = upd ? w_s[k] : 0.f, ws = upd ? ws_s[k] : 0.f;
+    const float* const xc = sh + (c < 0 ? 0 : c) * ld;
+    float* const yk = sh + k * ld;
+    // Four rows at a time, their loads first and four sums: the pass is
+    // latency-bound (one CTA per matrix), not bound by issue or bandwidth.
+    double acc[kUnroll] = {};
+    const int iters = (m - start + G - 1) / G;
+    for (int j = 0; j < iters; j += kUnroll) {
+      int i[kUnroll];
+      float y[kUnroll], x[kUnroll];
+#pragma unroll
+      for (int u = 0; u < kUnroll; ++u) {
+        i[u] = start + g + G * (j + u);
+        const bool own = mine && i[u] < m;
+        y[u] = own ? yk[i[u]] : 0.f;
+        x[u] = own && upd ? xc[i[u]] : 0.f;
+      }
+#pragma unroll
+      for (int u = 0; u < kUnroll; ++u)
+        if (upd && i[u] < m) {
+          y[u] -= i[u] == c ? w : ws * x[u];
+          yk[i[u]] = y[u];
+        }
+#pragma unroll
+      for (int u = 0; u < kUnroll; ++u) {
+        const float yn = __shfl_sync(0xffffffffu, y[u], base + c1);  // column c1's value at this lane's row
+        if (i[u] < m && i[u] > c1) acc[u] += static_cast<double>(yn) * y[u];
+      }
+    }
+    double sum = 0;
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u) sum += acc[u];
+    part[g][k] = sum;
+  };
+  // Forms reflector c1 from the sums of the pass before: its tau and scale
+  // (v = s x below the diagonal), w_k and w_k s for the next pass, and
+  // S(k, c1) for the columns k < c1 (their v already final).
+  const auto reflector = [&](int c1) {
+    if (t >= 32) return;
+    double d = 0;
+    if (t < NB) {
+      double d4[4] = {};
+#pragma unroll 4
+      for (int q = 0; q < G; ++q) d4[q % 4] += part[q][t];
+      d = (d4[0] + d4[1]) + (d4[2] + d4[3]);
+    }
+    const double s2 = __shfl_sync(0xffffffffu, d, c1);
+    const float alpha = sh[c1 * ld + c1];
+    float tu = 0.f, s = 0.f;
+    if (s2 > 0) {
+      const float beta = -copysignf(static_cast<float>(sqrt(static_cast<double>(alpha) * alpha + s2)), alpha);
+      tu = (beta - alpha) / beta;
+      s = 1.f / (alpha - beta);
+    }
+    if (t > c1 && t < b) {
+      const float w = tu * static_cast<float>(static_cast<double>(sh[t * ld + c1]) + static_cast<double>(s) * d);
+      w_s[t] = w;
+      ws_s[t] = w * s;
+    }
+    if (t < c1) S[t + c1 * NB] = s_s[t] * static_cast<float>(static_cast<double>(sh[t * ld + c1]) + s * d);
+    if (t == 0) {
+      tau_s[c1] = tu;
+      s_s[c1] = s;
+    }
+  };
+  pass(-1);
+  __syncthreads();
+  reflector(0);
+  __syncthreads();
+  for (int c = 0; c + 1 < b; ++c) {
+    pass(c);
+    __syncthreads();
+    reflector(c + 1);
+    __syncthreads();
+  }
+  form_t(T, NB, S, NB, tau_s, b, X);
+  // V, explicit, from the outer block's first row J0; tau; T (NB x NB).
+  for (int c = 0; c < b; ++c) {
+    const float s = s_s[c];
+    for (int i = t - (j0 - J0); i < m; i += kHhThreads)
+      A[static_cast<int64_t>(c) * p + j0 + i] = i < c ? 0.f : i == c ? 1.f : sh[c * ld + i] * s;
+  }
+  if (t < b) tau[static_cast<int64_t>(blockIdx.x) * r + j0 + t] = tau_s[t];
+  float* const Tg = tp + static_cast<int64_t>(blockIdx.x) * NB * NB;
+  for (int e = t; e < NB * NB; e += kHhThreads) Tg[e] = e % NB < b && e / NB < b ? T[e] : 0.f;
+}
+
+// T (n x n, ld ldt, stride st) of an outer block's n reflectors from S = V^T
+// V (n x n, ld lds, stride ss) and tau (from tau + J0, r per matrix).
+__global__ void __launch_bounds__(kHhThreads) block_t_kernel(const float* S, int lds, int64_t ss, const float* tau,
+                                                             int r, int J0, int n, float* T, int ldt, int64_t st) {
+  extern __shared__ float smem[];
+  float *Ss = smem, *Ts = Ss + n * n, *taus = Ts + n * n, *X = taus + kHhBlock;
+  const float* Sg = S + static_cast<int64_t>(blockIdx.x) * ss;
+  for (int e = threadIdx.x; e < n * n; e += blockDim.x) Ss[e] = Sg[e % n + static_cast<int64_t>(e / n) * lds];
+  for (int e = threadIdx.x; e < n; e += blockDim.x) taus[e] = tau[static_cast<int64_t>(blockIdx.x) * r + J0 + e];
+  __syncthreads();
+  form_t(Ts, n, Ss, n, taus, n, X);
+  float* const Tg = T + static_cast<int64_t>(blockIdx.x) * st;
+  for (int e = threadIdx.x; e < n * n; e += blockDim.x) Tg[e % n + static_cast<int64_t>(e / n) * ldt] = Ts[e];
+}
+constexpr size_t block_t_smem(int n) { return sizeof(float) * (2 * static_cast<size_t>(n) * n + kHhBlock + 4096); }
+
+__global__ void identity_kernel(MatBatch a) {
+  const int64_t per = a.rows * a.cols, n = per * a.batch;
+  for (int64_t e = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; e < n;
+       e += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const int64_t b = e / per, i = e % per / a.cols, j = e % a.cols;
+    a.p[b * a.stride + i * a.ld + j] = i == j ? 1.f : 0.f;
+  }
+}
+
+template <int NB>
+constexpr size_t panel_static_smem() {
+  return sizeof(double) * kHhThreads + sizeof(float) * (4 * NB + 2 * NB * NB + NB * NB / 4);
+}
+
+}  // namespace
+
+int householder_init(int device) {
+  int optin = 0;
+  cuda::check(cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, device),
+              "cudaDeviceGetAttribute (shared memory per block, opt-in)");
+  // Panels of up to the device's opt-in limit (less the static arrays); the
+  // outer blocks' T at 128 columns (148 KiB).
+  cuda::check(cudaFuncSetAttribute(panel_kernel<32>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                   optin - static_cast<int>(panel_static_smem<32>())),
+              "cudaFuncSetAttribute (householder panel, 32)");
+  cuda::check(cudaFuncSetAttribute(panel_kernel<16>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                   optin - static_cast<int>(panel_static_smem<16>())),
+              "cudaFuncSetAttribute (householder panel, 16)");
+  const int bt = static_cast<int>(block_t_smem(kHhBlock));
+  if (bt <= optin)
+    cuda::check(cudaFuncSetAttribute(block_t_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bt),
+                "cudaFuncSetAttribute (householder block T)");
+  return optin;
+}
+
+int householder_panel_width(int64_t p, int smem_optin) {
+  if (p <= 0 || p > (1 << 24) || static_cast<int>(block_t_smem(kHhBlock)) > smem_optin) return 0;
+  const auto fits = [&](int nb, size_t st) {
+    return sizeof(float) * nb * static_cast<size_t>(panel_ld(static_cast<int>(p), nb)) + st <=
+           static_cast<size_t>(smem_optin);
+  };
+  if (fits(32, panel_static_smem<32>())) return 32;
+  if (fits(16, panel_static_smem<16>())) return 16;
+  return 0;
+}
+
+void householder_panel(const Ctx& c, float* cm, int64_t p, int64_t r, int64_t J0, int64_t j0, int64_t b, int nb,
+                       float* tau, float* t, int64_t batch) {
+  DION_REQUIRE(batch > 0 && batch <= INT32_MAX && (nb == 16 || nb == 32) && b > 0 && b <= nb && J0 <= j0 &&
+                   j0 + b <= r && r <= p,
+               DION_ERROR_INTERNAL, "householder_panel: bad shape (p %lld, r %lld, j0 %lld, b %lld, nb %d)",
+               static_cast<long long>(p), static_cast<long long>(r), static_cast<long long>(j0),
+               static_cast<long long>(b), nb);
+  const int m = static_cast<int>(p - j0);
+  const size_t smem = sizeof(float) * nb * static_cast<size_t>(panel_ld(m, nb));
+  const unsigned grid = static_cast<unsigned>(batch);
+  const int P = static_cast<int>(p), R = static_cast<int>(r), JJ = static_cast<int>(J0), J = static_cast<int>(j0),
+            Bc = static_cast<int>(b);
+  if (nb == 32)
+    panel_kernel<32><<<grid, kHhThreads, smem, c.stream>>>(cm, P, R, JJ, J, Bc, tau, t);
+  else
+    panel_kernel<16><<<grid, kHhThreads, smem, c.stream>>>(cm, P, R, JJ, J, Bc, tau, t);
+  cuda::check_launch("householder panel kernel");
+}
+
+void householder_block_t(const Ctx& c, const float* s, int64_t lds, int64_t ss, const float* tau, int64_t r,
+                         int64_t J0, int64_t n, float* t, int64_t ldt, int64_t st, int64_t batch) {
+  DION_REQUIRE(n > 0 && n <= kHhBlock && batch > 0 && batch <= INT32_MAX, DION_ERROR_INTERNAL,
+               "householder_block_t: bad shape (n %lld)", static_cast<long long>(n));
+  block_t_kernel<<<static_cast<unsigned>(batch), kHhThreads, block_t_smem(kHhBlock), c.stream>>>(
+      s, static_cast<int>(lds), ss, tau, static_cast<int>(r), static_cast<int>(J0), static_cast<int>(n), t,
+      static_cast<int>(ldt), st);
+  cuda::check_launch("householder block T kernel");
+}
+
+void identity(const Ctx& c, MatBatch a) {
+  if (a.rows <= 0 || a.cols <= 0 || a.batch <= 0) return;
+  identity_kernel<<<blocks_1d(c, a.rows * a.cols * a.batch), kThreads, 0, c.stream>>>(a);
+  cuda::check_launch("identity kernel");
+}
+
+}  // namespace dion::kernels
