@@ -89,7 +89,8 @@ __global__ void __launch_bounds__(kHhThreads) panel_kernel(float* cm, int p, int
   constexpr int G = kHhThreads / NB;
   extern __shared__ float sh[];
   __shared__ double part[G][NB];
-  __shared__ float w_s[NB], ws_s[NB], tau_s[NB], s_s[NB], S[NB * NB], T[NB * NB], X[NB * NB / 4];
+  __shared__ double ws_s[NB], s_s[NB];
+  __shared__ float w_s[NB], tau_s[NB], S[NB * NB], T[NB * NB], X[NB * NB / 4];
   const int m = p - j0, ld = panel_ld(m, NB);
   const int t = threadIdx.x, k = t % NB, g = t / NB, lane = t & 31, base = lane - k;
   float* const A = cm + static_cast<int64_t>(blockIdx.x) * p * r + static_cast<int64_t>(j0) * p;  // row 0 of column j0
@@ -102,7 +103,8 @@ __global__ void __launch_bounds__(kHhThreads) panel_kernel(float* cm, int p, int
   const auto pass = [&](int c) {
     const int c1 = c + 1, start = c < 0 ? 0 : c;
     const bool upd = c >= 0 && k > c && k < b, mine = k < b;
-    const float w = upd ? w_s[k] : 0.f, ws = upd ? ws_s[k] : 0.f;
+    const float w = upd ? w_s[k] : 0.f;
+    const double ws = upd ? ws_s[k] : 0.0;
     const float* const xc = sh + (c < 0 ? 0 : c) * ld;
     float* const yk = sh + k * ld;
     // Four rows at a time, their loads first and four sums: the pass is
@@ -122,7 +124,7 @@ __global__ void __launch_bounds__(kHhThreads) panel_kernel(float* cm, int p, int
 #pragma unroll
       for (int u = 0; u < kUnroll; ++u)
         if (upd && i[u] < m) {
-          y[u] -= i[u] == c ? w : ws * x[u];
+          y[u] -= i[u] == c ? w : static_cast<float>(ws * x[u]);
           yk[i[u]] = y[u];
         }
 #pragma unroll
@@ -149,19 +151,26 @@ __global__ void __launch_bounds__(kHhThreads) panel_kernel(float* cm, int p, int
       d = (d4[0] + d4[1]) + (d4[2] + d4[3]);
     }
     const double s2 = __shfl_sync(0xffffffffu, d, c1);
-    const float alpha = sh[c1 * ld + c1];
-    float tu = 0.f, s = 0.f;
+    // beta and the scale s = 1 / (alpha - beta) in float64: a column of
+    // norm below about 3e-39 (subnormal floats: a momentum decayed for
+    // thousands of steps) would make s overflow a float, where LAPACK's
+    // larfg rescales. v = s x (|v| <= 1) and w_k s x stay finite.
+    const double alpha = sh[c1 * ld + c1];
+    float tu = 0.f;
+    double s = 0;
     if (s2 > 0) {
-      const float beta = -copysignf(static_cast<float>(sqrt(static_cast<double>(alpha) * alpha + s2)), alpha);
-      tu = (beta - alpha) / beta;
-      s = 1.f / (alpha - beta);
+      // One division: with q = 1 / (beta (alpha - beta)), tau = (beta -
+      // alpha) / beta = -(alpha - beta)^2 q and s = beta q.
+      const double beta = -copysign(sqrt(alpha * alpha + s2), alpha), den = alpha - beta, q = 1.0 / (beta * den);
+      tu = static_cast<float>(-den * den * q);
+      s = beta * q;
     }
     if (t > c1 && t < b) {
-      const float w = tu * static_cast<float>(static_cast<double>(sh[t * ld + c1]) + static_cast<double>(s) * d);
+      const float w = tu * static_cast<float>(static_cast<double>(sh[t * ld + c1]) + s * d);
       w_s[t] = w;
-      ws_s[t] = w * s;
+      ws_s[t] = static_cast<double>(w) * s;
     }
-    if (t < c1) S[t + c1 * NB] = s_s[t] * static_cast<float>(static_cast<double>(sh[t * ld + c1]) + s * d);
+    if (t < c1) S[t + c1 * NB] = static_cast<float>(s_s[t] * (static_cast<double>(sh[t * ld + c1]) + s * d));
     if (t == 0) {
       tau_s[c1] = tu;
       s_s[c1] = s;
@@ -180,9 +189,9 @@ __global__ void __launch_bounds__(kHhThreads) panel_kernel(float* cm, int p, int
   form_t(T, NB, S, NB, tau_s, b, X);
   // V, explicit, from the outer block's first row J0; tau; T (NB x NB).
   for (int c = 0; c < b; ++c) {
-    const float s = s_s[c];
+    const double s = s_s[c];
     for (int i = t - (j0 - J0); i < m; i += kHhThreads)
-      A[static_cast<int64_t>(c) * p + j0 + i] = i < c ? 0.f : i == c ? 1.f : sh[c * ld + i] * s;
+      A[static_cast<int64_t>(c) * p + j0 + i] = i < c ? 0.f : i == c ? 1.f : static_cast<float>(sh[c * ld + i] * s);
   }
   if (t < b) tau[static_cast<int64_t>(blockIdx.x) * r + j0 + t] = tau_s[t];
   float* const Tg = tp + static_cast<int64_t>(blockIdx.x) * NB * NB;
@@ -216,7 +225,7 @@ __global__ void identity_kernel(MatBatch a) {
 
 template <int NB>
 constexpr size_t panel_static_smem() {
-  return sizeof(double) * kHhThreads + sizeof(float) * (4 * NB + 2 * NB * NB + NB * NB / 4);
+  return sizeof(double) * (kHhThreads + 2 * NB) + sizeof(float) * (2 * NB + 2 * NB * NB + NB * NB / 4);
 }
 
 }  // namespace
