@@ -222,35 +222,23 @@ std::string gemm_tag(const char* kind, int64_t m, int64_t n, int64_t k, bool ta,
 
 class ProfScope {
  public:
-  ProfScope(Profiler& p, const char* name, cudaStream_t s) : p_(p.on() ? &p : nullptr) {
+  // detail_only: only under DION_PROFILE=2, a part of one backend call timed
+  // on its own under `name` (a nested call, so counted a second time in the
+  // report's total).
+  ProfScope(Profiler& p, const char* name, cudaStream_t s, bool detail_only = false)
+      : p_(p.on() && (!detail_only || p.detail()) ? &p : nullptr) {
     if (p_) p_->begin(name, s);
   }
   ~ProfScope() {
     if (p_) p_->end();
   }
+  ProfScope(const ProfScope&) = delete;
+  ProfScope& operator=(const ProfScope&) = delete;
   // DION_PROFILE=2: this call's time goes under `name` (built only then).
   template <class F>
   void detail(F&& name) {
     if (p_ && p_->detail()) p_->rename(name());
   }
-
- private:
-  Profiler* p_;
-};
-
-// DION_PROFILE=2 only: the calls made in this scope's lifetime, within one
-// backend call, timed on their own under `name` (as a nested call, so
-// counted a second time in the report's total).
-class DetailScope {
- public:
-  DetailScope(Profiler& p, const char* name, cudaStream_t s) : p_(p.detail() ? &p : nullptr) {
-    if (p_) p_->begin(name, s);
-  }
-  ~DetailScope() {
-    if (p_) p_->end();
-  }
-  DetailScope(const DetailScope&) = delete;
-  DetailScope& operator=(const DetailScope&) = delete;
 
  private:
   Profiler* p_;
@@ -881,6 +869,25 @@ class CudaBackend final : public Backend {
     kernels::transpose(ctx(), cm, r, p, p, p * r, a.p, a.ld, a.stride, a.batch);
   }
 
+  // C (m x n, ldc, sc; column-major) = alpha op(A) op(B) + beta C over a
+  // strided batch, in the element type: DGEMM for double, an fp32 GEMM (no
+  // TF32) for float. The blocked factorizations' products (Cholesky, qr_q).
+  template <class T>
+  void cm_gemm(bool ta, bool tb, int64_t m, int64_t n, int64_t k, const T* alpha, const T* A, int64_t lda, int64_t sa,
+               const T* B, int64_t ldb, int64_t sb, const T* beta, T* C, int64_t ldc, int64_t sc, int64_t batch,
+               const char* what) {
+    if (m == 0 || n == 0) return;
+    const int M = to_int(m, "gemm m"), N = to_int(n, "gemm n"), K = to_int(k, "gemm k"), la = to_int(lda, "gemm lda"),
+              lb = to_int(ldb, "gemm ldb"), lc = to_int(ldc, "gemm ldc"), bc = to_int(batch, "gemm batch");
+    const cublasOperation_t oa = ta ? CUBLAS_OP_T : CUBLAS_OP_N, ob = tb ? CUBLAS_OP_T : CUBLAS_OP_N;
+    if constexpr (std::is_same_v<T, double>)
+      check(cublasDgemmStridedBatched(blas_, oa, ob, M, N, K, alpha, A, la, sa, B, lb, sb, beta, C, lc, sc, bc), what);
+    else
+      check(cublasGemmStridedBatchedEx(blas_, oa, ob, M, N, K, alpha, A, CUDA_R_32F, la, sa, B, CUDA_R_32F, lb, sb, beta,
+                                       C, CUDA_R_32F, lc, sc, bc, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
+            what);
+  }
+
   // qr_q for the whole batch in the same launches (kernels/householder.cu),
   // where a panel of nb >= 16 columns fits in shared memory (p up to about
   // 3400 on Hopper; nb = 32 up to about 1660): blocked Householder QR of the column-major copy cm, in
@@ -905,18 +912,10 @@ class CudaBackend final : public Backend {
     float* tau = static_cast<float*>(
         scratch(kWork, sizeof(float) * static_cast<size_t>(n_tau + n_tin + n_s + n_t + 2 * n_w)));
     float *tin = tau + n_tau, *S = tin + n_tin, *TJ = S + n_s, *W = TJ + n_t, *W2 = W + n_w;
-    const int Bn = to_int(B, "qr batch");
-    // C (m x n, ldc, sc) = alpha op(A) op(B) + beta C over the batch, in fp32.
     const auto gemm = [&](bool ta, bool tb, int64_t m, int64_t n, int64_t k, float alpha, const float* A, int64_t lda,
                           int64_t sa, const float* Bm, int64_t ldb, int64_t sb, float beta, float* C, int64_t ldc,
                           int64_t sc, const char* what) {
-      if (m == 0 || n == 0) return;
-      check(cublasGemmStridedBatchedEx(blas_, ta ? CUBLAS_OP_T : CUBLAS_OP_N, tb ? CUBLAS_OP_T : CUBLAS_OP_N,
-                                       to_int(m, "qr m"), to_int(n, "qr n"), to_int(k, "qr k"), &alpha, A, CUDA_R_32F,
-                                       to_int(lda, "qr lda"), sa, Bm, CUDA_R_32F, to_int(ldb, "qr ldb"), sb, &beta, C,
-                                       CUDA_R_32F, to_int(ldc, "qr ldc"), sc, Bn, CUBLAS_COMPUTE_32F,
-                                       CUBLAS_GEMM_DEFAULT),
-            what);
+      cm_gemm(ta, tb, m, n, k, &alpha, A, lda, sa, Bm, ldb, sb, &beta, C, ldc, sc, B, what);
     };
     kernels::transpose(ctx(), a.p, p, r, a.ld, a.stride, cm, p, sA, B);
     for (int64_t J0 = 0; J0 < r; J0 += NO) {
@@ -924,10 +923,10 @@ class CudaBackend final : public Backend {
       for (int64_t j0 = J0; j0 < J0 + bo; j0 += nb) {
         const int64_t b = std::min<int64_t>(nb, J0 + bo - j0), m = p - j0, n = J0 + bo - j0 - b;
         {
-          DetailScope d(prof_, "qr_q: panels", stream_);
+          ProfScope d(prof_, "qr_q: panels", stream_, true);
           kernels::householder_panel(ctx(), cm, p, r, J0, j0, b, nb, tau, tin, B);
         }
-        DetailScope d(prof_, "qr_q: panel updates", stream_);
+        ProfScope d(prof_, "qr_q: panel updates", stream_, true);
         const float* V = cm + j0 * p + j0;
         float* C = cm + (j0 + b) * p + j0;
         gemm(true, false, b, n, m, 1.f, V, p, sA, C, p, sA, 0.f, W, NO, sW, "cublasGemmStridedBatchedEx (qr panel V^T C)");
@@ -940,11 +939,11 @@ class CudaBackend final : public Backend {
       const float* V = cm + J0 * p + J0;
       float* T = TJ + J0 / NO * B * sT;
       {
-        DetailScope d(prof_, "qr_q: block T", stream_);
+        ProfScope d(prof_, "qr_q: block T", stream_, true);
         gemm(true, false, bo, bo, m, 1.f, V, p, sA, V, p, sA, 0.f, S, NO, sT, "cublasGemmStridedBatchedEx (qr V^T V)");
         kernels::householder_block_t(ctx(), S, NO, sT, tau, r, J0, bo, T, NO, sT, B);
       }
-      DetailScope d(prof_, "qr_q: trailing updates", stream_);
+      ProfScope d(prof_, "qr_q: trailing updates", stream_, true);
       float* C = cm + (J0 + bo) * p + J0;
       gemm(true, false, bo, n, m, 1.f, V, p, sA, C, p, sA, 0.f, W, NO, sW, "cublasGemmStridedBatchedEx (qr V^T C)");
       gemm(true, false, bo, n, bo, 1.f, T, NO, sT, W, NO, sW, 0.f, W2, NO, sW,
@@ -953,7 +952,7 @@ class CudaBackend final : public Backend {
            "cublasGemmStridedBatchedEx (qr trailing update)");
     }
     // Q^T (column-major r x p, ld a.ld): Q^T[J0:, J0:] -= ((Q^T[J0:, J0:] V) T^T) V^T.
-    DetailScope d(prof_, "qr_q: forming Q", stream_);
+    ProfScope d(prof_, "qr_q: forming Q", stream_, true);
     kernels::identity(ctx(), a);
     for (int64_t J0 = (K - 1) * NO; J0 >= 0; J0 -= NO) {
       const int64_t bo = std::min(NO, r - J0), m = p - J0, n = r - J0;
@@ -1099,23 +1098,16 @@ class CudaBackend final : public Backend {
     constexpr int64_t nbk = kernels::kCholBlock;
     if (n <= 0 || batch <= 0) return;
     T* inv = static_cast<T*>(scratch(kCholInv, sizeof(T) * static_cast<size_t>(batch * nbk * nbk)));
-    const int B = to_int(batch, "cholesky batch");
+    to_int(batch, "cholesky batch");  // before anything is enqueued
     const T one = 1, zero = 0, minus_one = -1;
-    // C (m x nc, ldc, sc) = alpha op(A) op(B) + beta C over the batch, K
-    // inner: DGEMM for double, an fp32 GEMM (no TF32) for float.
+    // cm_gemm over the batch, named as a panel's or an update's product.
     auto gemm = [&](bool ta, bool tb, int64_t m, int64_t nc, int64_t k, const T* alpha, const T* A, int64_t lda,
                     int64_t sa, const T* Bm, int64_t ldb, int64_t sb, const T* beta, T* C, int64_t ldc, int64_t sc,
                     bool update) {
-      const int M = to_int(m, "cholesky m"), NC = to_int(nc, "cholesky n"), K = to_int(k, "cholesky k"),
-                la = to_int(lda, "cholesky lda"), lb = to_int(ldb, "cholesky ldb"), lc = to_int(ldc, "cholesky ldc");
-      const cublasOperation_t oa = ta ? CUBLAS_OP_T : CUBLAS_OP_N, ob = tb ? CUBLAS_OP_T : CUBLAS_OP_N;
-      if constexpr (std::is_same_v<T, double>)
-        check(cublasDgemmStridedBatched(blas_, oa, ob, M, NC, K, alpha, A, la, sa, Bm, lb, sb, beta, C, lc, sc, B),
-              update ? "cublasDgemmStridedBatched (cholesky update)" : "cublasDgemmStridedBatched (cholesky panel)");
-      else
-        check(cublasGemmStridedBatchedEx(blas_, oa, ob, M, NC, K, alpha, A, CUDA_R_32F, la, sa, Bm, CUDA_R_32F, lb, sb,
-                                         beta, C, CUDA_R_32F, lc, sc, B, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
-              update ? "cublasGemmStridedBatchedEx (cholesky update)" : "cublasGemmStridedBatchedEx (cholesky panel)");
+      constexpr bool dbl = std::is_same_v<T, double>;
+      cm_gemm(ta, tb, m, nc, k, alpha, A, lda, sa, Bm, ldb, sb, beta, C, ldc, sc, batch,
+              update ? (dbl ? "cublasDgemmStridedBatched (cholesky update)" : "cublasGemmStridedBatchedEx (cholesky update)")
+                     : (dbl ? "cublasDgemmStridedBatched (cholesky panel)" : "cublasGemmStridedBatchedEx (cholesky panel)"));
     };
     kernels::CholBlock<T> g{a, ld, stride, batch, 0, 0, nullptr, info, true};
     for (int64_t o = 0; o < n; o += nbk) {
