@@ -22,7 +22,8 @@
 // and with k < c + 1 the entries S(k, c + 1) of S = V^T V. So a reflector
 // costs one pass and two barriers, and the panel's T of the compact WY form
 // (H_0 ... H_{b-1} = I - V T V^T) comes from S without another pass over V.
-// Sums run in float64, in a fixed order (no atomics): the same bits on
+// Each thread sums its products in float (four sums), the threads' sums
+// are added in float64, all in a fixed order (no atomics): the same bits on
 // every run.
 #include <cmath>
 
@@ -89,8 +90,9 @@ __global__ void __launch_bounds__(kHhThreads) panel_kernel(float* cm, int p, int
   constexpr int G = kHhThreads / NB;
   extern __shared__ float sh[];
   __shared__ double part[G][NB];
-  __shared__ double ws_s[NB], s_s[NB];
-  __shared__ float w_s[NB], tau_s[NB], S[NB * NB], T[NB * NB], X[NB * NB / 4];
+  __shared__ float pmax[G][NB];
+  __shared__ double s_s[NB];
+  __shared__ float w_s[NB], ws_s[NB], tau_s[NB], S[NB * NB], T[NB * NB], X[NB * NB / 4];
   const int m = p - j0, ld = panel_ld(m, NB);
   const int t = threadIdx.x, k = t % NB, g = t / NB, lane = t & 31, base = lane - k;
   float* const A = cm + static_cast<int64_t>(blockIdx.x) * p * r + static_cast<int64_t>(j0) * p;  // row 0 of column j0
@@ -99,17 +101,19 @@ __global__ void __launch_bounds__(kHhThreads) panel_kernel(float* cm, int p, int
   __syncthreads();
 
   // Applies H_c (c >= 0) to the columns k > c, and sums this thread's part
-  // of column c1 = c + 1's dots with column k (rows below c1) into part.
+  // of column c1 = c + 1's dots with column k (rows below c1) into part,
+  // the largest |value| of column k below c1 into pmax.
   const auto pass = [&](int c) {
     const int c1 = c + 1, start = c < 0 ? 0 : c;
     const bool upd = c >= 0 && k > c && k < b, mine = k < b;
-    const float w = upd ? w_s[k] : 0.f;
-    const double ws = upd ? ws_s[k] : 0.0;
+    const float w = upd ? w_s[k] : 0.f, ws = upd ? ws_s[k] : 0.f;
     const float* const xc = sh + (c < 0 ? 0 : c) * ld;
     float* const yk = sh + k * ld;
-    // Four rows at a time, their loads first and four sums: the pass is
-    // latency-bound (one CTA per matrix), not bound by issue or bandwidth.
-    double acc[kUnroll] = {};
+    // Four rows at a time, their loads first, four float sums. Float64
+    // products took two conversions per element: with them a gpt-160m
+    // panel of 32 took 186 us under Nsight Compute, without them 167 us
+    // (7.43 -> 6.87 M warp instructions; twenty-fourth session).
+    float acc[kUnroll] = {}, amax = 0.f;
     const int iters = (m - start + G - 1) / G;
     for (int j = 0; j < iters; j += kUnroll) {
       int i[kUnroll];
@@ -124,37 +128,56 @@ __global__ void __launch_bounds__(kHhThreads) panel_kernel(float* cm, int p, int
 #pragma unroll
       for (int u = 0; u < kUnroll; ++u)
         if (upd && i[u] < m) {
-          y[u] -= i[u] == c ? w : static_cast<float>(ws * x[u]);
+          y[u] -= i[u] == c ? w : ws * x[u];
           yk[i[u]] = y[u];
         }
 #pragma unroll
       for (int u = 0; u < kUnroll; ++u) {
         const float yn = __shfl_sync(0xffffffffu, y[u], base + c1);  // column c1's value at this lane's row
-        if (i[u] < m && i[u] > c1) acc[u] += static_cast<double>(yn) * y[u];
+        if (i[u] < m && i[u] > c1) {
+          acc[u] += yn * y[u];
+          amax = fmaxf(amax, fabsf(y[u]));
+        }
       }
     }
-    double sum = 0;
-#pragma unroll
-    for (int u = 0; u < kUnroll; ++u) sum += acc[u];
-    part[g][k] = sum;
+    part[g][k] = (static_cast<double>(acc[0]) + acc[1]) + (static_cast<double>(acc[2]) + acc[3]);
+    pmax[g][k] = amax;
   };
+  static_assert(kUnroll == 4, "pass sums four accumulators");
   // Forms reflector c1 from the sums of the pass before: its tau and scale
   // (v = s x below the diagonal), w_k and w_k s for the next pass, and
   // S(k, c1) for the columns k < c1 (their v already final).
+  //
+  // The float sums are exact enough (each thread sums a few dozen
+  // products, the threads' sums are added in float64) while column c1's
+  // largest |x| lies in [2^-60, 2^50]: its largest squares are normal
+  // floats, their sum below 2^124 for up to 2^24 rows, s at most 2^60. Outside it (a column of tiny or huge values: a momentum decayed
+  // over thousands of steps of zero gradient, where LAPACK's larfg
+  // rescales), warp 0 forms the dots again in float64 from shared memory,
+  // and scales column c1 to v = s x in place (its s is then 1), so neither
+  // s nor w_k s leaves the float range. A column of zeros needs neither.
   const auto reflector = [&](int c1) {
     if (t >= 32) return;
     double d = 0;
+    float am = 0.f;
     if (t < NB) {
       double d4[4] = {};
 #pragma unroll 4
-      for (int q = 0; q < G; ++q) d4[q % 4] += part[q][t];
+      for (int q = 0; q < G; ++q) {
+        d4[q % 4] += part[q][t];
+        am = fmaxf(am, pmax[q][t]);
+      }
       d = (d4[0] + d4[1]) + (d4[2] + d4[3]);
     }
-    const double s2 = __shfl_sync(0xffffffffu, d, c1);
-    // beta and the scale s = 1 / (alpha - beta) in float64: a column of
-    // norm below about 3e-39 (subnormal floats: a momentum decayed for
-    // thousands of steps) would make s overflow a float, where LAPACK's
-    // larfg rescales. v = s x (|v| <= 1) and w_k s x stay finite.
+    double s2 = __shfl_sync(0xffffffffu, d, c1);
+    const float amx = __shfl_sync(0xffffffffu, am, c1);
+    const bool rare = amx != 0.f && !(amx >= 0x1p-60f && amx <= 0x1p50f);  // NaN: rare (and NaN stays)
+    if (rare) {
+      d = 0;
+      if (t < b)
+        for (int i = c1 + 1; i < m; ++i) d += static_cast<double>(sh[c1 * ld + i]) * sh[t * ld + i];
+      s2 = __shfl_sync(0xffffffffu, d, c1);
+    }
     const double alpha = sh[c1 * ld + c1];
     float tu = 0.f;
     double s = 0;
@@ -168,12 +191,16 @@ __global__ void __launch_bounds__(kHhThreads) panel_kernel(float* cm, int p, int
     if (t > c1 && t < b) {
       const float w = tu * static_cast<float>(static_cast<double>(sh[t * ld + c1]) + s * d);
       w_s[t] = w;
-      ws_s[t] = static_cast<double>(w) * s;
+      ws_s[t] = rare ? w : static_cast<float>(w * s);
     }
     if (t < c1) S[t + c1 * NB] = static_cast<float>(s_s[t] * (static_cast<double>(sh[t * ld + c1]) + s * d));
+    if (rare) {
+      __syncwarp();  // every lane's float64 dots read column c1 before it is scaled
+      for (int i = c1 + 1 + t; i < m; i += 32) sh[c1 * ld + i] = static_cast<float>(sh[c1 * ld + i] * s);
+    }
     if (t == 0) {
       tau_s[c1] = tu;
-      s_s[c1] = s;
+      s_s[c1] = rare ? 1.0 : s;
     }
   };
   pass(-1);
@@ -189,9 +216,9 @@ __global__ void __launch_bounds__(kHhThreads) panel_kernel(float* cm, int p, int
   form_t(T, NB, S, NB, tau_s, b, X);
   // V, explicit, from the outer block's first row J0; tau; T (NB x NB).
   for (int c = 0; c < b; ++c) {
-    const double s = s_s[c];
+    const float s = static_cast<float>(s_s[c]);  // at most 2^60 (else the column holds v and s is 1)
     for (int i = t - (j0 - J0); i < m; i += kHhThreads)
-      A[static_cast<int64_t>(c) * p + j0 + i] = i < c ? 0.f : i == c ? 1.f : static_cast<float>(sh[c * ld + i] * s);
+      A[static_cast<int64_t>(c) * p + j0 + i] = i < c ? 0.f : i == c ? 1.f : sh[c * ld + i] * s;
   }
   if (t < b) tau[static_cast<int64_t>(blockIdx.x) * r + j0 + t] = tau_s[t];
   float* const Tg = tp + static_cast<int64_t>(blockIdx.x) * NB * NB;
@@ -225,7 +252,7 @@ __global__ void identity_kernel(MatBatch a) {
 
 template <int NB>
 constexpr size_t panel_static_smem() {
-  return sizeof(double) * (kHhThreads + 2 * NB) + sizeof(float) * (2 * NB + 2 * NB * NB + NB * NB / 4);
+  return sizeof(double) * (kHhThreads + NB) + sizeof(float) * (kHhThreads + 3 * NB + 2 * NB * NB + NB * NB / 4);
 }
 
 }  // namespace

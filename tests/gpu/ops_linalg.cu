@@ -718,25 +718,27 @@ TEST_F(OpsTest, QrQBatchedDegenerateAndDeterministic) {
 // (a momentum decayed over thousands of steps gives such a P); the batched
 // QR forms that scale in float64 instead. Matrix 0 is Gaussian times 1e-40
 // (subnormal entries), matrix 1 Gaussian with its fourth column times
-// 1e-41, matrix 2 Gaussian times 1e-30 (tiny but normal). Every Q is finite
-// and orthonormal (the subnormal ones carry only their inputs' 10 to 13
-// bits, so they are not compared with another implementation), and matrix
-// 2's equals the host's (LAPACK) as closely as a well-scaled matrix's.
+// 1e-41, matrix 2 Gaussian times 1e-30 (tiny but normal), matrix 3 times
+// 1e30 (huge: its squares overflow a float). Every Q is finite and
+// orthonormal (the subnormal ones carry only their inputs' 10 to 13 bits,
+// so they are not compared with another implementation), and matrices 2
+// and 3 equal the host's (LAPACK) as closely as a well-scaled matrix's.
 TEST_F(OpsTest, QrQBatchedTinyColumns) {
   const int64_t p = 300, r = 140;
-  Mat a = Mat::padded(p, r, 3);
+  Mat a = Mat::padded(p, r, 4);
   a.fill([&] { return gauss(); });
   for (int64_t i = 0; i < p; ++i)
     for (int64_t j = 0; j < r; ++j) {
       a.at(0, i, j) *= 1e-40f;
       if (j == 3) a.at(1, i, j) *= 1e-41f;
       a.at(2, i, j) *= 1e-30f;
+      a.at(3, i, j) *= 1e30f;
     }
   a.sync();
   cuda->qr_q(a.D());
   host->qr_q(a.H());
   const std::vector<float> q = a.dev();
-  for (int64_t b = 0; b < 3; ++b) {
+  for (int64_t b = 0; b < 4; ++b) {
     SCOPED_TRACE(testing::Message() << "matrix " << b);
     Mat one = Mat::padded(p, r, 1);
     for (int64_t i = 0; i < p; ++i)
@@ -747,13 +749,15 @@ TEST_F(OpsTest, QrQBatchedTinyColumns) {
       }
     EXPECT_LT(orthonormality_error(one.h, one), 1e-5);
   }
-  double worst = 0;
-  for (int64_t i = 0; i < p; ++i)
-    for (int64_t j = 0; j < r; ++j) {
-      const size_t e = static_cast<size_t>(2 * a.stride + i * a.ld + j);
-      worst = std::max(worst, static_cast<double>(std::fabs(q[e] - a.h[e])));
-    }
-  EXPECT_LT(worst, 1e-4) << "matrix 2 against the host";
+  for (int64_t b = 2; b < 4; ++b) {
+    double worst = 0;
+    for (int64_t i = 0; i < p; ++i)
+      for (int64_t j = 0; j < r; ++j) {
+        const size_t e = static_cast<size_t>(b * a.stride + i * a.ld + j);
+        worst = std::max(worst, static_cast<double>(std::fabs(q[e] - a.h[e])));
+      }
+    EXPECT_LT(worst, 1e-4) << "matrix " << b << " against the host";
+  }
 }
 
 // Backend::gram: the CUDA backend sums S products over row chunks when the
