@@ -96,48 +96,70 @@ __global__ void __launch_bounds__(kHhThreads) panel_kernel(float* cm, int p, int
   const int m = p - j0, ld = panel_ld(m, NB);
   const int t = threadIdx.x, k = t % NB, g = t / NB, lane = t & 31, base = lane - k;
   float* const A = cm + static_cast<int64_t>(blockIdx.x) * p * r + static_cast<int64_t>(j0) * p;  // row 0 of column j0
-  for (int c = 0; c < b; ++c)
-    for (int i = t; i < m; i += kHhThreads) sh[c * ld + i] = A[static_cast<int64_t>(c) * p + j0 + i];
+  // The panel's columns; those at b and beyond (a partial panel) zeros, so
+  // that the pass reads no uninitialised memory.
+  for (int c = 0; c < NB; ++c)
+    for (int i = t; i < m; i += kHhThreads) sh[c * ld + i] = c < b ? A[static_cast<int64_t>(c) * p + j0 + i] : 0.f;
   __syncthreads();
 
-  // Applies H_c (c >= 0) to the columns k > c, and sums this thread's part
-  // of column c1 = c + 1's dots with column k (rows below c1) into part,
-  // the largest |value| of column k below c1 into pmax.
+  // Applies H_c (c >= 0) to the rows below c + 1 of the columns k > c, and
+  // sums this thread's part of column c1 = c + 1's dots with column k over
+  // those rows into part, the largest |value| of column k there into pmax.
+  // Row c of the columns k > c (R's row, which qr_q does not keep) is left
+  // as it is, and row c1 is updated by reflector(c1), which reads it; so
+  // every row the pass visits takes the same arithmetic, with no test per
+  // element but in the last, partial round of rows. Lanes that update
+  // nothing (k <= c, and c = -1) subtract 0 x.
   const auto pass = [&](int c) {
-    const int c1 = c + 1, start = c < 0 ? 0 : c;
-    const bool upd = c >= 0 && k > c && k < b, mine = k < b;
-    const float w = upd ? w_s[k] : 0.f, ws = upd ? ws_s[k] : 0.f;
+    const int c1 = c + 1, first = c1 + 1;
+    const bool upd = c >= 0 && k > c && k < b;
+    const float ws = upd ? ws_s[k] : 0.f;
     const float* const xc = sh + (c < 0 ? 0 : c) * ld;
     float* const yk = sh + k * ld;
+    const int lc1 = base + c1;  // the lane holding column c1 at this lane's row
     // Four rows at a time, their loads first, four float sums. Float64
     // products took two conversions per element: with them a gpt-160m
     // panel of 32 took 186 us under Nsight Compute, without them 167 us
     // (7.43 -> 6.87 M warp instructions; twenty-fourth session).
     float acc[kUnroll] = {}, amax = 0.f;
-    const int iters = (m - start + G - 1) / G;
-    for (int j = 0; j < iters; j += kUnroll) {
-      int i[kUnroll];
+    constexpr int kRound = G * kUnroll;
+    const int rows = m - first, full = rows > 0 ? rows / kRound : 0;
+    int i0 = first + g;
+    for (int j = 0; j < full; ++j, i0 += kRound) {
       float y[kUnroll], x[kUnroll];
 #pragma unroll
       for (int u = 0; u < kUnroll; ++u) {
-        i[u] = start + g + G * (j + u);
-        const bool own = mine && i[u] < m;
-        y[u] = own ? yk[i[u]] : 0.f;
-        x[u] = own && upd ? xc[i[u]] : 0.f;
+        y[u] = yk[i0 + G * u];
+        x[u] = xc[i0 + G * u];
       }
 #pragma unroll
-      for (int u = 0; u < kUnroll; ++u)
-        if (upd && i[u] < m) {
-          y[u] -= i[u] == c ? w : ws * x[u];
-          yk[i[u]] = y[u];
-        }
+      for (int u = 0; u < kUnroll; ++u) {
+        y[u] = fmaf(-ws, x[u], y[u]);
+        if (upd) yk[i0 + G * u] = y[u];
+      }
 #pragma unroll
       for (int u = 0; u < kUnroll; ++u) {
-        const float yn = __shfl_sync(0xffffffffu, y[u], base + c1);  // column c1's value at this lane's row
-        if (i[u] < m && i[u] > c1) {
-          acc[u] += yn * y[u];
-          amax = fmaxf(amax, fabsf(y[u]));
-        }
+        acc[u] = fmaf(__shfl_sync(0xffffffffu, y[u], lc1), y[u], acc[u]);
+        amax = fmaxf(amax, fabsf(y[u]));
+      }
+    }
+    if (rows > 0 && rows % kRound != 0) {
+      float y[kUnroll], x[kUnroll];
+#pragma unroll
+      for (int u = 0; u < kUnroll; ++u) {
+        const bool ok = i0 + G * u < m;
+        y[u] = ok ? yk[i0 + G * u] : 0.f;
+        x[u] = ok ? xc[i0 + G * u] : 0.f;
+      }
+#pragma unroll
+      for (int u = 0; u < kUnroll; ++u) {
+        y[u] = fmaf(-ws, x[u], y[u]);
+        if (upd && i0 + G * u < m) yk[i0 + G * u] = y[u];
+      }
+#pragma unroll
+      for (int u = 0; u < kUnroll; ++u) {
+        acc[u] = fmaf(__shfl_sync(0xffffffffu, y[u], lc1), y[u], acc[u]);
+        amax = fmaxf(amax, fabsf(y[u]));
       }
     }
     part[g][k] = (static_cast<double>(acc[0]) + acc[1]) + (static_cast<double>(acc[2]) + acc[3]);
@@ -158,16 +180,29 @@ __global__ void __launch_bounds__(kHhThreads) panel_kernel(float* cm, int p, int
   // s nor w_k s leaves the float range. A column of zeros needs neither.
   const auto reflector = [&](int c1) {
     if (t >= 32) return;
-    double d = 0;
+    if (c1 > 0 && t > c1 - 1 && t < b) {
+      // Row c1 of the columns k > c1 - 1, which the pass left (see pass).
+      sh[t * ld + c1] = fmaf(-ws_s[t], sh[(c1 - 1) * ld + c1], sh[t * ld + c1]);
+    }
+    __syncwarp();
+    // Lane t sums column t % NB's part of the G partial sums: every
+    // (32 / NB)-th of them, from the (t / NB)-th; for NB = 16 the two
+    // halves of the warp are then added.
+    constexpr int H = 32 / NB;
+    double d4[4] = {};
     float am = 0.f;
-    if (t < NB) {
-      double d4[4] = {};
-#pragma unroll 4
-      for (int q = 0; q < G; ++q) {
-        d4[q % 4] += part[q][t];
-        am = fmaxf(am, pmax[q][t]);
+    static_assert(G % (4 * H) == 0, "the partial sums split into four");
+    for (int q = t / NB; q < G; q += 4 * H) {
+#pragma unroll
+      for (int u = 0; u < 4; ++u) {
+        d4[u] += part[q + u * H][k];
+        am = fmaxf(am, pmax[q + u * H][k]);
       }
-      d = (d4[0] + d4[1]) + (d4[2] + d4[3]);
+    }
+    double d = (d4[0] + d4[1]) + (d4[2] + d4[3]);
+    if (H == 2) {
+      d += __shfl_xor_sync(0xffffffffu, d, 16);
+      am = fmaxf(am, __shfl_xor_sync(0xffffffffu, am, 16));
     }
     double s2 = __shfl_sync(0xffffffffu, d, c1);
     const float amx = __shfl_sync(0xffffffffu, am, c1);
