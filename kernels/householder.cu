@@ -173,11 +173,13 @@ __global__ void __launch_bounds__(kHhThreads) panel_kernel(float* cm, int p, int
   // The float sums are exact enough (each thread sums a few dozen
   // products, the threads' sums are added in float64) while column c1's
   // largest |x| lies in [2^-60, 2^50]: its largest squares are normal
-  // floats, their sum below 2^124 for up to 2^24 rows, s at most 2^60. Outside it (a column of tiny or huge values: a momentum decayed
-  // over thousands of steps of zero gradient, where LAPACK's larfg
-  // rescales), warp 0 forms the dots again in float64 from shared memory,
-  // and scales column c1 to v = s x in place (its s is then 1), so neither
-  // s nor w_k s leaves the float range. A column of zeros needs neither.
+  // floats, their sum below 2^124 for up to 2^24 rows, and s = 1 / (alpha
+  // - beta) at most 2^60. Outside it (a column of tiny or huge values: a
+  // momentum decayed over thousands of steps of zero gradient, where
+  // LAPACK's larfg rescales), warp 0 forms the dots again in float64 from
+  // shared memory, and scales column c1 to v = s x in place (its s is then
+  // 1), so neither s nor w_k s leaves the float range. A column of zeros
+  // needs neither.
   const auto reflector = [&](int c1) {
     if (t >= 32) return;
     if (c1 > 0 && t > c1 - 1 && t < b) {

@@ -21,6 +21,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <set>
+#include <utility>
 
 #include "../reference/ref_linalg.h"
 #include "kernels/launch.hpp"
@@ -713,51 +714,62 @@ TEST_F(OpsTest, QrQBatchedDegenerateAndDeterministic) {
   EXPECT_LT(orthonormality_error(d.dev(), d), 1e-5) << "rank 100 of 256";
 }
 
-// Tiny columns: LAPACK's larfg rescales a column whose norm is below the
-// smallest normal float, where 1 / (alpha - beta) would overflow a float
-// (a momentum decayed over thousands of steps gives such a P); the batched
-// QR forms that scale in float64 instead. Matrix 0 is Gaussian times 1e-40
-// (subnormal entries), matrix 1 Gaussian with its fourth column times
-// 1e-41, matrix 2 Gaussian times 1e-30 (tiny but normal), matrix 3 times
-// 1e30 (huge: its squares overflow a float). Every Q is finite and
-// orthonormal (the subnormal ones carry only their inputs' 10 to 13 bits,
-// so they are not compared with another implementation), and matrices 2
-// and 3 equal the host's (LAPACK) as closely as a well-scaled matrix's.
+// Tiny and huge columns: LAPACK's larfg rescales a column whose norm is
+// below the smallest normal float, where 1 / (alpha - beta) would overflow a
+// float (a momentum decayed over thousands of steps gives such a P), and
+// the batched QR's panel sums its dots in float, whose squares underflow or
+// overflow there; it forms such a column's reflector in float64 instead.
+// Matrix 0 is Gaussian times 1e-40 (subnormal entries), matrix 1 Gaussian
+// with its fourth column times 1e-41, matrix 2 Gaussian times 1e-30 (tiny
+// but normal), matrix 3 times 1e30 (huge: its squares overflow a float).
+// Every Q is finite and orthonormal (the subnormal ones carry only their
+// inputs' 10 to 13 bits, so they are not compared with another
+// implementation), and matrices 2 and 3 equal the host's (LAPACK) as
+// closely as a well-scaled matrix's. Both panel widths: 300 rows take
+// panels of 32, 1800 rows panels of 16 (on Hopper).
 TEST_F(OpsTest, QrQBatchedTinyColumns) {
-  const int64_t p = 300, r = 140;
-  Mat a = Mat::padded(p, r, 4);
-  a.fill([&] { return gauss(); });
-  for (int64_t i = 0; i < p; ++i)
-    for (int64_t j = 0; j < r; ++j) {
-      a.at(0, i, j) *= 1e-40f;
-      if (j == 3) a.at(1, i, j) *= 1e-41f;
-      a.at(2, i, j) *= 1e-30f;
-      a.at(3, i, j) *= 1e30f;
+  int optin = 0;
+  ASSERT_EQ(cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, 0), cudaSuccess);
+  std::set<int> widths;
+  for (const auto& [p, r] : {std::pair<int64_t, int64_t>{300, 140}, {1800, 40}}) {
+    const int nb = kernels::householder_panel_width(p, optin);
+    SCOPED_TRACE(testing::Message() << p << " x " << r << ", panel width " << nb);
+    widths.insert(nb);
+    Mat a = Mat::padded(p, r, 4);
+    a.fill([&] { return gauss(); });
+    for (int64_t i = 0; i < p; ++i)
+      for (int64_t j = 0; j < r; ++j) {
+        a.at(0, i, j) *= 1e-40f;
+        if (j == 3) a.at(1, i, j) *= 1e-41f;
+        a.at(2, i, j) *= 1e-30f;
+        a.at(3, i, j) *= 1e30f;
+      }
+    a.sync();
+    cuda->qr_q(a.D());
+    host->qr_q(a.H());
+    const std::vector<float> q = a.dev();
+    for (int64_t b = 0; b < 4; ++b) {
+      SCOPED_TRACE(testing::Message() << "matrix " << b);
+      Mat one = Mat::padded(p, r, 1);
+      for (int64_t i = 0; i < p; ++i)
+        for (int64_t j = 0; j < r; ++j) {
+          const float v = q[static_cast<size_t>(b * a.stride + i * a.ld + j)];
+          ASSERT_TRUE(std::isfinite(v)) << i << ", " << j;
+          one.at(0, i, j) = v;
+        }
+      EXPECT_LT(orthonormality_error(one.h, one), 1e-5);
     }
-  a.sync();
-  cuda->qr_q(a.D());
-  host->qr_q(a.H());
-  const std::vector<float> q = a.dev();
-  for (int64_t b = 0; b < 4; ++b) {
-    SCOPED_TRACE(testing::Message() << "matrix " << b);
-    Mat one = Mat::padded(p, r, 1);
-    for (int64_t i = 0; i < p; ++i)
-      for (int64_t j = 0; j < r; ++j) {
-        const float v = q[static_cast<size_t>(b * a.stride + i * a.ld + j)];
-        ASSERT_TRUE(std::isfinite(v)) << i << ", " << j;
-        one.at(0, i, j) = v;
-      }
-    EXPECT_LT(orthonormality_error(one.h, one), 1e-5);
+    for (int64_t b = 2; b < 4; ++b) {
+      double worst = 0;
+      for (int64_t i = 0; i < p; ++i)
+        for (int64_t j = 0; j < r; ++j) {
+          const size_t e = static_cast<size_t>(b * a.stride + i * a.ld + j);
+          worst = std::max(worst, static_cast<double>(std::fabs(q[e] - a.h[e])));
+        }
+      EXPECT_LT(worst, 1e-4) << "matrix " << b << " against the host";
+    }
   }
-  for (int64_t b = 2; b < 4; ++b) {
-    double worst = 0;
-    for (int64_t i = 0; i < p; ++i)
-      for (int64_t j = 0; j < r; ++j) {
-        const size_t e = static_cast<size_t>(b * a.stride + i * a.ld + j);
-        worst = std::max(worst, static_cast<double>(std::fabs(q[e] - a.h[e])));
-      }
-    EXPECT_LT(worst, 1e-4) << "matrix " << b << " against the host";
-  }
+  if (optin >= 200 * 1024) EXPECT_TRUE(widths.count(32) && widths.count(16)) << "both panel widths were meant to run";
 }
 
 // Backend::gram: the CUDA backend sums S products over row chunks when the
