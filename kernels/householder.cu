@@ -182,8 +182,8 @@ __global__ void __launch_bounds__(kHhThreads) panel_kernel(float* cm, int p, int
   // needs neither.
   const auto reflector = [&](int c1) {
     if (t >= 32) return;
-    if (c1 > 0 && t > c1 - 1 && t < b) {
-      // Row c1 of the columns k > c1 - 1, which the pass left (see pass).
+    if (c1 > 0 && t >= c1 && t < b) {
+      // Row c1 of the columns k >= c1 (H_{c1 - 1}'s), which the pass left (see pass).
       sh[t * ld + c1] = fmaf(-ws_s[t], sh[(c1 - 1) * ld + c1], sh[t * ld + c1]);
     }
     __syncwarp();

@@ -1096,22 +1096,13 @@ TEST_F(OpsTest, NeuronScalesAndUpdate) {
           }
 }
 
-// The 3xTF32 tests' helpers: whether device 0 is of compute capability 9.0
-// (where the kernels run, so their results must differ from SGEMM's), and a
-// CUDA backend created with one environment variable set (the backend reads
-// its switches at creation), the variable restored after.
+// The 3xTF32 tests' helper: whether device 0 is of compute capability 9.0
+// (where the kernels run, so their results must differ from SGEMM's).
 void compute_capability_90(bool* yes) {
   int major = 0, minor = 0;
   ASSERT_EQ(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, 0), cudaSuccess);
   ASSERT_EQ(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, 0), cudaSuccess);
   *yes = major == 9 && minor == 0;
-}
-void cuda_backend_with(const char* name, const char* value, std::unique_ptr<Backend>* be) {
-  const char* was = std::getenv(name);
-  const std::string before = was ? was : "";
-  ASSERT_EQ(setenv(name, value, 1), 0);
-  be->reset(make_cuda_backend(0));
-  ASSERT_EQ(was ? setenv(name, before.c_str(), 1) : unsetenv(name), 0);
 }
 
 // The float64 product (A_t B_t^T)_ij of the lowrank tests' factors (A_t

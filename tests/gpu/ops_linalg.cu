@@ -607,20 +607,6 @@ TEST_F(OpsTest, QrQStreamsSameBits) {
   EXPECT_EQ(0, std::memcmp(q[0].data(), q[2].data(), q[0].size() * sizeof(float))) << "on a caller's stream";
 }
 
-// A CUDA backend made with DION_QR_BATCHED=0: qr_q by cuSOLVER's geqrf /
-// orgqr matrix by matrix (the variable is left as it was).
-std::unique_ptr<Backend> cusolver_qr_backend() {
-  const char* was = std::getenv("DION_QR_BATCHED");
-  const std::string before = was ? was : "";
-  setenv("DION_QR_BATCHED", "0", 1);
-  std::unique_ptr<Backend> be(make_cuda_backend(0));
-  if (was)
-    setenv("DION_QR_BATCHED", before.c_str(), 1);
-  else
-    unsetenv("DION_QR_BATCHED");
-  return be;
-}
-
 // qr_q's batched Householder QR (kernels/householder.cu, the default where
 // a panel of 16 or 32 columns fits in shared memory) against the host's
 // LAPACK-convention Householder QR and against cuSOLVER's geqrf / orgqr
@@ -633,7 +619,8 @@ std::unique_ptr<Backend> cusolver_qr_backend() {
 // with a shifted diagonal: singular values within a factor of about 3), so
 // fp32 QRs agree to about n eps cond, and 1e-4 bounds entries of at most 1.
 TEST_F(OpsTest, QrQBatchedMatchesHostAndCusolver) {
-  std::unique_ptr<Backend> ref = cusolver_qr_backend();
+  std::unique_ptr<Backend> ref;  // qr_q by cuSOLVER's geqrf / orgqr matrix by matrix
+  ASSERT_NO_FATAL_FAILURE(cuda_backend_with("DION_QR_BATCHED", "0", &ref));
   int optin = 0;
   ASSERT_EQ(cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, 0), cudaSuccess);
   struct Shape {
@@ -669,7 +656,8 @@ TEST_F(OpsTest, QrQBatchedMatchesHostAndCusolver) {
 // full-rank neighbours: each matrix is factored on its own. And the same
 // input gives the same bits twice.
 TEST_F(OpsTest, QrQBatchedDegenerateAndDeterministic) {
-  std::unique_ptr<Backend> ref = cusolver_qr_backend();
+  std::unique_ptr<Backend> ref;  // qr_q by cuSOLVER's geqrf / orgqr matrix by matrix
+  ASSERT_NO_FATAL_FAILURE(cuda_backend_with("DION_QR_BATCHED", "0", &ref));
   const int64_t p = 300, r = 140;
   Mat a = Mat::padded(p, r, 3);
   a.fill([&] { return gauss(); });

@@ -11,6 +11,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <cstdlib>
 #include <cstring>
 #include <memory>
 #include <random>
@@ -109,6 +110,17 @@ struct Mat {
   MatBatch D() { return MatBatch{d.p(), rows, cols, ld, stride, batch}; }
   std::vector<float> dev() const { return d.get(); }
 };
+
+// A CUDA backend created with one environment variable set (the backend
+// reads its switches at creation), the variable restored after. Call it
+// under ASSERT_NO_FATAL_FAILURE.
+inline void cuda_backend_with(const char* name, const char* value, std::unique_ptr<Backend>* be) {
+  const char* was = std::getenv(name);
+  const std::string before = was ? was : "";
+  ASSERT_EQ(setenv(name, value, 1), 0);
+  be->reset(make_cuda_backend(0));
+  ASSERT_EQ(was ? setenv(name, before.c_str(), 1) : unsetenv(name), 0);
+}
 
 class OpsTest : public ::testing::Test {
  protected:

@@ -917,25 +917,33 @@ class CudaBackend final : public Backend {
                           int64_t sc, const char* what) {
       cm_gemm(ta, tb, m, n, k, &alpha, A, lda, sa, Bm, ldb, sb, &beta, C, ldc, sc, B, what);
     };
+    // C (m x n at column-major C, ld p) -= V T^T (V^T C): the reflectors
+    // V (m x k, ld p) with their T (k x k, ld ldt, stride st) applied from
+    // the left as H^T = I - V T^T V^T, through W = V^T C and W2 = T^T W.
+    // A panel's (k = its width) or an outer block's (k = its width, C the
+    // columns to its right).
+    const auto reflect = [&](const float* V, const float* T, int64_t ldt, int64_t st, int64_t m, int64_t k, float* C,
+                             int64_t n, bool panel) {
+      gemm(true, false, k, n, m, 1.f, V, p, sA, C, p, sA, 0.f, W, NO, sW,
+           panel ? "cublasGemmStridedBatchedEx (qr panel V^T C)" : "cublasGemmStridedBatchedEx (qr V^T C)");
+      gemm(true, false, k, n, k, 1.f, T, ldt, st, W, NO, sW, 0.f, W2, NO, sW,
+           panel ? "cublasGemmStridedBatchedEx (qr panel T^T W)" : "cublasGemmStridedBatchedEx (qr T^T W)");
+      gemm(false, false, m, n, k, -1.f, V, p, sA, W2, NO, sW, 1.f, C, p, sA,
+           panel ? "cublasGemmStridedBatchedEx (qr panel update)" : "cublasGemmStridedBatchedEx (qr trailing update)");
+    };
     kernels::transpose(ctx(), a.p, p, r, a.ld, a.stride, cm, p, sA, B);
     for (int64_t J0 = 0; J0 < r; J0 += NO) {
       const int64_t bo = std::min(NO, r - J0);
       for (int64_t j0 = J0; j0 < J0 + bo; j0 += nb) {
-        const int64_t b = std::min<int64_t>(nb, J0 + bo - j0), m = p - j0, n = J0 + bo - j0 - b;
+        const int64_t b = std::min<int64_t>(nb, J0 + bo - j0);
         {
           ProfScope d(prof_, "qr_q: panels", stream_, true);
           kernels::householder_panel(ctx(), cm, p, r, J0, j0, b, nb, tau, tin, B);
         }
         ProfScope d(prof_, "qr_q: panel updates", stream_, true);
-        const float* V = cm + j0 * p + j0;
-        float* C = cm + (j0 + b) * p + j0;
-        gemm(true, false, b, n, m, 1.f, V, p, sA, C, p, sA, 0.f, W, NO, sW, "cublasGemmStridedBatchedEx (qr panel V^T C)");
-        gemm(true, false, b, n, b, 1.f, tin, nb, nb * nb, W, NO, sW, 0.f, W2, NO, sW,
-             "cublasGemmStridedBatchedEx (qr panel T^T W)");
-        gemm(false, false, m, n, b, -1.f, V, p, sA, W2, NO, sW, 1.f, C, p, sA,
-             "cublasGemmStridedBatchedEx (qr panel update)");
+        reflect(cm + j0 * p + j0, tin, nb, nb * nb, p - j0, b, cm + (j0 + b) * p + j0, J0 + bo - j0 - b, true);
       }
-      const int64_t m = p - J0, n = r - J0 - bo;
+      const int64_t m = p - J0;
       const float* V = cm + J0 * p + J0;
       float* T = TJ + J0 / NO * B * sT;
       {
@@ -944,12 +952,7 @@ class CudaBackend final : public Backend {
         kernels::householder_block_t(ctx(), S, NO, sT, tau, r, J0, bo, T, NO, sT, B);
       }
       ProfScope d(prof_, "qr_q: trailing updates", stream_, true);
-      float* C = cm + (J0 + bo) * p + J0;
-      gemm(true, false, bo, n, m, 1.f, V, p, sA, C, p, sA, 0.f, W, NO, sW, "cublasGemmStridedBatchedEx (qr V^T C)");
-      gemm(true, false, bo, n, bo, 1.f, T, NO, sT, W, NO, sW, 0.f, W2, NO, sW,
-           "cublasGemmStridedBatchedEx (qr T^T W)");
-      gemm(false, false, m, n, bo, -1.f, V, p, sA, W2, NO, sW, 1.f, C, p, sA,
-           "cublasGemmStridedBatchedEx (qr trailing update)");
+      reflect(V, T, NO, sT, m, bo, cm + (J0 + bo) * p + J0, r - J0 - bo, false);
     }
     // Q^T (column-major r x p, ld a.ld): Q^T[J0:, J0:] -= ((Q^T[J0:, J0:] V) T^T) V^T.
     ProfScope d(prof_, "qr_q: forming Q", stream_, true);
