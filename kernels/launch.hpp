@@ -287,7 +287,7 @@ bool lowrank_tf32x3_init(int device);
 size_t lowrank_tf32x3_scratch(int64_t count, int64_t m, int64_t n, int64_t k);
 // As many products per launch as scratch_bytes holds the parts of (one at
 // least). False, nothing launched, where the kernel cannot take the shapes
-// (k = 0, more than 65535 row tiles, scratch for less than one product).
+// (k = 0, a dimension of 2^31 or more, scratch for less than one product).
 bool lowrank_tf32x3(const Ctx& c, ConstMatBatch a, ConstMatBatch b, void* const* cptr, const float* coef,
                     int64_t ldc, void* scratch, size_t scratch_bytes);
 // An operand's matrices: ptr[g] (device pointer array), or base + g stride

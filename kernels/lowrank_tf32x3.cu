@@ -28,11 +28,12 @@
 // times SGEMM's speed (an H200: gpt-1.3b's 24 products 8192 x 2048 of rank
 // 512, 8.81 -> 4.88 ms with the splits).
 //
-// The kernel (sm_90a only): a CTA per 128 x 128 tile of C, two warpgroups
-// (rows 0-63 and 64-127 of the tile), three stages of four 128 x 32 fp32
-// tiles (Ah, Al, Bh, Bl: 64 KiB) loaded by the tensor memory accelerator
-// with the 128-byte swizzle wgmma's descriptors expect (zeros outside the
-// matrices), then the epilogue from the registers. The split parts are
+// The kernel (sm_90a only): a CTA per multiprocessor, each taking 128 x 128
+// tiles of C in turn, two warpgroups (rows 0-63 and 64-127 of the tile),
+// three stages of four 128 x 32 fp32 tiles (Ah, Al, Bh, Bl: 64 KiB) loaded
+// by the tensor memory accelerator with the 128-byte swizzle wgmma's
+// descriptors expect (zeros outside the matrices), the next tile's first
+// stages while a tile ends, then the epilogue from the registers. The split parts are
 // written to scratch by split passes (packed, rows of kpad = k rounded up to
 // 4 elements, so every tensor map stride is a multiple of 16 bytes), a
 // chunk of the batch at a time where the whole would not fit the scratch.
@@ -104,8 +105,9 @@ bool lowrank_tf32x3(const Ctx& c, ConstMatBatch a, ConstMatBatch b, void* const*
                     int64_t ldc, void* scratch, size_t scratch_bytes) {
   const int64_t m = a.rows, n = b.rows, k = a.cols, count = a.batch;
   if (count <= 0 || m <= 0 || n <= 0) return true;
-  const int64_t kpad = x3_kpad(k), tiles_m = (m + kX3Tile - 1) / kX3Tile, tiles_n = (n + kX3Tile - 1) / kX3Tile;
-  if (k <= 0 || b.cols != k || tiles_m > 65535 || n > 0x7fffffff) return false;  // tiles_n <= n
+  const int64_t kpad = x3_kpad(k);
+  // the tensor maps' coordinates (k, rows, matrix) are 32-bit
+  if (k <= 0 || b.cols != k || k > 0x7fffffff || m > 0x7fffffff || n > 0x7fffffff) return false;
   const int64_t chunk = std::min<int64_t>(
       count, std::min<int64_t>(65535, static_cast<int64_t>(scratch_bytes / lowrank_tf32x3_scratch(1, m, n, k))));
   if (chunk < 1) return false;
@@ -122,9 +124,8 @@ bool lowrank_tf32x3(const Ctx& c, ConstMatBatch a, ConstMatBatch b, void* const*
     const int64_t cn = std::min(chunk, count - g0);
     x3_split(c, a.p + g0 * a.stride, m, k, a.ld, a.stride, cn, kpad, ah, al, "split_tf32 kernel (A)");
     x3_split(c, b.p + g0 * b.stride, n, k, b.ld, b.stride, cn, kpad, bh, bl, "split_tf32 kernel (B)");
-    const dim3 grid(static_cast<unsigned>(tiles_n), static_cast<unsigned>(tiles_m), static_cast<unsigned>(cn));
-    lowrank_tf32x3_kernel<kX3Promote>
-        <<<grid, kX3Threads, kX3SmemBytes, c.stream>>>(t[0], t[1], t[2], t[3], cptr + g0, coef, cn, m, n, k, ldc);
+    lowrank_tf32x3_kernel<kX3Promote><<<x3_lowrank_grid(cn, m, n, c.sms), kX3Threads, kX3SmemBytes, c.stream>>>(
+        t[0], t[1], t[2], t[3], cptr + g0, coef, cn, m, n, k, ldc);
     cuda::check_launch("lowrank_tf32x3 kernel");
   }
   return true;

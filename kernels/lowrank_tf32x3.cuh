@@ -200,11 +200,36 @@ __device__ __forceinline__ void x3_store_block(const float (&d)[N], float* C, in
 }
 #endif  // __CUDA_ARCH_FEAT_SM90_ALL
 
-// Grid: x the column tiles of C, y its row tiles, z the batch (grid-stride).
-// Maps: Ah, Al as (k, m, count), Bh, Bl as (k, n, count). kP: k-steps of 8
-// whose three products accumulate in the tensor cores before each promotion
-// (the library takes kX3Promote); 0 accumulates all of k there (the form
-// the promotion corrects, for bench/micro/lowrank_3xtf32.cu's comparison).
+// The tiles of count products m x n, kX3Tile x kX3Tile each, numbered
+// matrix by matrix, row tile by row tile, column tiles fastest.
+__host__ __device__ inline int64_t x3_lowrank_tiles(int64_t count, int64_t m, int64_t n) {
+  return count * ((m + kX3Tile - 1) / kX3Tile) * ((n + kX3Tile - 1) / kX3Tile);
+}
+// lowrank_tf32x3_kernel's grid: a CTA per multiprocessor, at most one per tile.
+inline unsigned x3_lowrank_grid(int64_t count, int64_t m, int64_t n, int sms) {
+  const int64_t tiles = x3_lowrank_tiles(count, m, n), ctas = sms > 0 ? sms : 1;
+  return static_cast<unsigned>(ctas < tiles ? ctas : tiles);
+}
+
+// Grid: x3_lowrank_grid's CTAs of kX3Threads, each taking the tiles
+// blockIdx.x, + gridDim.x, ... (x3_lowrank_tiles' order); shared memory
+// kX3SmemBytes. Maps: Ah, Al as (k, m, count), Bh, Bl as (k, n, count).
+// kP: k-steps of 8 whose three products accumulate in the tensor cores
+// before each promotion (the library takes kX3Promote); 0 accumulates all
+// of k there (the form the promotion corrects, for
+// bench/micro/lowrank_3xtf32.cu's comparison).
+//
+// A CTA's loads are one stream over its tiles: item i = (its (i / kt_count)-th
+// tile, stage i % kt_count of k), in slot i % kX3Stages, whose barrier
+// completes its phase i / kX3Stages then. Every slot is refilled as soon as
+// both warpgroups are done with it (all of a stage's MMAs are waited for
+// within the stage), so kX3Stages - 1 items are in flight while one is
+// multiplied, and the next tile's first stages load during a tile's last
+// stages and its epilogue (the twenty-fifth session: this kernel 212 -> 202
+// us for gpt-160m's fc2 class, 5.20 -> 5.11 ms for gpt-1.3b's fc1 class,
+// against a CTA per tile that kept kX3Stages - 2 items in flight; two stages
+// and each tile's C copied into shared memory while its products run was no
+// faster, 209 us and 5.09 ms).
 template <int kP>
 __global__ void __launch_bounds__(kX3Threads, 1)
     lowrank_tf32x3_kernel(const __grid_constant__ CUtensorMap tah, const __grid_constant__ CUtensorMap tal,
@@ -218,26 +243,47 @@ __global__ void __launch_bounds__(kX3Threads, 1)
   const uint32_t base = (x3_smem_addr(x3_smem) + 1023u) & ~1023u;
   const uint32_t bars = base + kX3Stages * kX3StageBytes;
   const int tid = threadIdx.x, wg = tid >> 7, wtid = tid & 127;
-  const int col0 = static_cast<int>(blockIdx.x) * kX3Tile, row0 = static_cast<int>(blockIdx.y) * kX3Tile;
   constexpr int kBk = kX3RowBytes / 4;  // k per stage
-  const int kt_count = static_cast<int>((k + kBk - 1) / kBk);
+  const uint32_t kt_count = static_cast<uint32_t>((k + kBk - 1) / kBk);
+  const int64_t tiles_n = (n + kX3Tile - 1) / kX3Tile, per_matrix = tiles_n * ((m + kX3Tile - 1) / kX3Tile);
+  const int64_t tiles = count * per_matrix;
   const CUtensorMap* const maps[4] = {&tah, &tal, &tbh, &tbl};
+  const auto origin = [&](int64_t tile, int64_t& g, int& row0, int& col0) {
+    g = tile / per_matrix;
+    const int64_t r = tile - g * per_matrix;
+    row0 = static_cast<int>(r / tiles_n) * kX3Tile;
+    col0 = static_cast<int>(r % tiles_n) * kX3Tile;
+  };
+  // Thread 0's cursor over the stream: the next item's tile (its origin
+  // found once per tile: no division per stage on the warp whose lag every
+  // stage's barrier waits for) and stage of k, and the items issued.
+  int64_t ld_tile = blockIdx.x, ld_g = 0;
+  int ld_row0 = 0, ld_col0 = 0;
+  uint32_t ld_kt = 0, loaded = 0;
+  const auto issue_next = [&] {
+    if (ld_tile >= tiles) return;
+    const uint32_t st = loaded++ % kX3Stages;
+    x3_issue(maps, base + st * kX3StageBytes, bars + 8 * st, static_cast<int>(ld_kt) * kBk, ld_row0, ld_col0,
+             static_cast<int>(ld_g));
+    if (++ld_kt == kt_count) {
+      ld_kt = 0;
+      ld_tile += gridDim.x;
+      if (ld_tile < tiles) origin(ld_tile, ld_g, ld_row0, ld_col0);
+    }
+  };
   if (tid == 0) {
     for (int s = 0; s < kX3Stages; ++s) x3_bar_init(bars + 8 * s);
     asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+    if (ld_tile < tiles) origin(ld_tile, ld_g, ld_row0, ld_col0);
+    for (int s = 0; s < kX3Stages; ++s) issue_next();
   }
   __syncthreads();
-  // Tiles loaded and used so far, over all of this CTA's matrices: tile t
-  // goes to stage t % kX3Stages, whose barrier completes its phase t /
-  // kX3Stages then.
-  uint32_t loaded = 0, used = 0;
-  for (int64_t g = blockIdx.z; g < count; g += gridDim.z) {
-    float* C = static_cast<float*>(cptr[g]);
-    if (tid == 0)
-      for (int s = 0; s < kX3Stages - 1 && s < kt_count; ++s, ++loaded) {
-        const uint32_t st = loaded % kX3Stages;
-        x3_issue(maps, base + st * kX3StageBytes, bars + 8 * st, s * kBk, row0, col0, static_cast<int>(g));
-      }
+  uint32_t used = 0;  // items multiplied so far
+  for (int64_t tile = blockIdx.x; tile < tiles; tile += gridDim.x) {
+    int64_t g;
+    int row0, col0;
+    origin(tile, g, row0, col0);
+    float* const C = static_cast<float*>(cptr[g]);
     // kP k-steps' products go into a scratch accumulator (zeroed by the
     // first), which is then added into d; with kP = 0 all of the stage's
     // straight into d. kPairs (an even count of chunks per stage): the
@@ -252,7 +298,7 @@ __global__ void __launch_bounds__(kX3Threads, 1)
     float d[64], t[64], u[64];
 #pragma unroll
     for (int i = 0; i < 64; ++i) d[i] = t[i] = u[i] = 0.f;
-    for (int kt = 0; kt < kt_count; ++kt, ++used) {
+    for (uint32_t kt = 0; kt < kt_count; ++kt, ++used) {
       const uint32_t st = used % kX3Stages;
       x3_bar_wait(bars + 8 * st, (used / kX3Stages) & 1u);
       // this warpgroup's 64 rows of A's parts; all 128 rows of B's
@@ -277,16 +323,10 @@ __global__ void __launch_bounds__(kX3Threads, 1)
         }
         x3_promote<0>(d, acc, nullptr, nullptr, kP > 0);  // kP = 0: acc is d
       }
-      __syncthreads();  // both warpgroups are done with this stage: the previous one may be refilled
-      const int nk = kt + kX3Stages - 1;
-      if (tid == 0 && nk < kt_count) {
-        const uint32_t ns = loaded % kX3Stages;
-        x3_issue(maps, base + ns * kX3StageBytes, bars + 8 * ns, nk * kBk, row0, col0, static_cast<int>(g));
-        ++loaded;
-      }
+      __syncthreads();  // both warpgroups are done with this slot: it takes the item kX3Stages on
+      if (tid == 0) issue_next();  // item used + kX3Stages
     }
     x3_store_block(d, C, ldc, m, n, row0 + 64 * wg, col0, alpha, beta, wtid);
-    __syncthreads();  // every warp's MMAs are done before the next matrix's loads
   }
 #endif
 }

@@ -57,8 +57,10 @@ bool product3(cudaStream_t st, const float* ah, const float* al, const float* bh
   if (!x3_map(&t[0], ah, m, k, kpad, count) || !x3_map(&t[1], al, m, k, kpad, count) ||
       !x3_map(&t[2], bh, n, k, kpad, count) || !x3_map(&t[3], bl, n, k, kpad, count))
     return false;
-  const dim3 grid((unsigned)((n + kX3Tile - 1) / kX3Tile), (unsigned)((m + kX3Tile - 1) / kX3Tile),
-                  (unsigned)std::min<int64_t>(count, 65535));
+  int dev = 0, sms = 0;
+  CK(cudaGetDevice(&dev));
+  CK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
+  const unsigned grid = x3_lowrank_grid(count, m, n, sms);
 #define X_LAUNCH(P)                                                                                                 \
   lowrank_tf32x3_kernel<P><<<grid, kX3Threads, kX3SmemBytes, st>>>(t[0], t[1], t[2], t[3], cptr, coef, count, m, n, \
                                                                     k, n)

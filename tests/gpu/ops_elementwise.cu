@@ -1165,9 +1165,12 @@ void expect_as_exact_as_sgemm(double e3, double es, bool hopper, bool differ) {
 // Positive data, where the sums grow with k and an accumulation that does
 // not round to nearest shows (the tensor cores' own gave 5 to 10 times
 // SGEMM's error at k = 512, bench/micro/lowrank_3xtf32.cu), and signed;
-// ranks 68 (a partial stage of 32), 192, 512 and 2048, tiles cut by the
-// matrices' edges. On a device of compute capability 9.0 the two paths'
-// results must differ somewhere: the 3xTF32 one ran.
+// ranks 20 (one stage), 68 (a partial stage of 32), 192, 512 and 2048,
+// tiles cut by the matrices' edges, and batches of more tiles than the
+// kernel has CTAs (1100 x 1000 and 900 x 1300: each CTA takes several tiles,
+// the next one's stages loaded during the last). On a device of compute
+// capability 9.0 the two paths' results must differ somewhere: the 3xTF32
+// one ran.
 TEST_F(OpsTest, LowrankFp32AsExactAsSgemm) {
   bool hopper = false;
   ASSERT_NO_FATAL_FAILURE(compute_capability_90(&hopper));
@@ -1184,7 +1187,7 @@ TEST_F(OpsTest, LowrankFp32AsExactAsSgemm) {
   const float alpha = -0.75f;
   Dev<int32_t> dskip(std::vector<int32_t>{0});
   for (const Dims dims : {Dims{300, 264, 512, 2}, Dims{257, 129, 192, 3}, Dims{130, 300, 2048, 1},
-                          Dims{200, 136, 68, 2}})
+                          Dims{200, 136, 68, 2}, Dims{1100, 1000, 68, 3}, Dims{900, 1300, 20, 2}})
     for (const float lo : {0.0f, -1.0f})
       for (const bool acc : {true, false}) {
         const int64_t rows = dims.rows, cols = dims.cols, r = dims.r, T = dims.T, n = rows * cols;
