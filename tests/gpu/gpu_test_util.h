@@ -26,6 +26,7 @@
 #include "../reference/ref_linalg.h"
 #include "dion.h"
 #include "../hash_uniform.h"
+#include "../scoped_env.h"
 
 namespace dion_gpu_test {
 

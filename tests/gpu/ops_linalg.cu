@@ -509,15 +509,15 @@ double orthonormality_error(const std::vector<float>& q, const Mat& shape) {
 // after these with it set).
 template <class F>
 void with_each_cholesky(std::unique_ptr<Backend>& cuda, F&& body) {
-  const char* was = std::getenv("DION_OWN_CHOLESKY");
-  const std::string before = was ? was : "";
-  for (const char* own : {"1", "0"}) {
-    SCOPED_TRACE(testing::Message() << "DION_OWN_CHOLESKY=" << own);
-    ASSERT_EQ(setenv("DION_OWN_CHOLESKY", own, 1), 0);
-    cuda.reset(make_cuda_backend(0));
-    body();
+  {
+    ScopedEnv env("DION_OWN_CHOLESKY", "1");
+    for (const char* own : {"1", "0"}) {
+      SCOPED_TRACE(testing::Message() << "DION_OWN_CHOLESKY=" << own);
+      env.set(own);
+      cuda.reset(make_cuda_backend(0));
+      body();
+    }
   }
-  ASSERT_EQ(was ? setenv("DION_OWN_CHOLESKY", before.c_str(), 1) : unsetenv("DION_OWN_CHOLESKY"), 0);
   cuda.reset(make_cuda_backend(0));
 }
 
@@ -576,11 +576,8 @@ TEST_F(OpsTest, QrQAndR) {
 // stream (DION_QR_STREAMS=1), on the default stream and on a caller's
 // non-blocking one (the lanes fork from and join back to it).
 TEST_F(OpsTest, QrQStreamsSameBits) {
-  const char* was = std::getenv("DION_QR_STREAMS");
-  const std::string before = was ? was : "";
-  const char* batched_was = std::getenv("DION_QR_BATCHED");  // the lanes serve cuSOLVER's path only
-  const std::string batched_before = batched_was ? batched_was : "";
-  ASSERT_EQ(setenv("DION_QR_BATCHED", "0", 1), 0);
+  ScopedEnv batched("DION_QR_BATCHED", "0");  // the lanes serve cuSOLVER's path only
+  ScopedEnv streams("DION_QR_STREAMS", "1");
   const int64_t p = 300, r = 120, B = 11;
   Mat a = Mat::padded(p, r, B);
   a.fill([&] { return gauss(); });
@@ -588,7 +585,7 @@ TEST_F(OpsTest, QrQStreamsSameBits) {
   cudaStream_t st = nullptr;
   ASSERT_EQ(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking), cudaSuccess);
   for (int v = 0; v < 3; ++v) {
-    ASSERT_EQ(setenv("DION_QR_STREAMS", v == 0 ? "1" : "8", 1), 0);
+    streams.set(v == 0 ? "1" : "8");
     std::unique_ptr<Backend> be(make_cuda_backend(0));
     if (v == 2) be->set_stream(st);
     Mat x = Mat::padded(p, r, B);
@@ -600,8 +597,6 @@ TEST_F(OpsTest, QrQStreamsSameBits) {
     EXPECT_LT(orthonormality_error(q[v], x), 1e-5) << "variant " << v;
   }
   ASSERT_EQ(cudaStreamDestroy(st), cudaSuccess);
-  ASSERT_EQ(was ? setenv("DION_QR_STREAMS", before.c_str(), 1) : unsetenv("DION_QR_STREAMS"), 0);
-  ASSERT_EQ(batched_was ? setenv("DION_QR_BATCHED", batched_before.c_str(), 1) : unsetenv("DION_QR_BATCHED"), 0);
   ASSERT_EQ(q[0].size(), q[1].size());
   EXPECT_EQ(0, std::memcmp(q[0].data(), q[1].data(), q[0].size() * sizeof(float))) << "8 streams against 1";
   EXPECT_EQ(0, std::memcmp(q[0].data(), q[2].data(), q[0].size() * sizeof(float))) << "on a caller's stream";

@@ -22,6 +22,7 @@
 #include "core/backend.hpp"
 #include "core/dtype.hpp"
 #include "core/error.hpp"
+#include "../scoped_env.h"
 
 namespace dion_ops_test {
 
@@ -112,14 +113,10 @@ struct Mat {
 };
 
 // A CUDA backend created with one environment variable set (the backend
-// reads its switches at creation), the variable restored after. Call it
-// under ASSERT_NO_FATAL_FAILURE.
+// reads its switches at creation), the variable restored after.
 inline void cuda_backend_with(const char* name, const char* value, std::unique_ptr<Backend>* be) {
-  const char* was = std::getenv(name);
-  const std::string before = was ? was : "";
-  ASSERT_EQ(setenv(name, value, 1), 0);
+  ScopedEnv env(name, value);
   be->reset(make_cuda_backend(0));
-  ASSERT_EQ(was ? setenv(name, before.c_str(), 1) : unsetenv(name), 0);
 }
 
 class OpsTest : public ::testing::Test {

@@ -737,12 +737,13 @@ TEST(CudaApiState, DefaultBatchWorkspaceCapIsFourGiB) {
   CUDA_ASSERT(cudaSetDevice(0));
   const dion_group_options_t g = opts(DION_ALGO_DION);
   auto workspace = [&](const char* mib) -> double {
-    if (mib) setenv("DION_BATCH_WORKSPACE_MIB", mib, 1);
     std::vector<TensorSpec> t;
     for (int i = 0; i < 96; ++i) t.push_back({"cap.w" + std::to_string(i), {1024, 4096}});
     DevModel m;
-    m.build({{g, t}}, DION_DTYPE_BF16, 67);
-    unsetenv("DION_BATCH_WORKSPACE_MIB");
+    {
+      ScopedEnv cap("DION_BATCH_WORKSPACE_MIB", mib);  // null: unset, the default
+      m.build({{g, t}}, DION_DTYPE_BF16, 67);
+    }
     uint64_t state = 0, ws = 0;
     EXPECT_EQ(dion_get_memory_usage(m.opt, &state, &ws), DION_SUCCESS);
     return static_cast<double>(ws) / (1 << 20);

@@ -25,6 +25,7 @@
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -162,9 +163,10 @@ SwitchAb switch_ab(dion_algorithm_t algo, const char* env, int64_t m, int64_t n,
   const Case c{algo, DION_MATMUL_BF16, DION_DTYPE_UNSET, 3};
   const std::vector<float> xh = run(DION_BACKEND_HOST, Case{algo, DION_MATMUL_FP32, DION_DTYPE_UNSET, 3}, x0, g, m, n);
   const std::vector<float> xon = run(DION_BACKEND_CUDA, c, x0, g, m, n);
-  EXPECT_EQ(setenv(env, "0", 1), 0);
-  const std::vector<float> xoff = run(DION_BACKEND_CUDA, c, x0, g, m, n);
-  EXPECT_EQ(unsetenv(env), 0);
+  const std::vector<float> xoff = [&] {
+    ScopedEnv off(env, "0");
+    return run(DION_BACKEND_CUDA, c, x0, g, m, n);
+  }();
   EXPECT_EQ(xh.size(), x0.size());
   EXPECT_EQ(xon.size(), x0.size());
   EXPECT_EQ(xoff.size(), x0.size());
@@ -270,9 +272,10 @@ TEST(NsGram, MuonFamilyMatchesTheClassicFormWithinBf16Rounding) {
       if (run.algo == DION_ALGO_DION2 && m > 512) continue;
       SCOPED_TRACE(::testing::Message() << algo_name(run.algo) << (run.fp32_start ? " (fp32 start) " : " ") << m
                                         << " x " << n);
-      if (run.fp32_start) EXPECT_EQ(setenv("DION_MUON_BF16_START", "0", 1), 0);
+      std::optional<ScopedEnv> fp32_start;
+      if (run.fp32_start) fp32_start.emplace("DION_MUON_BF16_START", "0");
       const SwitchAb d = switch_ab(run.algo, "DION_NS_GRAM", m, n, 7, 8);
-      if (run.fp32_start) EXPECT_EQ(unsetenv("DION_MUON_BF16_START"), 0);
+      fp32_start.reset();
       EXPECT_LT(d.on, kBf16Bound);
       EXPECT_LT(d.off, kBf16Bound);
       EXPECT_LT(d.between, kBf16Bound);
@@ -375,9 +378,10 @@ void group_switch_ab(dion_algorithm_t algo, const char* env, const std::vector<s
   uint64_t ws_host = 0;
   const auto xh = run_group(DION_BACKEND_HOST, algo, DION_MATMUL_FP32, shapes, x0, g, &ws_host, momentum);
   const auto xon = run_group(DION_BACKEND_CUDA, algo, DION_MATMUL_BF16, shapes, x0, g, &out->ws_on, momentum);
-  EXPECT_EQ(setenv(env, "0", 1), 0);
-  const auto xoff = run_group(DION_BACKEND_CUDA, algo, DION_MATMUL_BF16, shapes, x0, g, &out->ws_off, momentum);
-  EXPECT_EQ(unsetenv(env), 0);
+  const auto xoff = [&] {
+    ScopedEnv off(env, "0");
+    return run_group(DION_BACKEND_CUDA, algo, DION_MATMUL_BF16, shapes, x0, g, &out->ws_off, momentum);
+  }();
   ASSERT_EQ(xh.size(), shapes.size());
   ASSERT_EQ(xon.size(), shapes.size());
   ASSERT_EQ(xoff.size(), shapes.size());
@@ -451,9 +455,10 @@ TEST(DionP16, PhasedWorkspaceHasNoFp32P) {
   group_inputs(shapes, x0, g);
   uint64_t on = 0, off = 0, after = 0;
   run_group(DION_BACKEND_CUDA, DION_ALGO_DION, DION_MATMUL_BF16, shapes, x0, g, &after, DION_DTYPE_BF16, 1, &on);
-  ASSERT_EQ(setenv("DION_P_BF16_LOCAL", "0", 1), 0);
-  run_group(DION_BACKEND_CUDA, DION_ALGO_DION, DION_MATMUL_BF16, shapes, x0, g, &after, DION_DTYPE_BF16, 1, &off);
-  ASSERT_EQ(unsetenv("DION_P_BF16_LOCAL"), 0);
+  {
+    ScopedEnv p_local("DION_P_BF16_LOCAL", "0");
+    run_group(DION_BACKEND_CUDA, DION_ALGO_DION, DION_MATMUL_BF16, shapes, x0, g, &after, DION_DTYPE_BF16, 1, &off);
+  }
   uint64_t lo = 0, hi = 0;
   for (const auto& [m, n] : shapes) {
     const int64_t r = 64;  // rank_fraction 0.25 of 256
@@ -615,9 +620,10 @@ TEST(SketchSplit, Fp32SketchKeepsAnIllConditionedPOrthonormal) {
     const Config& c = configs[ci];
     SCOPED_TRACE(::testing::Message() << c.rows.size() << " bucket(s), rank " << c.r << ", cuda");
     const sketch_split::Result on = sketch_split::run(DION_BACKEND_CUDA, c.rows, n, grads[ci], c.r);
-    ASSERT_EQ(setenv("DION_SKETCH_SPLIT", "0", 1), 0);
-    const sketch_split::Result off = sketch_split::run(DION_BACKEND_CUDA, c.rows, n, grads[ci], c.r);
-    ASSERT_EQ(unsetenv("DION_SKETCH_SPLIT"), 0);
+    const sketch_split::Result off = [&] {
+      ScopedEnv split("DION_SKETCH_SPLIT", "0");
+      return sketch_split::run(DION_BACKEND_CUDA, c.rows, n, grads[ci], c.r);
+    }();
     ASSERT_EQ(on.x.size(), c.rows.size());
     ASSERT_EQ(off.x.size(), c.rows.size());
     for (size_t t = 0; t < c.rows.size(); ++t) {

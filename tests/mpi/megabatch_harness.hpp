@@ -19,10 +19,12 @@
 #include <cstring>
 #include <functional>
 #include <map>
+#include <optional>
 #include <string>
 #include <vector>
 
 #include "../reference/ref_muon.h"
+#include "../scoped_env.h"
 #include "dion_mpi.h"
 #include "shard_env.hpp"
 
@@ -555,15 +557,15 @@ TEST(MegabatchPipeline, EqualsBucketByBucket) {
       OptRun run[2];
       uint64_t ws[2] = {0, 0};
       for (int off = 0; off < 2; ++off) {
-        if (off) {
-          ASSERT_EQ(setenv("DION_MEGABATCH_PIPELINE", "0", 1), 0);
+        {
+          std::optional<ScopedEnv> pipeline;
+          if (off) pipeline.emplace("DION_MEGABATCH_PIPELINE", "0");
+          build(run[off], G, c, true);
+          for (int s = 0; s < 3 && !HasFatalFailure(); ++s) {
+            fill_grads(run[off], G, c, s, true);
+            ASSERT_EQ(run[off].step(), DION_SUCCESS) << dion_last_error(run[off].opt);
+          }
         }
-        build(run[off], G, c, true);
-        for (int s = 0; s < 3 && !HasFatalFailure(); ++s) {
-          fill_grads(run[off], G, c, s, true);
-          ASSERT_EQ(run[off].step(), DION_SUCCESS) << dion_last_error(run[off].opt);
-        }
-        unsetenv("DION_MEGABATCH_PIPELINE");
         if (HasFatalFailure()) return;
         uint64_t state_bytes = 0;
         ASSERT_EQ(dion_get_memory_usage(run[off].opt, &state_bytes, &ws[off]), DION_SUCCESS);

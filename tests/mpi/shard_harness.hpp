@@ -14,10 +14,12 @@
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
+#include <optional>
 #include <string>
 #include <vector>
 
 #include "dion_mpi.h"
+#include "../scoped_env.h"
 #include "shard_env.hpp"
 
 namespace {
@@ -501,9 +503,10 @@ TEST(ShardSplit, BatchesCutOverTheOuterMeshAreWholeMultiplesOfIt) {
   const std::vector<Spec> S(static_cast<size_t>(T), Spec{m, n, 1, -1});
   const Config c{"cut", 0.5, DION_QR_RCQR, 1};
   OptRun dist, ref;
-  ASSERT_EQ(setenv("DION_BATCH_MAX", std::to_string(O + 1).c_str(), 1), 0);
-  build(dist, G, c, true, S);
-  unsetenv("DION_BATCH_MAX");
+  {
+    ScopedEnv batch_max("DION_BATCH_MAX", std::to_string(O + 1).c_str());
+    build(dist, G, c, true, S);
+  }
   build(ref, G, c, false, S);
   if (HasFatalFailure()) return;
   std::vector<std::vector<float>> x0;
@@ -561,13 +564,13 @@ TEST(ShardPhased, GroupFactoredOncePerKindEqualsBucketByBucket) {
       std::vector<std::vector<float>> x0[2];
       uint64_t ws[2] = {0, 0};
       for (int off = 0; off < 2; ++off) {
-        if (off) {
-          ASSERT_EQ(setenv("DION_PHASED", "0", 1), 0);
+        {
+          std::optional<ScopedEnv> phased;
+          if (off) phased.emplace("DION_PHASED", "0");
+          build(dist[off], G, c, true, S);
+          build(ref[off], G, c, false, S);
+          if (!HasFatalFailure()) two_steps(dist[off], ref[off], G, S, &x0[off]);
         }
-        build(dist[off], G, c, true, S);
-        build(ref[off], G, c, false, S);
-        if (!HasFatalFailure()) two_steps(dist[off], ref[off], G, S, &x0[off]);
-        unsetenv("DION_PHASED");
         if (HasFatalFailure()) return;
         uint64_t state_bytes = 0;
         ASSERT_EQ(dion_get_memory_usage(dist[off].opt, &state_bytes, &ws[off]), DION_SUCCESS);
@@ -620,12 +623,8 @@ TEST(ShardPhased, Bf16MomentumCommunicatesPInBf16) {
     for (const bool phased : {true, false}) {
       SCOPED_TRACE("layout R=" + std::to_string(L.R) + " O=" + std::to_string(L.O) +
                    (phased ? " phased" : " bucket by bucket"));
-      if (!phased) {
-        ASSERT_EQ(setenv("DION_PHASED", "0", 1), 0);
-      }
-      struct Unset {
-        ~Unset() { unsetenv("DION_PHASED"); }
-      } unset;
+      std::optional<ScopedEnv> bucket_by_bucket;
+      if (!phased) bucket_by_bucket.emplace("DION_PHASED", "0");
       Grid G(L);
       Config c16{"phased16", 0.5, DION_QR_RCQR, 1, true};
       Config c32 = c16;

@@ -72,6 +72,7 @@
 #include "dion.h"
 #include "../mpi/rank_printer.hpp"
 #include "../hash_uniform.h"
+#include "../scoped_env.h"
 
 namespace {
 
@@ -220,18 +221,16 @@ const char* mode_name(bool overlap) { return overlap ? "overlapped (DION_OVERLAP
 // set DION_OVERLAP=0).
 bool build(OptRun& r, bool overlap, bool env_overlap) {
   bool ok = true;
-  if (env_overlap)
-    unsetenv("DION_OVERLAP");
-  else
-    setenv("DION_OVERLAP", "0", 1);
   dion_options_t o;
   dion_options_init(&o);
   o.backend = DION_BACKEND_CUDA;
   o.device = g.dev;
   o.seed = 7;
   o.replicate_comm = g.comm;
-  const dion_status_t cs = dion_create(&r.opt, &o);
-  unsetenv("DION_OVERLAP");
+  const dion_status_t cs = [&] {  // the optimizer reads DION_OVERLAP at its creation
+    ScopedEnv overlap_env("DION_OVERLAP", env_overlap ? nullptr : "0");
+    return dion_create(&r.opt, &o);
+  }();
   EXPECT_EQ(cs, DION_SUCCESS) << "dion_create: " << dion_last_error(nullptr);
   if (!everyone(cs == DION_SUCCESS)) return false;
   for (const GroupSpec& gs : model()) {

@@ -13,12 +13,14 @@
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <optional>
 
 #include <random>
 #include <string>
 #include <vector>
 
 #include "reference/algorithm_testbed.h"
+#include "../scoped_env.h"
 
 namespace dion_algo_test {
 namespace {
@@ -307,10 +309,11 @@ TEST(Dion_Phased, GroupOfSharedRankMatchesReferenceAndBucketByBucketBits) {
     std::vector<std::vector<double>> params[2], qs[2];
     uint64_t ws[2] = {0, 0};
     for (int off = 0; off < 2; ++off) {
-      if (off) setenv("DION_PHASED", "0", 1);
+      std::optional<ScopedEnv> phased;
+      if (off) phased.emplace("DION_PHASED", "0");
       CaseRunner runner(s);
       runner.run();
-      unsetenv("DION_PHASED");
+      phased.reset();
       ASSERT_FALSE(::testing::Test::HasFailure());
       uint64_t state_bytes = 0;
       ASSERT_EQ(dion_get_memory_usage(runner.optimizer().get(), &state_bytes, &ws[off]), DION_SUCCESS);
@@ -396,7 +399,8 @@ TEST(Dion_FullRank, ErrorFeedbackIsTheDecayOnAnIllConditionedMomentum) {
     h.mu = mu;
     std::vector<double> params[2];
     for (int product = 0; product < 2; ++product) {
-      if (product) setenv("DION_FULL_RANK_EF", "0", 1);
+      std::optional<ScopedEnv> full_rank_ef;
+      if (product) full_rank_ef.emplace("DION_FULL_RANK_EF", "0");
       LibOptimizer opt;
       HostTensor t(shape, Dtype::kF32);
       t.set_param(x0);
@@ -409,7 +413,7 @@ TEST(Dion_FullRank, ErrorFeedbackIsTheDecayOnAnIllConditionedMomentum) {
       q0.v = q.values;
       dionref::TensorReference<double> ref(Algo::kDion, h, shape, resolve_dtypes(Dtype::kF32, LibKnobs()), x0, q0);
       DION_ASSERT_OK(opt, opt.step());
-      unsetenv("DION_FULL_RANK_EF");
+      full_rank_ef.reset();
       ref.step(g);
       StateBuffer mom;
       DION_ASSERT_OK(opt, opt.read_state(0, "momentum", &mom));

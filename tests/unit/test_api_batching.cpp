@@ -8,6 +8,10 @@
 // BLAS/LAPACK calls, so exact equality is the expected result.
 #include "test_api_common.h"
 
+#include <optional>
+
+#include "../scoped_env.h"
+
 namespace {
 
 using namespace dion_test;
@@ -137,15 +141,16 @@ TEST_P(Batching, OneGroupEqualsOneGroupPerTensor) {
 // phased step off (DION_PHASED=0), the results with it on.
 TEST_P(Batching, BatchesCutByDionBatchMaxEqualOneGroupPerTensor) {
   const Case c = GetParam();
-  OptRun whole, cut, each;
-  if (c.algo == DION_ALGO_DION) ASSERT_EQ(setenv("DION_PHASED", "0", 1), 0);
-  build(whole, c, false);
-  ASSERT_EQ(setenv("DION_BATCH_MAX", "2", 1), 0);
-  OptRun cut_sized;
-  build(cut_sized, c, false);
-  unsetenv("DION_PHASED");
-  build(cut, c, false);
-  unsetenv("DION_BATCH_MAX");
+  OptRun whole, cut, each, cut_sized;
+  {
+    std::optional<ScopedEnv> phased;
+    if (c.algo == DION_ALGO_DION) phased.emplace("DION_PHASED", "0");
+    build(whole, c, false);
+    ScopedEnv batch_max("DION_BATCH_MAX", "2");
+    build(cut_sized, c, false);
+    phased.reset();
+    build(cut, c, false);
+  }
   build(each, c, true);
   if (HasFatalFailure()) return;
   for (int step = 0; step < 3; ++step)
@@ -173,9 +178,10 @@ TEST(BatchingEnv, InvalidDionBatchMaxIsIgnored) {
   for (const char* v : {"0", "-3", "two", "2x", ""}) {
     SCOPED_TRACE(std::string("DION_BATCH_MAX=\"") + v + "\"");
     OptRun r;
-    ASSERT_EQ(setenv("DION_BATCH_MAX", v, 1), 0);
-    build(r, c, false);
-    unsetenv("DION_BATCH_MAX");
+    {
+      ScopedEnv batch_max("DION_BATCH_MAX", v);
+      build(r, c, false);
+    }
     uint64_t ws = 0;
     ASSERT_EQ(dion_get_memory_usage(r.opt, nullptr, &ws), DION_SUCCESS);
     EXPECT_EQ(ws, ws_whole);
@@ -191,9 +197,10 @@ TEST(BatchingEnv, DionBatchWorkspaceMibCapsTheBatches) {
   const std::vector<Shape2> sh = {{256, 256}, {256, 256}, {256, 256}};
   OptRun whole, cut, each;
   build(whole, c, false, sh);
-  ASSERT_EQ(setenv("DION_BATCH_WORKSPACE_MIB", "1", 1), 0);
-  build(cut, c, false, sh);
-  unsetenv("DION_BATCH_WORKSPACE_MIB");
+  {
+    ScopedEnv cap("DION_BATCH_WORKSPACE_MIB", "1");
+    build(cut, c, false, sh);
+  }
   build(each, c, true, sh);
   if (HasFatalFailure()) return;
   uint64_t ws_whole = 0, ws_cut = 0;
@@ -210,9 +217,10 @@ TEST(BatchingEnv, DionBatchWorkspaceMibCapsTheBatches) {
   // Out of range: ignored.
   for (const char* v : {"0", "1048577", "1.5"}) {
     OptRun r;
-    ASSERT_EQ(setenv("DION_BATCH_WORKSPACE_MIB", v, 1), 0);
-    build(r, c, false, sh);
-    unsetenv("DION_BATCH_WORKSPACE_MIB");
+    {
+      ScopedEnv cap("DION_BATCH_WORKSPACE_MIB", v);
+      build(r, c, false, sh);
+    }
     uint64_t ws = 0;
     ASSERT_EQ(dion_get_memory_usage(r.opt, nullptr, &ws), DION_SUCCESS);
     EXPECT_EQ(ws, ws_whole) << "DION_BATCH_WORKSPACE_MIB=" << v;
@@ -244,9 +252,10 @@ TEST(Dion2Prepass, EqualsTheStepWithoutIt) {
     SCOPED_TRACE(c.algo == DION_ALGO_DION2 ? "dion2" : "nordion2");
     OptRun a, b;
     build(a, c, false);
-    ASSERT_EQ(setenv("DION_DION2_PREPASS", "0", 1), 0);
-    build(b, c, false);
-    unsetenv("DION_DION2_PREPASS");
+    {
+      ScopedEnv prepass("DION_DION2_PREPASS", "0");
+      build(b, c, false);
+    }
     if (HasFatalFailure()) return;
     uint64_t wa = 0, wb = 0;
     ASSERT_EQ(dion_get_memory_usage(a.opt, nullptr, &wa), DION_SUCCESS);

@@ -48,6 +48,7 @@
 #include "core/backend.hpp"
 #include "core/dtype.hpp"
 #include "reference/ref_orthogonalize.h"
+#include "../scoped_env.h"
 
 namespace {
 
@@ -338,13 +339,12 @@ TEST(NsBf16Gram, ClassesRunTogetherGiveEachItsOwnBits) {
 
 // DION_NS_GRAM: the Gram form is on unless it is "0".
 TEST(NsBf16Gram, OnUnlessTheEnvironmentSaysZero) {
-  ASSERT_EQ(unsetenv("DION_NS_GRAM"), 0);
+  ScopedEnv env("DION_NS_GRAM", nullptr);
   EXPECT_TRUE(ns_gram_on());
   for (const auto& [text, want] : {std::pair<const char*, bool>{"0", false}, {"1", true}, {"", true}, {"no", true}}) {
-    ASSERT_EQ(setenv("DION_NS_GRAM", text, 1), 0);
+    env.set(text);
     EXPECT_EQ(ns_gram_on(), want) << '"' << text << '"';
   }
-  ASSERT_EQ(unsetenv("DION_NS_GRAM"), 0);
 }
 
 TEST(NsBf16Gram, PaysWhereTheLongSideIsTwiceTheShort) {
@@ -359,17 +359,16 @@ TEST(NsBf16Gram, PaysWhereTheLongSideIsTwiceTheShort) {
 // is unset or malformed (a malformed value never becomes a partial list).
 TEST(NsBf16Gram, RestartsFromTheEnvironment) {
   const uint32_t dflt = kNsGramRestarts;
-  ASSERT_EQ(unsetenv("DION_NS_GRAM_RESTARTS"), 0);
+  ScopedEnv env("DION_NS_GRAM_RESTARTS", nullptr);
   EXPECT_EQ(ns_gram_restarts(dflt), dflt);
   const std::pair<const char*, uint32_t> cases[] = {
       {"2", 1u << 2},  {"1,3", (1u << 1) | (1u << 3)}, {"none", 0u}, {"31", 1u << 31}, {"", dflt},
       {"0", dflt},     {"32", dflt},                   {"1,", dflt}, {"1,,3", dflt},   {"x", dflt},
       {"2;3", dflt},   {"-1", dflt}};
   for (const auto& [text, want] : cases) {
-    ASSERT_EQ(setenv("DION_NS_GRAM_RESTARTS", text, 1), 0);
+    env.set(text);
     EXPECT_EQ(ns_gram_restarts(dflt), want) << '"' << text << '"';
   }
-  ASSERT_EQ(unsetenv("DION_NS_GRAM_RESTARTS"), 0);
 }
 
 std::vector<Case> cases() {
