@@ -1,0 +1,96 @@
+#!/usr/bin/env bash
+# SPDX-License-Identifier: MIT
+# Candidate trees against the working tree on the GPU machine, in one
+# command. A tree is a directory holding a `git archive` copy, made on the
+# development machine and carried along as an untracked directory:
+#
+#   mkdir _x && git archive wip/some-branch | tar -x -C _x
+#
+# The trees and the working tree are built at once (the working tree by
+# tools/gpu_check.sh OUT/main build, into build-gpu; each tree into its own
+# build-gpu). Then every tree runs the test specs of $TESTS: "PROGRAM:FILTER"
+# runs PROGRAM (tests/) with --gtest_filter=FILTER, "ctest" runs its whole
+# `ctest -L gpu`; each spec is bounded by $TEST_TIMEOUT (default 300 s), so
+# a kernel that hangs ends there. With two or more GPUs the trees run their
+# tests in parallel, one GPU each (round-robin), else one after another.
+# Last, bench/ab.sh times the CONFIGS (dion-bench arguments) under every
+# build, the working tree's first, interleaved, $ROUNDS rounds (default 2),
+# on GPU $AB_GPU (default 0). Logs and ab.jsonl go under OUTDIR.
+#
+#   TESTS="ops_elementwise:*Lowrank* ops_linalg:*QrQ*" \
+#     bash tools/gpu_trees.sh OUTDIR _x _y -- "--workload gpt-160m --algo dion --dtype fp32 --precision fp32" ...
+set -uo pipefail
+cd "$(dirname "$0")/.." || exit 1
+out=$1
+shift
+trees=()
+while [[ $# -gt 0 && $1 != -- ]]; do
+  trees+=("${1%/}")
+  shift
+done
+[[ $# -gt 0 ]] && shift
+mkdir -p "$out"
+t0=$(date +%s)
+jobs=$(($(nproc) / (${#trees[@]} + 1)))
+((jobs < 2)) && jobs=2
+pids=()
+for d in "${trees[@]}"; do
+  n=$(basename "$d")
+  (cmake -S "$d" -B "$d/build-gpu" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DDION_WITH_CUDA=ON \
+    -DCMAKE_CUDA_ARCHITECTURES=90 >"$out/$n-configure.log" 2>&1 &&
+    cmake --build "$d/build-gpu" -j "$jobs" >"$out/$n-build.log" 2>&1) &
+  pids+=($!)
+done
+rc=0
+bash tools/gpu_check.sh "$out/main" build >"$out/main-build.txt" 2>&1 || {
+  echo "the working tree's build failed"
+  tail -20 "$out/main-build.txt"
+  rc=1
+}
+for i in "${!pids[@]}"; do
+  wait "${pids[$i]}" || {
+    n=$(basename "${trees[$i]}")
+    echo "$n: build failed"
+    if [[ -f $out/$n-build.log ]]; then grep -E "error" "$out/$n-build.log" | head -20; else tail -20 "$out/$n-configure.log"; fi
+    rc=1
+  }
+done
+echo "builds: $(($(date +%s) - t0)) s"
+((rc == 0)) || exit 1
+
+run_tests() {  # tree, GPU
+  local d=$1 n
+  n=$(basename "$d")
+  export CUDA_VISIBLE_DEVICES=$2
+  for spec in ${TESTS:-}; do
+    local log="$out/$n-${spec%%:*}.log" r
+    if [[ $spec == ctest ]]; then
+      timeout "${TEST_TIMEOUT:-300}" ctest --test-dir "$d/build-gpu" -L gpu --output-on-failure >"$log" 2>&1
+      r=$?
+      echo "$n ctest -L gpu: rc=$r $(grep -E 'tests passed|tests failed' "$log" | tail -1)"
+    else
+      timeout "${TEST_TIMEOUT:-300}" "$d/build-gpu/tests/${spec%%:*}" --gtest_filter="${spec#*:}" >"$log" 2>&1
+      r=$?
+      echo "$n $spec: rc=$r $(grep -E '^\[  (PASSED|FAILED|SKIPPED) ' "$log" | tr '\n' ' ')"
+    fi
+    ((r == 124)) && echo "$n $spec: timed out after ${TEST_TIMEOUT:-300} s"
+  done
+}
+if [[ -n ${TESTS:-} ]]; then
+  ngpu=$(nvidia-smi -L 2>/dev/null | grep -c "^GPU")
+  tpids=()
+  for i in "${!trees[@]}"; do
+    if ((ngpu >= 2)); then
+      run_tests "${trees[$i]}" $((i % ngpu)) &
+      tpids+=($!)
+    else
+      run_tests "${trees[$i]}" 0
+    fi
+  done
+  for p in "${tpids[@]}"; do wait "$p"; done
+fi
+if [[ $# -gt 0 ]]; then
+  settings=("")
+  for d in "${trees[@]}"; do settings+=("DION_BENCH=$d/build-gpu/dion-bench"); done
+  CUDA_VISIBLE_DEVICES=${AB_GPU:-0} bash bench/ab.sh "$out/ab.jsonl" "${settings[@]}" -- "$@"
+fi
