@@ -12,7 +12,8 @@
 # runs PROGRAM (tests/) with --gtest_filter=FILTER, "ctest" runs its whole
 # `ctest -L gpu`; each spec is bounded by $TEST_TIMEOUT (default 300 s), so
 # a kernel that hangs ends there. With two or more GPUs the trees run their
-# tests in parallel, one GPU each (round-robin), else one after another.
+# tests in parallel, dealt round-robin over the GPUs (the trees of one GPU
+# one after another).
 # Last, bench/ab.sh times the CONFIGS (dion-bench arguments) under every
 # build, the working tree's first, interleaved, $ROUNDS rounds (default 2),
 # on GPU $AB_GPU (default 0). Logs and ab.jsonl go under OUTDIR.
@@ -77,15 +78,14 @@ run_tests() {  # tree, GPU
   done
 }
 if [[ -n ${TESTS:-} ]]; then
+  # GPU g runs the trees i with i % ngpu == g, one after another (two
+  # suites on one GPU would disturb the tests that measure its free memory)
   ngpu=$(nvidia-smi -L 2>/dev/null | grep -c "^GPU")
+  ((ngpu < 1)) && ngpu=1
   tpids=()
-  for i in "${!trees[@]}"; do
-    if ((ngpu >= 2)); then
-      run_tests "${trees[$i]}" $((i % ngpu)) &
-      tpids+=($!)
-    else
-      run_tests "${trees[$i]}" 0
-    fi
+  for ((gpu = 0; gpu < ngpu && gpu < ${#trees[@]}; ++gpu)); do
+    (for ((i = gpu; i < ${#trees[@]}; i += ngpu)); do run_tests "${trees[$i]}" "$gpu"; done) &
+    tpids+=($!)
   done
   for p in "${tpids[@]}"; do wait "$p"; done
 fi
