@@ -8,7 +8,9 @@
 #
 # The trees and the working tree are built at once (the working tree by
 # tools/gpu_check.sh OUT/main build, into build-gpu; each tree into its own
-# build-gpu). Then every tree runs the test specs of $TESTS: "PROGRAM:FILTER"
+# build-gpu, only the targets of $BUILD_TARGETS where it is set, e.g.
+# "dion-bench ops_elementwise ops_linalg": a whole build of four trees
+# beside the working tree takes minutes on 32 cores). Then every tree runs the test specs of $TESTS: "PROGRAM:FILTER"
 # runs PROGRAM (tests/) with --gtest_filter=FILTER, "ctest" runs its whole
 # `ctest -L gpu`; each spec is bounded by $TEST_TIMEOUT (default 300 s), so
 # a kernel that hangs ends there. With two or more GPUs the trees run their
@@ -39,7 +41,7 @@ for d in "${trees[@]}"; do
   n=$(basename "$d")
   (cmake -S "$d" -B "$d/build-gpu" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DDION_WITH_CUDA=ON \
     -DCMAKE_CUDA_ARCHITECTURES=90 >"$out/$n-configure.log" 2>&1 &&
-    cmake --build "$d/build-gpu" -j "$jobs" >"$out/$n-build.log" 2>&1) &
+    cmake --build "$d/build-gpu" -j "$jobs" ${BUILD_TARGETS:+--target $BUILD_TARGETS} >"$out/$n-build.log" 2>&1) &
   pids+=($!)
 done
 rc=0
