@@ -92,7 +92,7 @@ __global__ void __launch_bounds__(kHhThreads) panel_kernel(float* cm, int p, int
   __shared__ double part[G][NB];
   __shared__ float pmax[G][NB];
   __shared__ double s_s[NB];
-  __shared__ float w_s[NB], ws_s[NB], tau_s[NB], S[NB * NB], T[NB * NB], X[NB * NB / 4];
+  __shared__ float ws_s[NB], tau_s[NB], S[NB * NB], T[NB * NB], X[NB * NB / 4];
   const int m = p - j0, ld = panel_ld(m, NB);
   const int t = threadIdx.x, k = t % NB, g = t / NB, lane = t & 31, base = lane - k;
   float* const A = cm + static_cast<int64_t>(blockIdx.x) * p * r + static_cast<int64_t>(j0) * p;  // row 0 of column j0
@@ -167,8 +167,9 @@ __global__ void __launch_bounds__(kHhThreads) panel_kernel(float* cm, int p, int
   };
   static_assert(kUnroll == 4, "pass sums four accumulators");
   // Forms reflector c1 from the sums of the pass before: its tau and scale
-  // (v = s x below the diagonal), w_k and w_k s for the next pass, and
-  // S(k, c1) for the columns k < c1 (their v already final).
+  // (v = s x below the diagonal), w_k s for the next pass (w_k where the
+  // column is scaled in place, below), and S(k, c1) for the columns k < c1
+  // (their v already final).
   //
   // The float sums are exact enough (each thread sums a few dozen
   // products, the threads' sums are added in float64) while column c1's
@@ -227,7 +228,6 @@ __global__ void __launch_bounds__(kHhThreads) panel_kernel(float* cm, int p, int
     }
     if (t > c1 && t < b) {
       const float w = tu * static_cast<float>(static_cast<double>(sh[t * ld + c1]) + s * d);
-      w_s[t] = w;
       ws_s[t] = rare ? w : static_cast<float>(w * s);
     }
     if (t < c1) S[t + c1 * NB] = static_cast<float>(s_s[t] * (static_cast<double>(sh[t * ld + c1]) + s * d));
@@ -289,7 +289,7 @@ __global__ void identity_kernel(MatBatch a) {
 
 template <int NB>
 constexpr size_t panel_static_smem() {
-  return sizeof(double) * (kHhThreads + NB) + sizeof(float) * (kHhThreads + 3 * NB + 2 * NB * NB + NB * NB / 4);
+  return sizeof(double) * (kHhThreads + NB) + sizeof(float) * (kHhThreads + 2 * NB + 2 * NB * NB + NB * NB / 4);
 }
 
 }  // namespace

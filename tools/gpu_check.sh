@@ -25,8 +25,10 @@
 # after steps, which the tool's own device allocations move); OpsTest.AllocFailureIsOutOfMemory runs with
 # --report-api-errors no (its cudaMalloc of more than the device has is the
 # point of the test, and memcheck counts the failed call as an error).
-# Environment: BUILD_DIR (default build-gpu), BENCH_ARGS (extra dion-bench
-# arguments for a partial benchmark run, e.g. "--workload gpt-160m").
+# Environment: BUILD_DIR (default build-gpu), BUILD_JOBS (parallel build
+# jobs; default the cores), BUILD_TARGETS (only these targets are built;
+# default all), BENCH_ARGS (extra dion-bench arguments for a partial
+# benchmark run, e.g. "--workload gpt-160m").
 set -uo pipefail
 cd "$(dirname "$0")/.."
 # NVLink multicast stays off on the lent machines (it can take shared GPUs
@@ -44,7 +46,8 @@ build=${BUILD_DIR:-build-gpu}
 t0=$(date +%s)
 cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DDION_WITH_CUDA=ON \
   -DCMAKE_CUDA_ARCHITECTURES=90 > "$out/configure.log" 2>&1 || { tail -30 "$out/configure.log"; exit 1; }
-cmake --build "$build" -j "$(nproc)" > "$out/build.log" 2>&1 || { grep -E "error" "$out/build.log" | head -40; tail -20 "$out/build.log"; exit 1; }
+# shellcheck disable=SC2086
+cmake --build "$build" -j "${BUILD_JOBS:-$(nproc)}" ${BUILD_TARGETS:+--target $BUILD_TARGETS} > "$out/build.log" 2>&1 || { grep -E "error" "$out/build.log" | head -40; tail -20 "$out/build.log"; exit 1; }
 echo "build: $(( $(date +%s) - t0 )) s"
 [ "$what" = build ] && exit 0
 rc=0

@@ -6,11 +6,12 @@
 #
 #   mkdir _x && git archive wip/some-branch | tar -x -C _x
 #
-# The trees and the working tree are built at once (the working tree by
-# tools/gpu_check.sh OUT/main build, into build-gpu; each tree into its own
-# build-gpu, only the targets of $BUILD_TARGETS where it is set, e.g.
-# "dion-bench ops_elementwise ops_linalg": a whole build of four trees
-# beside the working tree takes minutes on 32 cores). Then every tree runs the test specs of $TESTS: "PROGRAM:FILTER"
+# The trees and the working tree are built at once, each by its own
+# tools/gpu_check.sh OUT/NAME build (so with the same configuration) into
+# its own build-gpu, the cores shared among them; a tree builds only the
+# targets of $BUILD_TARGETS where it is set, e.g. "dion-bench
+# ops_elementwise ops_linalg" (a whole build of four trees beside the
+# working tree takes minutes on 32 cores). Then every tree runs the test specs of $TESTS: "PROGRAM:FILTER"
 # runs PROGRAM (tests/) with --gtest_filter=FILTER, "ctest" runs its whole
 # `ctest -L gpu`; each spec is bounded by $TEST_TIMEOUT (default 300 s), so
 # a kernel that hangs ends there. With two or more GPUs the trees run their
@@ -23,8 +24,9 @@
 #   TESTS="ops_elementwise:*Lowrank* ops_linalg:*QrQ*" \
 #     bash tools/gpu_trees.sh OUTDIR _x _y -- "--workload gpt-160m --algo dion --dtype fp32 --precision fp32" ...
 set -uo pipefail
+mkdir -p "$1"
+out=$(cd "$1" && pwd)  # absolute: each tree's gpu_check.sh runs in its own folder
 cd "$(dirname "$0")/.." || exit 1
-out=$1
 shift
 trees=()
 while [[ $# -gt 0 && $1 != -- ]]; do
@@ -32,20 +34,17 @@ while [[ $# -gt 0 && $1 != -- ]]; do
   shift
 done
 [[ $# -gt 0 ]] && shift
-mkdir -p "$out"
 t0=$(date +%s)
 jobs=$(($(nproc) / (${#trees[@]} + 1)))
 ((jobs < 2)) && jobs=2
 pids=()
 for d in "${trees[@]}"; do
   n=$(basename "$d")
-  (cmake -S "$d" -B "$d/build-gpu" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DDION_WITH_CUDA=ON \
-    -DCMAKE_CUDA_ARCHITECTURES=90 >"$out/$n-configure.log" 2>&1 &&
-    cmake --build "$d/build-gpu" -j "$jobs" ${BUILD_TARGETS:+--target $BUILD_TARGETS} >"$out/$n-build.log" 2>&1) &
+  BUILD_JOBS=$jobs bash "$d/tools/gpu_check.sh" "$out/$n" build >"$out/$n-build.txt" 2>&1 &
   pids+=($!)
 done
 rc=0
-bash tools/gpu_check.sh "$out/main" build >"$out/main-build.txt" 2>&1 || {
+BUILD_JOBS=$jobs BUILD_TARGETS='' bash tools/gpu_check.sh "$out/main" build >"$out/main-build.txt" 2>&1 || {
   echo "the working tree's build failed"
   tail -20 "$out/main-build.txt"
   rc=1
@@ -54,7 +53,7 @@ for i in "${!pids[@]}"; do
   wait "${pids[$i]}" || {
     n=$(basename "${trees[$i]}")
     echo "$n: build failed"
-    if [[ -f $out/$n-build.log ]]; then grep -E "error" "$out/$n-build.log" | head -20; else tail -20 "$out/$n-configure.log"; fi
+    tail -20 "$out/$n-build.txt"
     rc=1
   }
 done

@@ -509,14 +509,11 @@ double orthonormality_error(const std::vector<float>& q, const Mat& shape) {
 // after these with it set).
 template <class F>
 void with_each_cholesky(std::unique_ptr<Backend>& cuda, F&& body) {
-  {
-    ScopedEnv env("DION_OWN_CHOLESKY", "1");
-    for (const char* own : {"1", "0"}) {
-      SCOPED_TRACE(testing::Message() << "DION_OWN_CHOLESKY=" << own);
-      env.set(own);
-      cuda.reset(make_cuda_backend(0));
-      body();
-    }
+  for (const char* own : {"1", "0"}) {
+    SCOPED_TRACE(testing::Message() << "DION_OWN_CHOLESKY=" << own);
+    ScopedEnv env("DION_OWN_CHOLESKY", own);
+    cuda.reset(make_cuda_backend(0));
+    body();
   }
   cuda.reset(make_cuda_backend(0));
 }
