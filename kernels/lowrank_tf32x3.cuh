@@ -24,7 +24,8 @@ constexpr int kX3RowBytes = 128;  // k bytes per row and stage: one 128-byte swi
 constexpr int kX3Stages = 3;
 constexpr int kX3PartBytes = kX3Tile * kX3RowBytes;  // 16 KiB: one part's tile of a stage
 constexpr int kX3StageBytes = 4 * kX3PartBytes;      // Ah, Al, Bh, Bl
-constexpr size_t kX3SmemBytes = kX3Stages * kX3StageBytes + 1024 + 8 * kX3Stages;  // + alignment, barriers
+// + alignment, barriers, the slots' release counters (lowrank_tf32x3_kernel)
+constexpr size_t kX3SmemBytes = kX3Stages * kX3StageBytes + 1024 + 8 * kX3Stages + 4 * kX3Stages;
 constexpr int kX3Promote = 2;  // k-steps of 8 accumulated in the tensor cores before each promotion
 
 // Whether output tile (tile_row, tile_col), of kX3Tile rows and bn columns,
@@ -240,8 +241,12 @@ __global__ void __launch_bounds__(kX3Threads, 1)
   const float alpha = coef[0], beta = coef[1];
   if (alpha == 0.f && beta == 1.f) return;  // a skipped step: C keeps its bits
   extern __shared__ __align__(1024) uint8_t x3_smem[];
-  const uint32_t base = (x3_smem_addr(x3_smem) + 1023u) & ~1023u;
+  const uint32_t raw = x3_smem_addr(x3_smem);
+  const uint32_t base = (raw + 1023u) & ~1023u;
   const uint32_t bars = base + kX3Stages * kX3StageBytes;
+  // the slots' release counters: each warpgroup adds one when it is done
+  // with the slot's item
+  uint32_t* const rel = reinterpret_cast<uint32_t*>(x3_smem + (bars + 8 * kX3Stages - raw));
   const int tid = threadIdx.x, wg = tid >> 7, wtid = tid & 127;
   constexpr int kBk = kX3RowBytes / 4;  // k per stage
   const uint32_t kt_count = static_cast<uint32_t>((k + kBk - 1) / kBk);
@@ -254,17 +259,20 @@ __global__ void __launch_bounds__(kX3Threads, 1)
     row0 = static_cast<int>(r / tiles_n) * kX3Tile;
     col0 = static_cast<int>(r % tiles_n) * kX3Tile;
   };
-  // Thread 0's cursor over the stream: the next item's tile (its origin
-  // found once per tile: no division per stage on the warp whose lag every
-  // stage's barrier waits for) and stage of k, and the items issued.
+  // Each warpgroup's first thread keeps a cursor over the stream: the next
+  // item's tile (its origin found once per tile, not by divisions per
+  // stage) and stage of k, and the items passed. Both cursors pass every
+  // item; the item is loaded by the thread whose warpgroup releases its
+  // slot second (thread 0 the first kX3Stages).
   int64_t ld_tile = blockIdx.x, ld_g = 0;
   int ld_row0 = 0, ld_col0 = 0;
   uint32_t ld_kt = 0, loaded = 0;
-  const auto issue_next = [&] {
+  const auto next_item = [&](bool issue) {
     if (ld_tile >= tiles) return;
     const uint32_t st = loaded++ % kX3Stages;
-    x3_issue(maps, base + st * kX3StageBytes, bars + 8 * st, static_cast<int>(ld_kt) * kBk, ld_row0, ld_col0,
-             static_cast<int>(ld_g));
+    if (issue)
+      x3_issue(maps, base + st * kX3StageBytes, bars + 8 * st, static_cast<int>(ld_kt) * kBk, ld_row0, ld_col0,
+               static_cast<int>(ld_g));
     if (++ld_kt == kt_count) {
       ld_kt = 0;
       ld_tile += gridDim.x;
@@ -272,10 +280,15 @@ __global__ void __launch_bounds__(kX3Threads, 1)
     }
   };
   if (tid == 0) {
-    for (int s = 0; s < kX3Stages; ++s) x3_bar_init(bars + 8 * s);
+    for (int s = 0; s < kX3Stages; ++s) {
+      x3_bar_init(bars + 8 * s);
+      rel[s] = 0;
+    }
     asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+  }
+  if (wtid == 0) {
     if (ld_tile < tiles) origin(ld_tile, ld_g, ld_row0, ld_col0);
-    for (int s = 0; s < kX3Stages; ++s) issue_next();
+    for (int s = 0; s < kX3Stages; ++s) next_item(tid == 0);
   }
   __syncthreads();
   uint32_t used = 0;  // items multiplied so far
@@ -323,8 +336,16 @@ __global__ void __launch_bounds__(kX3Threads, 1)
         }
         x3_promote<0>(d, acc, nullptr, nullptr, kP > 0);  // kP = 0: acc is d
       }
-      __syncthreads();  // both warpgroups are done with this slot: it takes the item kX3Stages on
-      if (tid == 0) issue_next();  // item used + kX3Stages
+      // This warpgroup is done with the slot (its four warps' MMAs waited
+      // for); the warpgroup that releases it second loads the item
+      // kX3Stages on into it. No CTA-wide barrier: the warpgroups drift
+      // apart, so that one's MMAs run while the other drains its tensor
+      // cores, promotes and waits for a stage.
+      if (wg)  // named barriers 1 and 2, one per warpgroup (constant ids: ptxas counts 3 barriers, not 16)
+        asm volatile("bar.sync 2, 128;\n" ::: "memory");
+      else
+        asm volatile("bar.sync 1, 128;\n" ::: "memory");
+      if (wtid == 0) next_item((atomicAdd(&rel[st], 1u) & 1u) != 0);  // item used + kX3Stages
     }
     x3_store_block(d, C, ldc, m, n, row0 + 64 * wg, col0, alpha, beta, wtid);
   }
