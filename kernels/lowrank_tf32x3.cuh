@@ -115,6 +115,15 @@ __device__ __forceinline__ void x3_bar_wait(uint32_t bar, uint32_t parity) {
       : "memory");
 }
 
+// A named barrier over warpgroup wg's 128 threads (ids 1 and 2; constant ids, so that
+// ptxas counts 3 barriers, not 16).
+__device__ __forceinline__ void x3_wg_sync(int wg) {
+  if (wg)
+    asm volatile("bar.sync 2, 128;\n" ::: "memory");
+  else
+    asm volatile("bar.sync 1, 128;\n" ::: "memory");
+}
+
 // One stage: the k columns kcol.. of Ah, Al (rows row0..) and Bh, Bl (rows
 // col0..) of matrix g, completing on the stage's barrier.
 __device__ __forceinline__ void x3_issue(const CUtensorMap* const (&maps)[4], uint32_t sa, uint32_t bar, int kcol,
@@ -341,10 +350,7 @@ __global__ void __launch_bounds__(kX3Threads, 1)
       // kX3Stages on into it. No CTA-wide barrier: the warpgroups drift
       // apart, so that one's MMAs run while the other drains its tensor
       // cores, promotes and waits for a stage.
-      if (wg)  // named barriers 1 and 2, one per warpgroup (constant ids: ptxas counts 3 barriers, not 16)
-        asm volatile("bar.sync 2, 128;\n" ::: "memory");
-      else
-        asm volatile("bar.sync 1, 128;\n" ::: "memory");
+      x3_wg_sync(wg);
       if (wtid == 0) next_item((atomicAdd(&rel[st], 1u) & 1u) != 0);  // item used + kX3Stages
     }
     x3_store_block(d, C, ldc, m, n, row0 + 64 * wg, col0, alpha, beta, wtid);
@@ -416,7 +422,7 @@ __host__ __device__ constexpr int fx_stage_bytes() {
 }
 template <int BN>
 __host__ __device__ constexpr size_t fx_smem_bytes() {
-  return kFxStages * fx_stage_bytes<BN>() + 1024 + 8 * kFxStages;
+  return kFxStages * fx_stage_bytes<BN>() + 1024 + 8 * kFxStages + 4 * kFxStages;  // + barriers, release counters
 }
 
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
@@ -459,26 +465,29 @@ __device__ __forceinline__ void x3_cp4(uint32_t dst, const float* src, bool vali
                : "memory");
 }
 
-// The X tile of one stage at sx: A (m x k: X, or X^T with X k x m, ld ldx)
-// rows row0..row0 + 127, columns kk0..kk0 + 31, zeros outside (and from
-// kend on). Row-major A (X): rows of 32 floats, their 16-byte chunks
-// swizzled by the row (chunk c of row i at c ^ (i % 8)); X^T: X's 32 rows of
-// 128 floats, element i of row q at i ^ (8 (q % 4)). Either way a warp's
-// fragment loads meet 32 banks. vec: 16-byte copies (X 16-byte aligned, ldx
-// and A's extent along the copies multiples of 4), else 4-byte ones.
+// Warpgroup wg's half of the X tile of one stage at sx (the 64 rows of A
+// its MMAs take, 64 wg.. of the tile), copied by its 128 threads (wtid): A
+// (m x k: X, or X^T with X k x m, ld ldx) rows row0..row0 + 127, columns
+// kk0..kk0 + 31, zeros outside (and from kend on). Row-major A (X): rows of
+// 32 floats, their 16-byte chunks swizzled by the row (chunk c of row i at c
+// ^ (i % 8)); X^T: X's 32 rows of 128 floats, element i of row q at i ^ (8
+// (q % 4)) (which keeps each half's elements in its half). Either way a
+// warp's fragment loads meet 32 banks. vec: 16-byte copies (X 16-byte
+// aligned, ldx and A's extent along the copies multiples of 4), else 4-byte
+// ones.
 template <bool kTransX>
 __device__ __forceinline__ void x3_load_x(uint32_t sx, const float* X, int64_t m, int64_t kend, int64_t ldx,
-                                          int64_t row0, int64_t kk0, bool vec, int tid) {
+                                          int64_t row0, int64_t kk0, bool vec, int wg, int wtid) {
   if (vec) {
 #pragma unroll
     for (int it = 0; it < 4; ++it) {
-      const int idx = tid + it * kX3Threads;
+      const int idx = wtid + it * 128;
       if constexpr (kTransX) {
-        const int q = idx >> 5, c = idx & 31;
+        const int q = idx >> 4, c = 16 * wg + (idx & 15);
         const bool ok = kk0 + q < kend && row0 + 4 * c < m;
         x3_cp16(sx + 4 * (q * 128 + ((c ^ ((q & 3) << 1)) << 2)), ok ? X + (kk0 + q) * ldx + row0 + 4 * c : X, ok);
       } else {
-        const int i = idx >> 3, c = idx & 7;
+        const int i = 64 * wg + (idx >> 3), c = idx & 7;
         const bool ok = row0 + i < m && kk0 + 4 * c < kend;
         x3_cp16(sx + 4 * (i * 32 + ((c ^ (i & 7)) << 2)), ok ? X + (row0 + i) * ldx + kk0 + 4 * c : X, ok);
       }
@@ -486,13 +495,13 @@ __device__ __forceinline__ void x3_load_x(uint32_t sx, const float* X, int64_t m
   } else {
 #pragma unroll 4
     for (int it = 0; it < 16; ++it) {
-      const int idx = tid + it * kX3Threads;
+      const int idx = wtid + it * 128;
       if constexpr (kTransX) {
-        const int q = idx >> 7, i = idx & 127;
+        const int q = idx >> 6, i = 64 * wg + (idx & 63);
         const bool ok = kk0 + q < kend && row0 + i < m;
         x3_cp4(sx + 4 * (q * 128 + (i ^ ((q & 3) << 3))), ok ? X + (kk0 + q) * ldx + row0 + i : X, ok);
       } else {
-        const int i = idx >> 5, q = idx & 31;
+        const int i = 64 * wg + (idx >> 5), q = idx & 31;
         const bool ok = row0 + i < m && kk0 + q < kend;
         x3_cp4(sx + 4 * (i * 32 + (((q >> 2) ^ (i & 7)) << 2) + (q & 3)), ok ? X + (row0 + i) * ldx + kk0 + q : X,
                ok);
@@ -533,24 +542,19 @@ __device__ __forceinline__ void x3_frag(const float* xs, int i0, int t, int kk, 
   }
 }
 
-// One stage: B's parts (tensor maps; thread 0) and X's tile (every thread,
-// one cp.async group committed by the caller).
-template <bool kTransX, int BN>
+// One stage's B parts (tensor maps), completing on the stage's barrier.
+template <int BN>
 __device__ __forceinline__ void x3_issue_fx(const CUtensorMap* tbh, const CUtensorMap* tbl, uint32_t sb, uint32_t bar,
-                                            const float* X, int64_t m, int64_t kend, int64_t ldx, int row0, int col0,
-                                            int kcol, int g, bool vec, int tid) {
-  if (tid == 0) {
-    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(bar), "n"(2 * BN * kX3RowBytes)
-                 : "memory");
+                                            int col0, int kcol, int g) {
+  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(bar), "n"(2 * BN * kX3RowBytes)
+               : "memory");
 #pragma unroll
-    for (int i = 0; i < 2; ++i)
-      asm volatile(
-          "cp.async.bulk.tensor.3d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3, %4}], "
-          "[%5];\n" ::"r"(sb + i * BN * kX3RowBytes),
-          "l"(reinterpret_cast<uint64_t>(i ? tbl : tbh)), "r"(kcol), "r"(col0), "r"(g), "r"(bar)
-          : "memory");
-  }
-  x3_load_x<kTransX>(sb + 2 * BN * kX3RowBytes, X, m, kend, ldx, row0, kcol, vec, tid);
+  for (int i = 0; i < 2; ++i)
+    asm volatile(
+        "cp.async.bulk.tensor.3d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3, %4}], "
+        "[%5];\n" ::"r"(sb + i * BN * kX3RowBytes),
+        "l"(reinterpret_cast<uint64_t>(i ? tbl : tbh)), "r"(kcol), "r"(col0), "r"(g), "r"(bar)
+        : "memory");
 }
 #endif  // __CUDA_ARCH_FEAT_SM90_ALL
 
@@ -582,18 +586,29 @@ __global__ void __launch_bounds__(kX3Threads, 1)
   const uint32_t base = (raw + 1023u) & ~1023u;
   const float* const xsm = reinterpret_cast<const float*>(x3_smem + (base - raw));
   const uint32_t bars = base + kFxStages * kStage;
+  // the slots' release counters: each warpgroup adds one when it is done
+  // with the slot's item; the second (an odd old value) loads B's parts of
+  // the item kFxStages on
+  uint32_t* const rel = reinterpret_cast<uint32_t*>(x3_smem + (bars + 8 * kFxStages - raw));
   const int tid = threadIdx.x, wg = tid >> 7, wtid = tid & 127, lane = tid & 31;
   const int i0 = 64 * wg + 16 * ((tid >> 5) & 3) + (lane >> 2), t4 = lane & 3;
   const int col0 = static_cast<int>(blockIdx.x) * BN, row0 = static_cast<int>(blockIdx.y) * kX3Tile;
   if (tid == 0) {
-    for (int s = 0; s < kFxStages; ++s) x3_bar_init(bars + 8 * s);
+    for (int s = 0; s < kFxStages; ++s) {
+      x3_bar_init(bars + 8 * s);
+      rel[s] = 0;
+    }
     asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
   }
   __syncthreads();
-  // Tiles loaded and used so far (all matrices): tile t in stage t %
-  // kFxStages, whose barrier completes its phase t / kFxStages then. One
-  // cp.async group is committed per tile slot, loaded or not, so the wait
-  // for tile kt leaves kFxStages - 2 groups pending.
+  // Stages loaded and used so far (all matrices): stage t in slot t %
+  // kFxStages, whose barrier completes its phase t / kFxStages then (B's
+  // parts; X's tile in the same slot, each warpgroup copying the half its
+  // MMAs read). One cp.async group is committed per stage slot, loaded or
+  // not, so the wait for stage kt leaves kFxStages - 1 groups pending. The
+  // warpgroups share only B's parts: no CTA-wide barrier per stage, so that
+  // they drift apart and one's MMAs run while the other splits its
+  // fragments, drains its tensor cores or waits for a stage.
   uint32_t loaded = 0, used = 0;
   for (int64_t z = blockIdx.z; z < count * splits; z += gridDim.z) {
     const int64_t g = z / splits, s = z - g * splits;
@@ -602,13 +617,14 @@ __global__ void __launch_bounds__(kX3Threads, 1)
     const float* X = xptr ? static_cast<const float*>(xptr[g]) : xbase + g * xstride;
     float* C = cbase + g * cstride_g + s * cstride_s;
     const bool vec = vec_ok && reinterpret_cast<uintptr_t>(X) % 16 == 0;
-    for (int q = 0; q < kFxStages - 1; ++q) {
-      if (q < kt_count) {
-        const uint32_t st = loaded % kFxStages;
-        x3_issue_fx<kTransX, BN>(&tbh, &tbl, base + st * kStage, bars + 8 * st, X, m, kend, ldx, row0, col0,
-                                 static_cast<int>(kbeg) + 32 * q, static_cast<int>(g), vec, tid);
-        ++loaded;
-      }
+    // stage q's B parts (thread 0) and this warpgroup's half of its X tile
+    const auto load = [&](int q, uint32_t st, bool b) {
+      if (b) x3_issue_fx<BN>(&tbh, &tbl, base + st * kStage, bars + 8 * st, col0, static_cast<int>(kbeg) + 32 * q,
+                             static_cast<int>(g));
+      x3_load_x<kTransX>(base + st * kStage + 2 * kPart, X, m, kend, ldx, row0, kbeg + 32 * q, vec, wg, wtid);
+    };
+    for (int q = 0; q < kFxStages; ++q) {
+      if (q < kt_count) load(q, loaded++ % kFxStages, tid == 0);
       asm volatile("cp.async.commit_group;\n" ::: "memory");
     }
     float d[kAcc], t[kAcc], u[kAcc];
@@ -616,17 +632,9 @@ __global__ void __launch_bounds__(kX3Threads, 1)
     for (int i = 0; i < kAcc; ++i) d[i] = t[i] = u[i] = 0.f;
     for (int kt = 0; kt < kt_count; ++kt, ++used) {
       const uint32_t st = used % kFxStages;
-      asm volatile("cp.async.wait_group %0;\n" ::"n"(kFxStages - 2) : "memory");
+      asm volatile("cp.async.wait_group %0;\n" ::"n"(kFxStages - 1) : "memory");
+      x3_wg_sync(wg);  // every copy of this warpgroup's half has landed
       x3_bar_wait(bars + 8 * st, (used / kFxStages) & 1u);
-      __syncthreads();  // every thread's X copies have landed; all are done with the previous stage
-      const int nk = kt + kFxStages - 1;
-      if (nk < kt_count) {
-        const uint32_t ns = loaded % kFxStages;
-        x3_issue_fx<kTransX, BN>(&tbh, &tbl, base + ns * kStage, bars + 8 * ns, X, m, kend, ldx, row0, col0,
-                                 static_cast<int>(kbeg) + 32 * nk, static_cast<int>(g), vec, tid);
-        ++loaded;
-      }
-      asm volatile("cp.async.commit_group;\n" ::: "memory");
       const float* xs = xsm + st * (kStage / 4) + 2 * (kPart / 4);
       const uint32_t sbh = base + st * kStage, sbl = sbh + kPart;
       // Two k-steps of 8 per promotion (kX3Promote), two promotions per
@@ -652,9 +660,19 @@ __global__ void __launch_bounds__(kX3Threads, 1)
       }
       x3_promote<1>(d, t, &ah[0], &al[0]);  // u's MMAs run on
       x3_promote<0>(d, u, &ah[1], &al[1]);
+      // This warpgroup is done with the slot (its MMAs waited for, its
+      // fragments read): its half of X takes the stage kFxStages on, and
+      // the warpgroup that releases the slot second loads B's parts.
+      x3_wg_sync(wg);
+      const int nk = kt + kFxStages;
+      if (nk < kt_count) {
+        const uint32_t ns = loaded++ % kFxStages;  // = st
+        load(nk, ns, wtid == 0 && (atomicAdd(&rel[ns], 1u) & 1u) != 0);
+      }
+      asm volatile("cp.async.commit_group;\n" ::: "memory");
     }
     x3_store_block(d, C, ldc, m, n, row0 + 64 * wg, col0, alpha, 0.f, wtid);
-    __syncthreads();  // every warp is done with the stages before the next matrix's loads
+    __syncthreads();  // both warpgroups are done with the slots before the next matrix's loads
   }
 #endif
 }
