@@ -25,8 +25,12 @@
 // Each thread sums its products in float (four sums), the threads' sums
 // are added in float64, all in a fixed order (no atomics): the same bits on
 // every run.
+#include <cooperative_groups.h>
+
+#include <algorithm>
 #include <cmath>
 
+#include "backend/cuda/cuda_check.hpp"
 #include "core/error.hpp"
 #include "kernels/common.cuh"
 
@@ -262,6 +266,218 @@ __global__ void __launch_bounds__(kHhThreads) panel_kernel(float* cm, int p, int
   for (int e = t; e < NB * NB; e += kHhThreads) Tg[e] = e % NB < b && e / NB < b ? T[e] : 0.f;
 }
 
+// The panel of matrix blockIdx.x / C factored by a cluster of C CTAs (C =
+// the cluster's size, 2 to 8; Hopper), the same reflectors as panel_kernel
+// (to rounding: the column sums are added CTA by CTA) with the panel's m
+// rows spread over the cluster: CTA q holds rows [q mc, (q + 1) mc) (mc >=
+// 128, so the diagonal's rows 0 .. NB are CTA 0's). A reflector: every CTA
+// runs the pass over its rows, warp 0 sums its threads' partial dots into
+// red[parity] (the parity alternates, so that one cluster barrier per
+// reflector lets no CTA overwrite sums another still reads), the cluster
+// barrier, then warp 0 of every CTA adds the C CTAs' sums in rank order
+// and reads row c1 (CTA 0's) through distributed shared memory, so every
+// CTA forms the same tau, s and w; H_{c1 - 1} is applied to row c1 in
+// registers only (nothing reads that row of the columns k > c1 afterwards).
+// The rare columns' float64 dots are summed the same way, behind a second
+// cluster barrier. CTA 0 writes tau and T; every CTA its rows of V.
+template <int NB>
+__global__ void __launch_bounds__(kHhThreads) panel_cluster_kernel(float* cm, int p, int r, int J0, int j0, int b,
+                                                                   int mc, float* tau, float* tp) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  namespace cg = cooperative_groups;
+  cg::cluster_group cluster = cg::this_cluster();
+  const int C = static_cast<int>(cluster.num_blocks()), q = static_cast<int>(cluster.block_rank());
+  constexpr int G = kHhThreads / NB;
+  extern __shared__ float sh[];
+  __shared__ double part[G][NB];
+  __shared__ float pmax[G][NB];
+  __shared__ double red[2][NB], red2[NB], dl[32];
+  __shared__ float redmax[2][NB], rtl[32];
+  __shared__ double s_s[NB];
+  __shared__ float ws_s[NB], tau_s[NB], S[NB * NB], T[NB * NB], X[NB * NB / 4];
+  __shared__ int rare_s;
+  const int m = p - j0, ld = panel_ld(mc, NB);
+  const int row0 = q * mc, ml = max(0, min(mc, m - row0));  // this CTA's rows of the panel
+  const int t = threadIdx.x, k = t % NB, g = t / NB, lane = t & 31, base = lane - k;
+  const int64_t mat = blockIdx.x / C;
+  float* const A = cm + mat * p * r + static_cast<int64_t>(j0) * p;  // row 0 of column j0
+  for (int c = 0; c < NB; ++c)
+    for (int i = t; i < ml; i += kHhThreads)
+      sh[c * ld + i] = c < b ? A[static_cast<int64_t>(c) * p + j0 + row0 + i] : 0.f;
+  __syncthreads();
+
+  // panel_kernel's pass over this CTA's rows (local index li = i - row0).
+  const auto pass = [&](int c) {
+    const int c1 = c + 1, lfirst = max(0, c1 + 1 - row0);
+    const bool upd = c >= 0 && k > c && k < b;
+    const float ws = upd ? ws_s[k] : 0.f;
+    const float* const xc = sh + (c < 0 ? 0 : c) * ld;
+    float* const yk = sh + k * ld;
+    const int lc1 = base + c1;
+    float acc[kUnroll] = {}, amax = 0.f;
+    constexpr int kRound = G * kUnroll;
+    const int rows = ml - lfirst, full = rows > 0 ? rows / kRound : 0;
+    int i0 = lfirst + g;
+    for (int j = 0; j < full; ++j, i0 += kRound) {
+      float y[kUnroll], x[kUnroll];
+#pragma unroll
+      for (int u = 0; u < kUnroll; ++u) {
+        y[u] = yk[i0 + G * u];
+        x[u] = xc[i0 + G * u];
+      }
+#pragma unroll
+      for (int u = 0; u < kUnroll; ++u) {
+        y[u] = fmaf(-ws, x[u], y[u]);
+        if (upd) yk[i0 + G * u] = y[u];
+      }
+#pragma unroll
+      for (int u = 0; u < kUnroll; ++u) {
+        acc[u] = fmaf(__shfl_sync(0xffffffffu, y[u], lc1), y[u], acc[u]);
+        amax = fmaxf(amax, fabsf(y[u]));
+      }
+    }
+    if (rows > 0 && rows % kRound != 0) {
+      float y[kUnroll], x[kUnroll];
+#pragma unroll
+      for (int u = 0; u < kUnroll; ++u) {
+        const bool ok = i0 + G * u < ml;
+        y[u] = ok ? yk[i0 + G * u] : 0.f;
+        x[u] = ok ? xc[i0 + G * u] : 0.f;
+      }
+#pragma unroll
+      for (int u = 0; u < kUnroll; ++u) {
+        y[u] = fmaf(-ws, x[u], y[u]);
+        if (upd && i0 + G * u < ml) yk[i0 + G * u] = y[u];
+      }
+#pragma unroll
+      for (int u = 0; u < kUnroll; ++u) {
+        acc[u] = fmaf(__shfl_sync(0xffffffffu, y[u], lc1), y[u], acc[u]);
+        amax = fmaxf(amax, fabsf(y[u]));
+      }
+    }
+    part[g][k] = (static_cast<double>(acc[0]) + acc[1]) + (static_cast<double>(acc[2]) + acc[3]);
+    pmax[g][k] = amax;
+  };
+  // Warp 0: this CTA's sums of the pass's partial dots (column k's in lane
+  // k) into red[par], its largest |value| per column into redmax[par].
+  const auto reduce = [&](int par) {
+    if (t >= 32) return;
+    constexpr int H = 32 / NB;
+    double d4[4] = {};
+    float am = 0.f;
+    static_assert(G % (4 * H) == 0, "the partial sums split into four");
+    for (int qq = t / NB; qq < G; qq += 4 * H) {
+#pragma unroll
+      for (int u = 0; u < 4; ++u) {
+        d4[u] += part[qq + u * H][k];
+        am = fmaxf(am, pmax[qq + u * H][k]);
+      }
+    }
+    double d = (d4[0] + d4[1]) + (d4[2] + d4[3]);
+    if (H == 2) {
+      d += __shfl_xor_sync(0xffffffffu, d, 16);
+      am = fmaxf(am, __shfl_xor_sync(0xffffffffu, am, 16));
+    }
+    if (t < NB) {
+      red[par][t] = d;
+      redmax[par][t] = am;
+    }
+  };
+  // Warp 0, after the cluster barrier: the cluster's sums (dl), row c1
+  // with H_{c1 - 1} applied (rtl), whether column c1 is rare (rare_s); if
+  // so, this CTA's float64 dots of column c1 with every column over its
+  // rows below c1 (red2).
+  const auto gather = [&](int c1, int par) {
+    if (t >= 32) return;
+    double d = 0;
+    float am = 0.f;
+    for (int qq = 0; qq < C; ++qq) {
+      d += cluster.map_shared_rank(&red[par][0], qq)[k];
+      am = fmaxf(am, cluster.map_shared_rank(&redmax[par][0], qq)[k]);
+    }
+    const float* const sh0 = cluster.map_shared_rank(sh, 0);
+    float rt = 0.f;
+    if (t < b) {
+      rt = sh0[t * ld + c1];
+      if (c1 > 0 && t >= c1) rt = fmaf(-ws_s[t], sh0[(c1 - 1) * ld + c1], rt);
+    }
+    const float amx = __shfl_sync(0xffffffffu, am, c1);
+    const bool rare = amx != 0.f && !(amx >= 0x1p-60f && amx <= 0x1p50f);  // NaN: rare (and NaN stays)
+    dl[t] = d;
+    rtl[t] = rt;
+    if (t == 0) rare_s = rare;
+    if (rare) {
+      double e = 0;
+      if (t < b)
+        for (int li = max(0, c1 + 1 - row0); li < ml; ++li) e += static_cast<double>(sh[c1 * ld + li]) * sh[t * ld + li];
+      if (t < NB) red2[t] = e;
+    }
+  };
+  // Warp 0: reflector c1 from gather's values, as panel_kernel's.
+  const auto reflector = [&](int c1) {
+    if (t >= 32) return;
+    const bool rare = rare_s != 0;
+    double d = dl[t];
+    if (rare) {
+      d = 0;
+      for (int qq = 0; qq < C; ++qq) d += cluster.map_shared_rank(&red2[0], qq)[k];
+    }
+    const double s2 = __shfl_sync(0xffffffffu, d, c1);
+    const float rt = rtl[t];
+    const double alpha = __shfl_sync(0xffffffffu, rt, c1);
+    float tu = 0.f;
+    double s = 0;
+    if (s2 > 0) {
+      const double beta = -copysign(sqrt(alpha * alpha + s2), alpha), den = alpha - beta, qv = 1.0 / (beta * den);
+      tu = static_cast<float>(-den * den * qv);
+      s = beta * qv;
+    }
+    if (t > c1 && t < b) {
+      const float w = tu * static_cast<float>(static_cast<double>(rt) + s * d);
+      ws_s[t] = rare ? w : static_cast<float>(w * s);
+    }
+    if (t < c1) S[t + c1 * NB] = static_cast<float>(s_s[t] * (static_cast<double>(rt) + s * d));
+    if (rare)  // this CTA's rows below c1 (red2 read every row it needed)
+      for (int li = max(0, c1 + 1 - row0) + t; li < ml; li += 32) sh[c1 * ld + li] = static_cast<float>(sh[c1 * ld + li] * s);
+    if (t == 0) {
+      tau_s[c1] = tu;
+      s_s[c1] = rare ? 1.0 : s;
+    }
+  };
+  int par = 0;
+  const auto step = [&](int c1) {  // after the pass that formed column c1's dots
+    __syncthreads();
+    reduce(par);
+    cluster.sync();  // every CTA's sums; row c1 final before H_{c1 - 1}
+    gather(c1, par);
+    __syncthreads();
+    if (rare_s) cluster.sync();  // every CTA's float64 dots (rare_s is the same in every CTA)
+    reflector(c1);
+    __syncthreads();
+    par ^= 1;
+  };
+  pass(-1);
+  step(0);
+  for (int c = 0; c + 1 < b; ++c) {
+    pass(c);
+    step(c + 1);
+  }
+  if (q == 0) form_t(T, NB, S, NB, tau_s, b, X);
+  // V, explicit, from the outer block's first row J0 (CTA 0 the rows above the panel); tau; T.
+  for (int c = 0; c < b; ++c) {
+    const float sc = static_cast<float>(s_s[c]);
+    for (int i = (q == 0 ? -(j0 - J0) : row0) + t; i < row0 + ml; i += kHhThreads)
+      A[static_cast<int64_t>(c) * p + j0 + i] = i < c ? 0.f : i == c ? 1.f : sh[c * ld + (i - row0)] * sc;
+  }
+  if (q == 0) {
+    if (t < b) tau[mat * r + j0 + t] = tau_s[t];
+    float* const Tg = tp + mat * NB * NB;
+    for (int e = t; e < NB * NB; e += kHhThreads) Tg[e] = e % NB < b && e / NB < b ? T[e] : 0.f;
+  }
+  cluster.sync();  // no CTA leaves while another may still read its shared memory
+#endif
+}
+
 // T (n x n, ld ldt, stride st) of an outer block's n reflectors from S = V^T
 // V (n x n, ld lds, stride ss) and tau (from tau + J0, r per matrix).
 __global__ void __launch_bounds__(kHhThreads) block_t_kernel(const float* S, int lds, int64_t ss, const float* tau,
@@ -291,6 +507,11 @@ template <int NB>
 constexpr size_t panel_static_smem() {
   return sizeof(double) * (kHhThreads + NB) + sizeof(float) * (kHhThreads + 2 * NB + 2 * NB * NB + NB * NB / 4);
 }
+// panel_cluster_kernel's: panel_kernel's, and the sums handed round the cluster
+template <int NB>
+constexpr size_t panel_cluster_static_smem() {
+  return panel_static_smem<NB>() + sizeof(double) * (3 * NB + 32) + sizeof(float) * (2 * NB + 32) + 16;
+}
 
 }  // namespace
 
@@ -306,6 +527,16 @@ int householder_init(int device) {
   cuda::check(cudaFuncSetAttribute(panel_kernel<16>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                    optin - static_cast<int>(panel_static_smem<16>())),
               "cudaFuncSetAttribute (householder panel, 16)");
+  int major = 0;
+  cuda::check(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device), "cudaDeviceGetAttribute");
+  if (major >= 9) {
+    cuda::check(cudaFuncSetAttribute(panel_cluster_kernel<32>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                     optin - static_cast<int>(panel_cluster_static_smem<32>())),
+                "cudaFuncSetAttribute (householder cluster panel, 32)");
+    cuda::check(cudaFuncSetAttribute(panel_cluster_kernel<16>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                     optin - static_cast<int>(panel_cluster_static_smem<16>())),
+                "cudaFuncSetAttribute (householder cluster panel, 16)");
+  }
   const int bt = static_cast<int>(block_t_smem(kHhBlock));
   if (bt <= optin)
     cuda::check(cudaFuncSetAttribute(block_t_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bt),
@@ -324,8 +555,15 @@ int householder_panel_width(int64_t p, int smem_optin) {
   return 0;
 }
 
+int householder_panel_cluster(const Ctx& c, int64_t p, int64_t j0, int nb, int64_t batch) {
+  const int64_t per = nb == 32 ? 128 : 256;  // rows of one round of a CTA's pass
+  int C = 1;
+  while (C < 8 && (p - j0) >= 2 * C * per && batch * 2 * C <= c.sms) C *= 2;
+  return C;
+}
+
 void householder_panel(const Ctx& c, float* cm, int64_t p, int64_t r, int64_t J0, int64_t j0, int64_t b, int nb,
-                       float* tau, float* t, int64_t batch) {
+                       float* tau, float* t, int64_t batch, int cluster) {
   DION_REQUIRE(batch > 0 && batch <= INT32_MAX && (nb == 16 || nb == 32) && b > 0 && b <= nb && J0 <= j0 &&
                    j0 + b <= r && r <= p,
                DION_ERROR_INTERNAL, "householder_panel: bad shape (p %lld, r %lld, j0 %lld, b %lld, nb %d)",
@@ -336,6 +574,29 @@ void householder_panel(const Ctx& c, float* cm, int64_t p, int64_t r, int64_t J0
   const unsigned grid = static_cast<unsigned>(batch);
   const int P = static_cast<int>(p), R = static_cast<int>(r), JJ = static_cast<int>(J0), J = static_cast<int>(j0),
             Bc = static_cast<int>(b);
+  if (cluster >= 2) {
+    DION_REQUIRE(cluster <= 8 && batch * cluster <= INT32_MAX, DION_ERROR_INTERNAL,
+                 "householder_panel: bad cluster size %d", cluster);
+    const int mc = (m + cluster - 1) / cluster;
+    DION_REQUIRE(mc >= nb + 2, DION_ERROR_INTERNAL, "householder_panel: %d rows over %d CTAs", m, cluster);
+    cudaLaunchConfig_t cfg = {};
+    cfg.gridDim = dim3(static_cast<unsigned>(batch * cluster));
+    cfg.blockDim = dim3(kHhThreads);
+    cfg.dynamicSmemBytes = sizeof(float) * nb * static_cast<size_t>(panel_ld(mc, nb));
+    cfg.stream = c.stream;
+    cudaLaunchAttribute attr[1];
+    attr[0].id = cudaLaunchAttributeClusterDimension;
+    attr[0].val.clusterDim.x = static_cast<unsigned>(cluster);
+    attr[0].val.clusterDim.y = 1;
+    attr[0].val.clusterDim.z = 1;
+    cfg.attrs = attr;
+    cfg.numAttrs = 1;
+    const cudaError_t e = nb == 32 ? cudaLaunchKernelEx(&cfg, panel_cluster_kernel<32>, cm, P, R, JJ, J, Bc, mc, tau, t)
+                                   : cudaLaunchKernelEx(&cfg, panel_cluster_kernel<16>, cm, P, R, JJ, J, Bc, mc, tau, t);
+    cuda::check(e, "cudaLaunchKernelEx (householder cluster panel)");
+    cuda::check_launch("householder cluster panel kernel");
+    return;
+  }
   if (nb == 32)
     panel_kernel<32><<<grid, kHhThreads, smem, c.stream>>>(cm, P, R, JJ, J, Bc, tau, t);
   else

@@ -257,9 +257,16 @@ int householder_panel_width(int64_t p, int smem_optin);
 // Panel j0 .. j0 + b - 1 (b <= nb, nb householder_panel_width's) of the
 // outer block that starts at J0: factored, its explicit V written over its
 // columns from row J0 (zeros above the unit diagonal), tau (r per matrix)
-// and its T (nb x nb, ld nb, stride nb^2) written.
+// and its T (nb x nb, ld nb, stride nb^2) written. cluster >= 2 (Hopper, at
+// most 8, householder_panel_cluster's): each matrix's panel over a cluster
+// of that many CTAs, its rows spread over them.
 void householder_panel(const Ctx& c, float* cm, int64_t p, int64_t r, int64_t J0, int64_t j0, int64_t b, int nb,
-                       float* tau, float* t, int64_t batch);
+                       float* tau, float* t, int64_t batch, int cluster = 1);
+// The cluster size for the panel at column j0 of a batch of p-row
+// matrices: the largest power of two up to 8 that leaves each CTA at least
+// one round of its pass (128 rows at nb 32, 256 at 16) and keeps the
+// batch's CTAs within one per multiprocessor; 1 where not even two would.
+int householder_panel_cluster(const Ctx& c, int64_t p, int64_t j0, int nb, int64_t batch);
 // T (n x n, n <= kHouseholderBlock; ld ldt, stride st) of the n reflectors
 // from J0 on, from S = V^T V (n x n, lds, ss; above its diagonal read) and tau.
 void householder_block_t(const Ctx& c, const float* s, int64_t lds, int64_t ss, const float* tau, int64_t r,

@@ -610,9 +610,19 @@ TEST_F(OpsTest, QrQStreamsSameBits) {
 // 1 to 3. The inputs are well conditioned (Gaussian, p >= 2.5 r, or square
 // with a shifted diagonal: singular values within a factor of about 3), so
 // fp32 QRs agree to about n eps cond, and 1e-4 bounds entries of at most 1.
+// On Hopper the panels of 256 rows and more (512 at width 16) are factored
+// by clusters of 2 to 8 CTAs (kernels::householder_panel_cluster: 700,
+// 768, 1800 and 3000 rows here); Q must also agree with the panels one CTA
+// per matrix (DION_QR_PANEL_CLUSTER=0), and differ from it somewhere (the
+// column sums are added in another order): the clusters ran.
 TEST_F(OpsTest, QrQBatchedMatchesHostAndCusolver) {
   std::unique_ptr<Backend> ref;  // qr_q by cuSOLVER's geqrf / orgqr matrix by matrix
   ASSERT_NO_FATAL_FAILURE(cuda_backend_with("DION_QR_BATCHED", "0", &ref));
+  std::unique_ptr<Backend> one_cta;  // the panels one CTA per matrix
+  ASSERT_NO_FATAL_FAILURE(cuda_backend_with("DION_QR_PANEL_CLUSTER", "0", &one_cta));
+  int major = 0;
+  ASSERT_EQ(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, 0), cudaSuccess);
+  bool clusters_differ = false;
   int optin = 0;
   ASSERT_EQ(cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, 0), cudaSuccess);
   struct Shape {
@@ -626,18 +636,23 @@ TEST_F(OpsTest, QrQBatchedMatchesHostAndCusolver) {
     Mat a = Mat::padded(s.p, s.r, s.B);
     a.fill([&] { return gauss(); });
     if (s.p < 2 * s.r) shift_diagonal(a);
-    Mat c = Mat::padded(s.p, s.r, s.B);
-    c.h = a.h;
+    Mat c = Mat::padded(s.p, s.r, s.B), o = Mat::padded(s.p, s.r, s.B);
+    c.h = o.h = a.h;
     c.sync();
+    o.sync();
     cuda->qr_q(a.D());
     ref->qr_q(c.D());
+    one_cta->qr_q(o.D());
     host->qr_q(a.H());
-    const std::vector<float> q = a.dev(), qc = c.dev();
+    const std::vector<float> q = a.dev(), qc = c.dev(), qo = o.dev();
     EXPECT_LT(orthonormality_error(q, a), 1e-5);
     EXPECT_TRUE(close(a.h, q, 0.0, 1e-4)) << "against the host";
     EXPECT_TRUE(close(qc, q, 0.0, 1e-4)) << "against cuSOLVER";
+    EXPECT_TRUE(close(qo, q, 0.0, 1e-4)) << "against the panels one CTA per matrix";
+    clusters_differ = clusters_differ || !same_bits(qo, q);
   }
   if (optin >= 200 * 1024) EXPECT_TRUE(widths.count(32) && widths.count(16)) << "both panel widths were meant to run";
+  if (major >= 9) EXPECT_TRUE(clusters_differ) << "the clustered panels did not run";
 }
 
 // Degenerate columns: where x below the diagonal is zero, larfg's tau is 0

@@ -266,6 +266,9 @@ class CudaBackend final : public Backend {
       check(cusolverDnSetDeterministicMode(solver_, CUSOLVER_DETERMINISTIC_RESULTS), "cusolverDnSetDeterministicMode");
       kernels::chol_block_init();
       smem_optin_ = kernels::householder_init(device);
+      int major = 0;
+      check(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device), "cudaDeviceGetAttribute");
+      qr_panel_cluster_ = qr_panel_cluster_ && major >= 9;
       const bool x3 = kernels::lowrank_tf32x3_init(device);
       lowrank_tf32x3_ = lowrank_tf32x3_ && x3;
       field_tf32x3_ = field_tf32x3_ && x3;
@@ -938,7 +941,8 @@ class CudaBackend final : public Backend {
         const int64_t b = std::min<int64_t>(nb, J0 + bo - j0);
         {
           ProfScope d(prof_, "qr_q: panels", stream_, true);
-          kernels::householder_panel(ctx(), cm, p, r, J0, j0, b, nb, tau, tin, B);
+          kernels::householder_panel(ctx(), cm, p, r, J0, j0, b, nb, tau, tin, B,
+                                     qr_panel_cluster_ ? kernels::householder_panel_cluster(ctx(), p, j0, nb, B) : 1);
         }
         ProfScope d(prof_, "qr_q: panel updates", stream_, true);
         reflect(cm + j0 * p + j0, tin, nb, nb * nb, p - j0, b, cm + (j0 + b) * p + j0, J0 + bo - j0 - b, true);
@@ -2254,6 +2258,10 @@ class CudaBackend final : public Backend {
   // qr_q's batched Householder QR (qr_q_batched) where its panels fit;
   // DION_QR_BATCHED=0: cuSOLVER's geqrf / orgqr matrix by matrix everywhere.
   bool qr_batched_ = env_int("DION_QR_BATCHED", 1) != 0;
+  // Its panels over clusters of CTAs where the rows allow (Hopper;
+  // kernels::householder_panel_cluster); DION_QR_PANEL_CLUSTER=0: one CTA
+  // per matrix.
+  bool qr_panel_cluster_ = env_int("DION_QR_PANEL_CLUSTER", 1) != 0;
   int smem_optin_ = 0;  // shared memory per block, opt-in (householder_init)
   // qr_q_batched's outer block width (DION_QR_BLOCK; a multiple of the panel width, at most kHouseholderBlock).
   int64_t qr_block_ = env_int("DION_QR_BLOCK", kernels::kHouseholderBlock);
