@@ -984,7 +984,12 @@ void step(Optimizer& opt, Group& g, const Batch& bt) {
 // only their share; a group that mixes path 3 with other buckets is
 // not phased, nor is a group whose gradients the overlapped replicate sync averages (a bucket
 // starts there as soon as its own gradients are averaged; with compressed
-// sync Dion averages P and R instead, and the group is phased).
+// sync Dion averages P and R instead, and the group is phased). A bucket
+// whose P is square or wide (B's global rows at most r: full rank, factored
+// by Householder QR, no sketch or Cholesky) takes no part in the phases: it
+// is stepped on its own first, and the others are phased where two or more
+// remain (gpt-160m at r = 1.0: the out projections, d x d, on their own,
+// the qkv, fc1 and fc2 classes phased).
 // The same arithmetic as the bucket-by-bucket step (each bucket's matrices
 // see the same operations and collectives, only batched with others' and in
 // another order between buckets), so the results are the same to the
@@ -1100,22 +1105,33 @@ bool group_steppable(const Optimizer& opt, const Group& g) {
 // the split (split_of).
 int64_t owned_count(const Split& sp, int64_t T) { return sp.mesh ? sp.count : T; }
 
-// Whether the buckets (tensor t with `count` matrices each) can be phased
-// together, and the workspace floats that takes (0 if not).
+// Whether a bucket of tensors like t takes part in the phases: not where P
+// is square or wide (full rank: Householder QR; such a bucket is stepped on
+// its own).
+bool phased_member(const dion_group_options_t& o, const Tensor& t) {
+  const Shape s = shape_of(o, t);
+  return s.ag > s.r;
+}
+
+// Whether the buckets (tensor t with `count` matrices each) that take part
+// in the phases (phased_member; two or more) can be phased together, and
+// the workspace floats that takes (0 if not).
 size_t phased_floats(const Optimizer& opt, const Group& g, const std::vector<Batch>& bs) {
   const dion_group_options_t& o = g.opt;
-  if (bs.size() < 2 || !group_steppable(opt, g) || o.power_iters != 1 || o.qr_method == DION_QR_QR ||
-      !phased_enabled())
+  const auto first = std::find_if(bs.begin(), bs.end(), [&](const Batch& bt) { return phased_member(o, bt.t); });
+  if (std::count_if(bs.begin(), bs.end(), [&](const Batch& bt) { return phased_member(o, bt.t); }) < 2 ||
+      !group_steppable(opt, g) || o.power_iters != 1 || o.qr_method == DION_QR_QR || !phased_enabled())
     return 0;
-  const Shape s0 = shape_of(o, bs[0].t);
-  const bool inner = dist_of(opt, bs[0].t).inner != nullptr;  // path 3: every bucket's, or none
+  const Shape s0 = shape_of(o, first->t);
+  const bool inner = dist_of(opt, first->t).inner != nullptr;  // path 3: every bucket's, or none
   size_t sum = 0, shared = 0;
   int64_t slots = 0;
   for (const Batch& bt : bs) {
     const Tensor& t = bt.t;
+    if (!phased_member(o, t)) continue;
     const int64_t T = bt.count;
     const Shape s = shape_of(o, t);
-    if (s.r != s0.r || s.k != s0.k || s.ag <= s.r || t.geom.srows * t.geom.scols != t.numel_local) return 0;
+    if (s.r != s0.r || s.k != s0.k || t.geom.srows * t.geom.scols != t.numel_local) return 0;
     const Dist d = dist_of(opt, t);
     if ((d.inner != nullptr) != inner) return 0;
     const Split sp = phased_split(opt, d, T);
@@ -1159,11 +1175,21 @@ size_t group_workspace(const Optimizer& opt, const Group& g) {
 
 bool step_group(Optimizer& opt, Group& g) {
   // Host-side lists: their capacity is kept (thread_local), so a steady-state step allocates nothing.
-  thread_local std::vector<Batch> batches;
-  active_batches(opt, g, batches);
-  if (!group_step_fits(opt, phased_floats(opt, g, batches))) return false;
+  thread_local std::vector<Batch> active, batches, singles;
+  active_batches(opt, g, active);
+  if (!group_step_fits(opt, phased_floats(opt, g, active))) return false;
   Backend& be = *opt.backend;
   const dion_group_options_t& o = g.opt;
+  // The buckets that take no part in the phases (phased_member) first, one
+  // by one; the others go to `batches`.
+  batches.clear();
+  singles.clear();
+  for (const Batch& bt : active) (phased_member(o, bt.t) ? batches : singles).push_back(bt);
+  for (const Batch& bt : singles) {
+    opt.ws.reset();
+    step(opt, g, bt);
+  }
+  opt.ws.reset();
   const dion_matmul_precision_t prec = o.matmul_precision;
   const int method = qr_method_now(g);  // orth's choice (P is never square here)
   const Shape s0 = shape_of(o, batches[0].t);

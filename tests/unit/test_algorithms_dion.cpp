@@ -288,14 +288,42 @@ TEST(Dion_Group, SeveralTensors) {
   run_case(s);
 }
 
-// The phased group step (src/algo/dion.cpp, step_group): a group whose
-// buckets share r and k (here r = 10 and k = 128 for four shapes, five
-// tensors) steps in phases that factor all buckets' matrices in one call per
-// kind. For RCQR, CQR, and CQR after a two-step RCQR warm-up: each tensor
-// follows its float64 reference (run_case), and the results equal those of
-// the bucket-by-bucket step (DION_PHASED=0) bit for bit, since the host's
-// batched factorizations work matrix by matrix. That the phased step ran is
-// seen in the workspace it reserves: more than the bucket-by-bucket step's.
+// The phased group step (src/algo/dion.cpp, step_group) against the
+// bucket-by-bucket step (DION_PHASED=0): each tensor follows its float64
+// reference (run_case), and the two give the same parameters and Q bit for
+// bit, since the host's batched factorizations work matrix by matrix. That
+// the phased step ran is seen in the workspace it reserves: more than the
+// bucket-by-bucket step's.
+void expect_phased_equals_bucket_by_bucket(const CaseSpec& s) {
+  run_case(s);
+  std::vector<std::vector<double>> params[2], qs[2];
+  uint64_t ws[2] = {0, 0};
+  for (int off = 0; off < 2; ++off) {
+    std::optional<ScopedEnv> phased;
+    if (off) phased.emplace("DION_PHASED", "0");
+    CaseRunner runner(s);
+    runner.run();
+    phased.reset();
+    ASSERT_FALSE(::testing::Test::HasFailure());
+    uint64_t state_bytes = 0;
+    ASSERT_EQ(dion_get_memory_usage(runner.optimizer().get(), &state_bytes, &ws[off]), DION_SUCCESS);
+    for (size_t t = 0; t < s.shapes.size(); ++t) {
+      params[off].push_back(runner.tensor(t).param());
+      StateBuffer q;
+      ASSERT_EQ(runner.optimizer().read_state(static_cast<int32_t>(t), "Q", &q), DION_SUCCESS);
+      qs[off].push_back(q.values);
+    }
+  }
+  EXPECT_GT(ws[0], ws[1]) << "the phased step's workspace was not reserved";
+  for (size_t t = 0; t < s.shapes.size(); ++t) {
+    EXPECT_TRUE(params[0][t] == params[1][t]) << "tensor " << t << ": phased and bucket-by-bucket parameters differ";
+    EXPECT_TRUE(qs[0][t] == qs[1][t]) << "tensor " << t << ": phased and bucket-by-bucket Q differ";
+  }
+}
+
+// A group whose buckets share r and k (here r = 10 and k = 128 for four
+// shapes, five tensors) steps in phases that factor all buckets' matrices in
+// one call per kind. For RCQR, CQR, and CQR after a two-step RCQR warm-up.
 TEST(Dion_Phased, GroupOfSharedRankMatchesReferenceAndBucketByBucketBits) {
   struct M {
     dion_qr_method_t qr;
@@ -305,30 +333,21 @@ TEST(Dion_Phased, GroupOfSharedRankMatchesReferenceAndBucketByBucketBits) {
     SCOPED_TRACE(qr_name(m.qr, m.warmup));
     CaseSpec s = to_spec(DionCase{{48, 20}, Dtype::kF32, 0.5, 1, m.qr, m.warmup});
     s.shapes = {{48, 20}, {20, 48}, {64, 20}, {48, 20}, {20, 40}};
-    run_case(s);
-    std::vector<std::vector<double>> params[2], qs[2];
-    uint64_t ws[2] = {0, 0};
-    for (int off = 0; off < 2; ++off) {
-      std::optional<ScopedEnv> phased;
-      if (off) phased.emplace("DION_PHASED", "0");
-      CaseRunner runner(s);
-      runner.run();
-      phased.reset();
-      ASSERT_FALSE(::testing::Test::HasFailure());
-      uint64_t state_bytes = 0;
-      ASSERT_EQ(dion_get_memory_usage(runner.optimizer().get(), &state_bytes, &ws[off]), DION_SUCCESS);
-      for (size_t t = 0; t < s.shapes.size(); ++t) {
-        params[off].push_back(runner.tensor(t).param());
-        StateBuffer q;
-        ASSERT_EQ(runner.optimizer().read_state(static_cast<int32_t>(t), "Q", &q), DION_SUCCESS);
-        qs[off].push_back(q.values);
-      }
-    }
-    EXPECT_GT(ws[0], ws[1]) << "the phased step's workspace was not reserved";
-    for (size_t t = 0; t < s.shapes.size(); ++t) {
-      EXPECT_TRUE(params[0][t] == params[1][t]) << "tensor " << t << ": phased and bucket-by-bucket parameters differ";
-      EXPECT_TRUE(qs[0][t] == qs[1][t]) << "tensor " << t << ": phased and bucket-by-bucket Q differ";
-    }
+    expect_phased_equals_bucket_by_bucket(s);
+  }
+}
+
+// At full rank a square bucket (20 x 20, r = 20: P square, Householder QR)
+// takes no part in the phases: it is stepped on its own, and the other
+// buckets (r = 20, k = 128) are still phased, before and after it in the
+// list of shapes. With a single other bucket nothing is phased (the
+// workspaces then equal: the check fails), so two are kept.
+TEST(Dion_Phased, SquareBucketSteppedAloneTheOthersPhased) {
+  for (const dion_qr_method_t qr : {DION_QR_RCQR, DION_QR_CQR}) {
+    SCOPED_TRACE(qr_name(qr, 0));
+    CaseSpec s = to_spec(DionCase{{48, 20}, Dtype::kF32, 1.0, 1, qr, 0});
+    s.shapes = {{20, 20}, {48, 20}, {20, 48}, {20, 20}, {64, 20}};
+    expect_phased_equals_bucket_by_bucket(s);
   }
 }
 
