@@ -83,6 +83,79 @@ __device__ void form_t(float* T, int ldt, const float* S, int lds, const float* 
   }
 }
 
+// One round of a panel's pass (panel_pass): the kUnroll rows i0, i0 + G,
+// ... of thread (k, g), kTail: the last, partial round (rows from end on
+// left out).
+template <int G, bool kTail>
+__device__ __forceinline__ void pass_round(float* yk, const float* xc, float ws, bool upd, int i0, int end, int lc1,
+                                           float (&acc)[kUnroll], float& amax) {
+  float y[kUnroll], x[kUnroll];
+#pragma unroll
+  for (int u = 0; u < kUnroll; ++u) {
+    const bool ok = !kTail || i0 + G * u < end;
+    y[u] = ok ? yk[i0 + G * u] : 0.f;
+    x[u] = ok ? xc[i0 + G * u] : 0.f;
+  }
+#pragma unroll
+  for (int u = 0; u < kUnroll; ++u) {
+    y[u] = fmaf(-ws, x[u], y[u]);
+    if (upd && (!kTail || i0 + G * u < end)) yk[i0 + G * u] = y[u];
+  }
+#pragma unroll
+  for (int u = 0; u < kUnroll; ++u) {
+    acc[u] = fmaf(__shfl_sync(0xffffffffu, y[u], lc1), y[u], acc[u]);
+    amax = fmaxf(amax, fabsf(y[u]));
+  }
+}
+
+// The pass of thread (k, g) over the shared-memory rows first .. end - 1 of
+// column k (yk): y_k -= ws x_c where upd, then the sums of y_{c1} y_k (the
+// value of the lane lc1, holding column c1 at the same row) into
+// part[g][k], the largest |y_k| into pmax[g][k]. Four rows at a time, their
+// loads first, four float sums. Float64 products took two conversions per
+// element: with them a gpt-160m panel of 32 took 186 us under Nsight
+// Compute, without them 167 us (7.43 -> 6.87 M warp instructions;
+// twenty-fourth session).
+template <int NB>
+__device__ __forceinline__ void panel_pass(float* yk, const float* xc, float ws, bool upd, int first, int end, int k,
+                                           int g, int lc1, double (*part)[NB], float (*pmax)[NB]) {
+  constexpr int G = kHhThreads / NB, kRound = G * kUnroll;
+  static_assert(kUnroll == 4, "panel_pass sums four accumulators");
+  float acc[kUnroll] = {}, amax = 0.f;
+  const int rows = end - first, full = rows > 0 ? rows / kRound : 0;
+  int i0 = first + g;
+  for (int j = 0; j < full; ++j, i0 += kRound) pass_round<G, false>(yk, xc, ws, upd, i0, end, lc1, acc, amax);
+  if (rows > 0 && rows % kRound != 0) pass_round<G, true>(yk, xc, ws, upd, i0, end, lc1, acc, amax);
+  part[g][k] = (static_cast<double>(acc[0]) + acc[1]) + (static_cast<double>(acc[2]) + acc[3]);
+  pmax[g][k] = amax;
+}
+
+// Warp 0 of a panel's CTA (lane t): column t % NB's sum of the G partial
+// sums of a pass (d) and its largest |value| (am), every (32 / NB)-th of
+// them from the (t / NB)-th, in a fixed order; for NB = 16 the two halves
+// of the warp are then added.
+template <int NB>
+__device__ __forceinline__ void panel_sums(const double (*part)[NB], const float (*pmax)[NB], int t, double& d,
+                                           float& am) {
+  constexpr int G = kHhThreads / NB, H = 32 / NB;
+  static_assert(G % (4 * H) == 0, "the partial sums split into four");
+  const int k = t % NB;
+  double d4[4] = {};
+  am = 0.f;
+  for (int q = t / NB; q < G; q += 4 * H) {
+#pragma unroll
+    for (int u = 0; u < 4; ++u) {
+      d4[u] += part[q + u * H][k];
+      am = fmaxf(am, pmax[q + u * H][k]);
+    }
+  }
+  d = (d4[0] + d4[1]) + (d4[2] + d4[3]);
+  if (H == 2) {
+    d += __shfl_xor_sync(0xffffffffu, d, 16);
+    am = fmaxf(am, __shfl_xor_sync(0xffffffffu, am, 16));
+  }
+}
+
 // The panel of matrix blockIdx.x: columns j0 .. j0 + b - 1 (b <= NB), rows j0
 // .. p - 1 (m of them). Writes the explicit reflectors V into the panel's
 // columns (unit diagonal, v below it, zeros above it from row J0, the outer
@@ -115,61 +188,11 @@ __global__ void __launch_bounds__(kHhThreads) panel_kernel(float* cm, int p, int
   // element but in the last, partial round of rows. Lanes that update
   // nothing (k <= c, and c = -1) subtract 0 x.
   const auto pass = [&](int c) {
-    const int c1 = c + 1, first = c1 + 1;
+    const int c1 = c + 1;
     const bool upd = c >= 0 && k > c && k < b;
-    const float ws = upd ? ws_s[k] : 0.f;
-    const float* const xc = sh + (c < 0 ? 0 : c) * ld;
-    float* const yk = sh + k * ld;
-    const int lc1 = base + c1;  // the lane holding column c1 at this lane's row
-    // Four rows at a time, their loads first, four float sums. Float64
-    // products took two conversions per element: with them a gpt-160m
-    // panel of 32 took 186 us under Nsight Compute, without them 167 us
-    // (7.43 -> 6.87 M warp instructions; twenty-fourth session).
-    float acc[kUnroll] = {}, amax = 0.f;
-    constexpr int kRound = G * kUnroll;
-    const int rows = m - first, full = rows > 0 ? rows / kRound : 0;
-    int i0 = first + g;
-    for (int j = 0; j < full; ++j, i0 += kRound) {
-      float y[kUnroll], x[kUnroll];
-#pragma unroll
-      for (int u = 0; u < kUnroll; ++u) {
-        y[u] = yk[i0 + G * u];
-        x[u] = xc[i0 + G * u];
-      }
-#pragma unroll
-      for (int u = 0; u < kUnroll; ++u) {
-        y[u] = fmaf(-ws, x[u], y[u]);
-        if (upd) yk[i0 + G * u] = y[u];
-      }
-#pragma unroll
-      for (int u = 0; u < kUnroll; ++u) {
-        acc[u] = fmaf(__shfl_sync(0xffffffffu, y[u], lc1), y[u], acc[u]);
-        amax = fmaxf(amax, fabsf(y[u]));
-      }
-    }
-    if (rows > 0 && rows % kRound != 0) {
-      float y[kUnroll], x[kUnroll];
-#pragma unroll
-      for (int u = 0; u < kUnroll; ++u) {
-        const bool ok = i0 + G * u < m;
-        y[u] = ok ? yk[i0 + G * u] : 0.f;
-        x[u] = ok ? xc[i0 + G * u] : 0.f;
-      }
-#pragma unroll
-      for (int u = 0; u < kUnroll; ++u) {
-        y[u] = fmaf(-ws, x[u], y[u]);
-        if (upd && i0 + G * u < m) yk[i0 + G * u] = y[u];
-      }
-#pragma unroll
-      for (int u = 0; u < kUnroll; ++u) {
-        acc[u] = fmaf(__shfl_sync(0xffffffffu, y[u], lc1), y[u], acc[u]);
-        amax = fmaxf(amax, fabsf(y[u]));
-      }
-    }
-    part[g][k] = (static_cast<double>(acc[0]) + acc[1]) + (static_cast<double>(acc[2]) + acc[3]);
-    pmax[g][k] = amax;
+    panel_pass<NB>(sh + k * ld, sh + (c < 0 ? 0 : c) * ld, upd ? ws_s[k] : 0.f, upd, c1 + 1, m, k, g, base + c1, part,
+                   pmax);
   };
-  static_assert(kUnroll == 4, "pass sums four accumulators");
   // Forms reflector c1 from the sums of the pass before: its tau and scale
   // (v = s x below the diagonal), w_k s for the next pass (w_k where the
   // column is scaled in place, below), and S(k, c1) for the columns k < c1
@@ -192,25 +215,9 @@ __global__ void __launch_bounds__(kHhThreads) panel_kernel(float* cm, int p, int
       sh[t * ld + c1] = fmaf(-ws_s[t], sh[(c1 - 1) * ld + c1], sh[t * ld + c1]);
     }
     __syncwarp();
-    // Lane t sums column t % NB's part of the G partial sums: every
-    // (32 / NB)-th of them, from the (t / NB)-th; for NB = 16 the two
-    // halves of the warp are then added.
-    constexpr int H = 32 / NB;
-    double d4[4] = {};
-    float am = 0.f;
-    static_assert(G % (4 * H) == 0, "the partial sums split into four");
-    for (int q = t / NB; q < G; q += 4 * H) {
-#pragma unroll
-      for (int u = 0; u < 4; ++u) {
-        d4[u] += part[q + u * H][k];
-        am = fmaxf(am, pmax[q + u * H][k]);
-      }
-    }
-    double d = (d4[0] + d4[1]) + (d4[2] + d4[3]);
-    if (H == 2) {
-      d += __shfl_xor_sync(0xffffffffu, d, 16);
-      am = fmaxf(am, __shfl_xor_sync(0xffffffffu, am, 16));
-    }
+    double d;
+    float am;
+    panel_sums<NB>(part, pmax, t, d, am);
     double s2 = __shfl_sync(0xffffffffu, d, c1);
     const float amx = __shfl_sync(0xffffffffu, am, c1);
     const bool rare = amx != 0.f && !(amx >= 0x1p-60f && amx <= 0x1p50f);  // NaN: rare (and NaN stays)
@@ -308,76 +315,18 @@ __global__ void __launch_bounds__(kHhThreads) panel_cluster_kernel(float* cm, in
 
   // panel_kernel's pass over this CTA's rows (local index li = i - row0).
   const auto pass = [&](int c) {
-    const int c1 = c + 1, lfirst = max(0, c1 + 1 - row0);
+    const int c1 = c + 1;
     const bool upd = c >= 0 && k > c && k < b;
-    const float ws = upd ? ws_s[k] : 0.f;
-    const float* const xc = sh + (c < 0 ? 0 : c) * ld;
-    float* const yk = sh + k * ld;
-    const int lc1 = base + c1;
-    float acc[kUnroll] = {}, amax = 0.f;
-    constexpr int kRound = G * kUnroll;
-    const int rows = ml - lfirst, full = rows > 0 ? rows / kRound : 0;
-    int i0 = lfirst + g;
-    for (int j = 0; j < full; ++j, i0 += kRound) {
-      float y[kUnroll], x[kUnroll];
-#pragma unroll
-      for (int u = 0; u < kUnroll; ++u) {
-        y[u] = yk[i0 + G * u];
-        x[u] = xc[i0 + G * u];
-      }
-#pragma unroll
-      for (int u = 0; u < kUnroll; ++u) {
-        y[u] = fmaf(-ws, x[u], y[u]);
-        if (upd) yk[i0 + G * u] = y[u];
-      }
-#pragma unroll
-      for (int u = 0; u < kUnroll; ++u) {
-        acc[u] = fmaf(__shfl_sync(0xffffffffu, y[u], lc1), y[u], acc[u]);
-        amax = fmaxf(amax, fabsf(y[u]));
-      }
-    }
-    if (rows > 0 && rows % kRound != 0) {
-      float y[kUnroll], x[kUnroll];
-#pragma unroll
-      for (int u = 0; u < kUnroll; ++u) {
-        const bool ok = i0 + G * u < ml;
-        y[u] = ok ? yk[i0 + G * u] : 0.f;
-        x[u] = ok ? xc[i0 + G * u] : 0.f;
-      }
-#pragma unroll
-      for (int u = 0; u < kUnroll; ++u) {
-        y[u] = fmaf(-ws, x[u], y[u]);
-        if (upd && i0 + G * u < ml) yk[i0 + G * u] = y[u];
-      }
-#pragma unroll
-      for (int u = 0; u < kUnroll; ++u) {
-        acc[u] = fmaf(__shfl_sync(0xffffffffu, y[u], lc1), y[u], acc[u]);
-        amax = fmaxf(amax, fabsf(y[u]));
-      }
-    }
-    part[g][k] = (static_cast<double>(acc[0]) + acc[1]) + (static_cast<double>(acc[2]) + acc[3]);
-    pmax[g][k] = amax;
+    panel_pass<NB>(sh + k * ld, sh + (c < 0 ? 0 : c) * ld, upd ? ws_s[k] : 0.f, upd, max(0, c1 + 1 - row0), ml, k, g,
+                   base + c1, part, pmax);
   };
   // Warp 0: this CTA's sums of the pass's partial dots (column k's in lane
   // k) into red[par], its largest |value| per column into redmax[par].
   const auto reduce = [&](int par) {
     if (t >= 32) return;
-    constexpr int H = 32 / NB;
-    double d4[4] = {};
-    float am = 0.f;
-    static_assert(G % (4 * H) == 0, "the partial sums split into four");
-    for (int qq = t / NB; qq < G; qq += 4 * H) {
-#pragma unroll
-      for (int u = 0; u < 4; ++u) {
-        d4[u] += part[qq + u * H][k];
-        am = fmaxf(am, pmax[qq + u * H][k]);
-      }
-    }
-    double d = (d4[0] + d4[1]) + (d4[2] + d4[3]);
-    if (H == 2) {
-      d += __shfl_xor_sync(0xffffffffu, d, 16);
-      am = fmaxf(am, __shfl_xor_sync(0xffffffffu, am, 16));
-    }
+    double d;
+    float am;
+    panel_sums<NB>(part, pmax, t, d, am);
     if (t < NB) {
       red[par][t] = d;
       redmax[par][t] = am;
