@@ -523,43 +523,18 @@ TEST(ShardSplit, BatchesCutOverTheOuterMeshAreWholeMultiplesOfIt) {
   expect_same_updates(dist, ref, x0, n);
 }
 
-// Dion's phased group step over the outer and replicate meshes
-// (src/algo/dion.cpp, step_group): the buckets of a group that share r and k
-// (here r = 8, k = 128) are stepped in phases, each rank factoring its slots
-// of every bucket in one call per kind. Shapes: three 24 x 16 and two 40 x 16
-// with their columns sharded over outer (split over it: on 4 outer ranks some
-// own one slot of a bucket, some none), one 16 x 48 sharded by rows (a batch
-// of one: all-reduced, factored on every rank) and two unsharded 32 x 16
-// (split over the replicate mesh, or factored on every rank without one).
-// rank_fraction 1/2 makes the replicate sync compressed for every tensor, so
-// that on the CUDA backend, where a replicate mesh's gradient sync is
-// pipelined with the buckets (DION_OVERLAP), the pipeline steps the group as
-// one (no gradient of it is averaged). With an inner mesh, the same shapes
-// with B's rows sharded over it (spec §2.6 path 3: S P and the Gram
-// matrices summed over the inner mesh, each slot factored by one inner
-// rank; with an outer mesh, P reduced to its slots' owners over outer
-// first). For RCQR and CQR, on every layout: the same updates as one process, and
-// the same parameters and Q as the bucket-by-bucket step (DION_PHASED=0),
-// bit for bit on the host backend (its batched factorizations work matrix
-// by matrix; on the GPU, batches of other sizes may take other kernels).
-// That the phased step ran is seen in the workspace it reserves (more than
-// the bucket-by-bucket step's), as in tests/unit/test_algorithms_dion.cpp.
-TEST(ShardPhased, GroupFactoredOncePerKindEqualsBucketByBucket) {
-  const std::vector<Spec> S0 = {{24, 16, 1, -1}, {24, 16, 1, -1}, {24, 16, 1, -1}, {40, 16, 1, -1},
-                                {40, 16, 1, -1}, {16, 48, 0, -1}, {32, 16, -1, -1}, {32, 16, -1, -1}};
-  // With an inner mesh every tensor's B rows are sharded over it (path 3;
-  // the phased step takes a group whose buckets are all path 3 or none):
-  // the same shapes, the rows of B (m, or n for the 16 x 48, whose B is
-  // X^T) over inner, the other dim over outer where the layout has one.
-  const std::vector<Spec> S1 = {{24, 16, 1, 0}, {24, 16, 1, 0}, {24, 16, 1, 0}, {40, 16, 1, 0},
-                                {40, 16, 1, 0}, {16, 48, 0, 1}, {32, 16, -1, 0}, {32, 16, -1, 0}};
+// The phased step against one process and against the bucket-by-bucket
+// step, every layout: S0 the group's tensors without an inner mesh, S1 with
+// one, at rank_fraction frac, for each QR method of qrs.
+void expect_phased_matches(double frac, const std::vector<Spec>& S0, const std::vector<Spec>& S1,
+                           const std::vector<dion_qr_method_t>& qrs) {
   for (const Layout& L : layouts()) {
     const std::vector<Spec>& S = L.I > 1 ? S1 : S0;
-    for (const dion_qr_method_t qr : {DION_QR_RCQR, DION_QR_CQR}) {
+    for (const dion_qr_method_t qr : qrs) {
       SCOPED_TRACE("layout R=" + std::to_string(L.R) + " O=" + std::to_string(L.O) +
                    (qr == DION_QR_RCQR ? " RCQR" : " CQR"));
       Grid G(L);
-      const Config c{"phased", 0.5, qr, 1};
+      const Config c{"phased", frac, qr, 1};
       OptRun dist[2], ref[2];
       std::vector<std::vector<float>> x0[2];
       uint64_t ws[2] = {0, 0};
@@ -569,9 +544,9 @@ TEST(ShardPhased, GroupFactoredOncePerKindEqualsBucketByBucket) {
           if (off) phased.emplace("DION_PHASED", "0");
           build(dist[off], G, c, true, S);
           build(ref[off], G, c, false, S);
-          if (!HasFatalFailure()) two_steps(dist[off], ref[off], G, S, &x0[off]);
+          if (!::testing::Test::HasFatalFailure()) two_steps(dist[off], ref[off], G, S, &x0[off]);
         }
-        if (HasFatalFailure()) return;
+        if (::testing::Test::HasFatalFailure()) return;
         uint64_t state_bytes = 0;
         ASSERT_EQ(dion_get_memory_usage(dist[off].opt, &state_bytes, &ws[off]), DION_SUCCESS);
         for (size_t k = 0; k < S.size(); ++k) {
@@ -599,6 +574,60 @@ TEST(ShardPhased, GroupFactoredOncePerKindEqualsBucketByBucket) {
       }
     }
   }
+}
+
+// Dion's phased group step over the outer and replicate meshes
+// (src/algo/dion.cpp, step_group): the buckets of a group that share r and k
+// (here r = 8, k = 128) are stepped in phases, each rank factoring its slots
+// of every bucket in one call per kind. Shapes: three 24 x 16 and two 40 x 16
+// with their columns sharded over outer (split over it: on 4 outer ranks some
+// own one slot of a bucket, some none), one 16 x 48 sharded by rows (a batch
+// of one: all-reduced, factored on every rank) and two unsharded 32 x 16
+// (split over the replicate mesh, or factored on every rank without one).
+// rank_fraction 1/2 makes the replicate sync compressed for every tensor, so
+// that on the CUDA backend, where a replicate mesh's gradient sync is
+// pipelined with the buckets (DION_OVERLAP), the pipeline steps the group as
+// one (no gradient of it is averaged). With an inner mesh, the same shapes
+// with B's rows sharded over it (spec §2.6 path 3: S P and the Gram
+// matrices summed over the inner mesh, each slot factored by one inner
+// rank; with an outer mesh, P reduced to its slots' owners over outer
+// first). For RCQR and CQR, on every layout: the same updates as one process, and
+// the same parameters and Q as the bucket-by-bucket step (DION_PHASED=0),
+// bit for bit on the host backend (its batched factorizations work matrix
+// by matrix; on the GPU, batches of other sizes may take other kernels).
+// That the phased step ran is seen in the workspace it reserves (more than
+// the bucket-by-bucket step's), as in tests/unit/test_algorithms_dion.cpp.
+TEST(ShardPhased, GroupFactoredOncePerKindEqualsBucketByBucket) {
+  // With an inner mesh every tensor's B rows are sharded over it (path 3;
+  // the phased step takes a group whose buckets are all path 3 or none):
+  // the same shapes, the rows of B (m, or n for the 16 x 48, whose B is
+  // X^T) over inner, the other dim over outer where the layout has one.
+  expect_phased_matches(0.5,
+                        {{24, 16, 1, -1}, {24, 16, 1, -1}, {24, 16, 1, -1}, {40, 16, 1, -1}, {40, 16, 1, -1},
+                         {16, 48, 0, -1}, {32, 16, -1, -1}, {32, 16, -1, -1}},
+                        {{24, 16, 1, 0}, {24, 16, 1, 0}, {24, 16, 1, 0}, {40, 16, 1, 0}, {40, 16, 1, 0},
+                         {16, 48, 0, 1}, {32, 16, -1, 0}, {32, 16, -1, 0}},
+                        {DION_QR_RCQR, DION_QR_CQR});
+}
+
+// At full rank the square tensors (16 x 16: P square, Householder QR, over
+// the meshes as step() does it) are stepped on their own and the other
+// buckets phased (src/algo/dion.cpp, phased_member): one square sharded by
+// columns over outer (by rows over inner with an inner mesh), one
+// unsharded. At rank_fraction 1 the replicate sync averages the gradients,
+// so on the CUDA backend with a replicate mesh the overlapped pipeline
+// steps the buckets one by one (DION_OVERLAP); the workspace is reserved
+// either way. RCQR only: at full rank CQR's Gram matrix P^T P squares P's
+// condition number, and its updates differ from one process's by up to 5e-4
+// here (32 x 16 at r = 16), in the bucket-by-bucket step as much as in the
+// phased one, beyond the 1e-4 this comparison holds rank 1/2 to.
+TEST(ShardPhased, SquareBucketsSteppedAloneTheOthersPhased) {
+  expect_phased_matches(1.0,
+                        {{16, 16, 1, -1}, {24, 16, 1, -1}, {24, 16, 1, -1}, {40, 16, 1, -1}, {16, 16, -1, -1},
+                         {16, 48, 0, -1}, {32, 16, -1, -1}},
+                        {{16, 16, 1, 0}, {24, 16, 1, 0}, {24, 16, 1, 0}, {40, 16, 1, 0}, {16, 16, -1, 0},
+                         {16, 48, 0, 1}, {32, 16, -1, 0}},
+                        {DION_QR_RCQR});
 }
 
 // The bf16 communication of P (src/algo/dion.cpp, bf16_comm): on the CUDA
