@@ -1183,14 +1183,16 @@ class CudaBackend final : public Backend {
   // slower than the whole one (gpt-1.3b tf32 34.0 -> 34.4, bf16 21.4 -> 21.7:
   // the solves' products 2.0 -> 2.7 ms), so tensor-core products take blocks
   // of at least 256 (n >= 512: triangle_blocks). FP32 products on the
-  // 3xTF32 kernel (gemm_x3, Hopper) take 4 or 2 blocks whose width is a
-  // multiple of 128 where there is one (its 128 x 128 tiles; x3_blocks): on
-  // an H200 (twenty-sixth session, ms per step, two rounds), gpt-160m Dion
-  // r = 1.0 fp32 (n = 768) ran 20.14 / 20.03 with 4 blocks (of 192: tiles
-  // of 128 x 96), 19.91 / 19.97 with 3, 19.93 / 19.92 with 6 and 19.47 /
-  // 19.46 with 2 (of 384); at n = 512 and 2048 (blocks of 128 and 512) 4
-  // stayed best (gpt-1.3b fp32 76.71 / 77.23 against 77.48 / 77.80 with 2,
-  // gpt-1.3b r = 1.0 413.1 / 414.3 against 422.4 / 423.4).
+  // 3xTF32 kernel (gemm_x3, Hopper) follow x3_blocks, a rule fitted to the
+  // three sizes measured on an H200 (twenty-sixth session, ms per step, two
+  // rounds): gpt-160m Dion r = 1.0 fp32 (n = 768) ran 20.14 / 20.03 with 4
+  // blocks (of 192, on the kernel's 128 x 96 tiles), 19.91 / 19.97 with 3
+  // (of 256), 19.93 / 19.92 with 6 and 19.47 / 19.46 with 2 (of 384); at
+  // n = 512 and 2048 (blocks of 128 and 512) 4 stayed best (gpt-1.3b fp32
+  // 76.71 / 77.23 against 77.48 / 77.80 with 2, gpt-1.3b r = 1.0 413.1 /
+  // 414.3 against 422.4 / 423.4). Why 2 wins at 768 is not measured (3
+  // blocks of whole 128-column tiles did not), so other n keep the rule's
+  // guess.
   template <class Product>
   void tri_product(ConstMatBatch in, ConstMatBatch inv, size_t es_inv, MatBatch out, bool simt, Product product) {
     const int64_t n = out.cols;
@@ -1224,9 +1226,9 @@ class CudaBackend final : public Backend {
     const int64_t nb = forced > 0 ? forced : n >= 4 * min_block ? 4 : n >= 2 * min_block ? 2 : 1;
     return nb > 1 && n % (8 * nb) == 0 ? nb : 1;
   }
-  // tri_product's block count for FP32 products on the 3xTF32 kernel: 4 or
-  // 2 blocks of a multiple of 128 columns (at least 128), else
-  // triangle_blocks' rule.
+  // tri_product's block count for FP32 products on the 3xTF32 kernel: 4
+  // where n is a multiple of 512, else 2 where it is one of 256, else
+  // triangle_blocks' rule (see tri_product for the measurements).
   int64_t x3_blocks(int64_t n) const {
     for (const int64_t nb : {4, 2})
       if (n % (128 * nb) == 0) return nb;
