@@ -464,7 +464,7 @@ constexpr size_t panel_cluster_static_smem() {
 
 }  // namespace
 
-int householder_init(int device) {
+int householder_init(int device, bool* clusters) {
   int optin = 0;
   cuda::check(cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, device),
               "cudaDeviceGetAttribute (shared memory per block, opt-in)");
@@ -478,7 +478,8 @@ int householder_init(int device) {
               "cudaFuncSetAttribute (householder panel, 16)");
   int major = 0;
   cuda::check(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device), "cudaDeviceGetAttribute");
-  if (major >= 9) {
+  *clusters = major >= 9;
+  if (*clusters) {
     cuda::check(cudaFuncSetAttribute(panel_cluster_kernel<32>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                      optin - static_cast<int>(panel_cluster_static_smem<32>())),
                 "cudaFuncSetAttribute (householder cluster panel, 32)");

@@ -247,8 +247,10 @@ void chol_block_init();
 // dimension, and an outer block's T is at most this square.
 constexpr int kHouseholderBlock = 128;
 // Sets the kernels' shared-memory sizes on `device` (current; at the
-// backend's creation) and returns the device's opt-in limit per block.
-int householder_init(int device);
+// backend's creation) and returns the device's opt-in limit per block;
+// *clusters: whether the panels may run over clusters of CTAs there
+// (Hopper and later; householder_panel's cluster argument).
+int householder_init(int device, bool* clusters);
 // The panel width for p rows (32 or 16: the panel, in shared memory,
 // within smem_optin bytes), or 0 where not even 16 columns fit (narrower
 // panels would make the panel updates' products too thin to pay: qr_q then

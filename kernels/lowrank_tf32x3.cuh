@@ -124,6 +124,17 @@ __device__ __forceinline__ void x3_wg_sync(int wg) {
     asm volatile("bar.sync 1, 128;\n" ::: "memory");
 }
 
+// The slots' release counters, one per slot after the slots' barriers
+// (bars) in the dynamic shared memory that starts at smem (shared address
+// raw): each warpgroup adds one when it is done with the slot's item.
+__device__ __forceinline__ uint32_t* x3_release_counters(uint8_t* smem, uint32_t raw, uint32_t bars, int stages) {
+  return reinterpret_cast<uint32_t*>(smem + (bars + 8 * stages - raw));
+}
+// Warpgroup's release of slot st (its first thread): whether it is the
+// second to release the slot's item (an odd old count), which then loads
+// the item the slot takes next.
+__device__ __forceinline__ bool x3_release(uint32_t* rel, uint32_t st) { return (atomicAdd(&rel[st], 1u) & 1u) != 0; }
+
 // One stage: the k columns kcol.. of Ah, Al (rows row0..) and Bh, Bl (rows
 // col0..) of matrix g, completing on the stage's barrier.
 __device__ __forceinline__ void x3_issue(const CUtensorMap* const (&maps)[4], uint32_t sa, uint32_t bar, int kcol,
@@ -253,9 +264,7 @@ __global__ void __launch_bounds__(kX3Threads, 1)
   const uint32_t raw = x3_smem_addr(x3_smem);
   const uint32_t base = (raw + 1023u) & ~1023u;
   const uint32_t bars = base + kX3Stages * kX3StageBytes;
-  // the slots' release counters: each warpgroup adds one when it is done
-  // with the slot's item
-  uint32_t* const rel = reinterpret_cast<uint32_t*>(x3_smem + (bars + 8 * kX3Stages - raw));
+  uint32_t* const rel = x3_release_counters(x3_smem, raw, bars, kX3Stages);
   const int tid = threadIdx.x, wg = tid >> 7, wtid = tid & 127;
   constexpr int kBk = kX3RowBytes / 4;  // k per stage
   const uint32_t kt_count = static_cast<uint32_t>((k + kBk - 1) / kBk);
@@ -351,7 +360,7 @@ __global__ void __launch_bounds__(kX3Threads, 1)
       // apart, so that one's MMAs run while the other drains its tensor
       // cores, promotes and waits for a stage.
       x3_wg_sync(wg);
-      if (wtid == 0) next_item((atomicAdd(&rel[st], 1u) & 1u) != 0);  // item used + kX3Stages
+      if (wtid == 0) next_item(x3_release(rel, st));  // item used + kX3Stages
     }
     x3_store_block(d, C, ldc, m, n, row0 + 64 * wg, col0, alpha, beta, wtid);
   }
@@ -586,10 +595,9 @@ __global__ void __launch_bounds__(kX3Threads, 1)
   const uint32_t base = (raw + 1023u) & ~1023u;
   const float* const xsm = reinterpret_cast<const float*>(x3_smem + (base - raw));
   const uint32_t bars = base + kFxStages * kStage;
-  // the slots' release counters: each warpgroup adds one when it is done
-  // with the slot's item; the second (an odd old value) loads B's parts of
-  // the item kFxStages on
-  uint32_t* const rel = reinterpret_cast<uint32_t*>(x3_smem + (bars + 8 * kFxStages - raw));
+  // the slots' release counters; the second to release a slot loads B's
+  // parts of the item kFxStages on
+  uint32_t* const rel = x3_release_counters(x3_smem, raw, bars, kFxStages);
   const int tid = threadIdx.x, wg = tid >> 7, wtid = tid & 127, lane = tid & 31;
   const int i0 = 64 * wg + 16 * ((tid >> 5) & 3) + (lane >> 2), t4 = lane & 3;
   const int col0 = static_cast<int>(blockIdx.x) * BN, row0 = static_cast<int>(blockIdx.y) * kX3Tile;
@@ -667,7 +675,7 @@ __global__ void __launch_bounds__(kX3Threads, 1)
       const int nk = kt + kFxStages;
       if (nk < kt_count) {
         const uint32_t ns = loaded++ % kFxStages;  // = st
-        load(nk, ns, wtid == 0 && (atomicAdd(&rel[ns], 1u) & 1u) != 0);
+        load(nk, ns, wtid == 0 && x3_release(rel, ns));
       }
       asm volatile("cp.async.commit_group;\n" ::: "memory");
     }

@@ -1118,9 +1118,11 @@ bool phased_member(const dion_group_options_t& o, const Tensor& t) {
 // the workspace floats that takes (0 if not).
 size_t phased_floats(const Optimizer& opt, const Group& g, const std::vector<Batch>& bs) {
   const dion_group_options_t& o = g.opt;
-  const auto first = std::find_if(bs.begin(), bs.end(), [&](const Batch& bt) { return phased_member(o, bt.t); });
-  if (std::count_if(bs.begin(), bs.end(), [&](const Batch& bt) { return phased_member(o, bt.t); }) < 2 ||
-      !group_steppable(opt, g) || o.power_iters != 1 || o.qr_method == DION_QR_QR || !phased_enabled())
+  const Batch* first = nullptr;  // the first member
+  int members = 0;
+  for (const Batch& bt : bs)
+    if (phased_member(o, bt.t) && members++ == 0) first = &bt;
+  if (members < 2 || !group_steppable(opt, g) || o.power_iters != 1 || o.qr_method == DION_QR_QR || !phased_enabled())
     return 0;
   const Shape s0 = shape_of(o, first->t);
   const bool inner = dist_of(opt, first->t).inner != nullptr;  // path 3: every bucket's, or none

@@ -265,10 +265,9 @@ class CudaBackend final : public Backend {
       // deterministic with its atomics off, the default, and a fixed workspace).
       check(cusolverDnSetDeterministicMode(solver_, CUSOLVER_DETERMINISTIC_RESULTS), "cusolverDnSetDeterministicMode");
       kernels::chol_block_init();
-      smem_optin_ = kernels::householder_init(device);
-      int major = 0;
-      check(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device), "cudaDeviceGetAttribute");
-      qr_panel_cluster_ = qr_panel_cluster_ && major >= 9;
+      bool clusters = false;
+      smem_optin_ = kernels::householder_init(device, &clusters);
+      qr_panel_cluster_ = qr_panel_cluster_ && clusters;
       const bool x3 = kernels::lowrank_tf32x3_init(device);
       lowrank_tf32x3_ = lowrank_tf32x3_ && x3;
       field_tf32x3_ = field_tf32x3_ && x3;
