@@ -55,7 +55,23 @@ run_asan() {
   echo "== asan: ctest -L unit took $(elapsed "$t1")"
   t1=$(stamp)
   echo "== asan: ctest -L mpi"
-  ctest --test-dir "$b" -L mpi --output-on-failure || failed+=(mpi)
+  # LeakSanitizer's stop-the-world tracer itself sometimes dies as a rank
+  # exits ("Tracer caught signal 11 ... LeakSanitizer has encountered a fatal
+  # error", google/sanitizers#1353): the rank's tests all passed and no leak
+  # was checked. Seen in test_mpi_shard_np8, in some builds of one tree and
+  # not in others. Where that is the only thing wrong in the suite's output
+  # (no sanitizer report, no failed assertion), the failed tests run once
+  # more, and must pass.
+  local mlog=$b/ctest-mpi.log
+  if ! ctest --test-dir "$b" -L mpi --output-on-failure 2>&1 | tee "$mlog"; then
+    if grep -q "LeakSanitizer has encountered a fatal error" "$mlog" &&
+      ! grep -qE "ERROR: (AddressSanitizer|LeakSanitizer: detected)|runtime error:|: Failure$|\[  FAILED  \]" "$mlog"; then
+      echo "== asan: LeakSanitizer's tracer died, nothing else failed: the failed MPI tests once more"
+      ctest --test-dir "$b" --rerun-failed --output-on-failure || failed+=(mpi)
+    else
+      failed+=(mpi)
+    fi
+  fi
   echo "== asan: ctest -L mpi took $(elapsed "$t1")"
   echo "== asan: total $(elapsed "$t0")"
   if ((${#failed[@]})); then
